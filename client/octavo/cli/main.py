@@ -1,0 +1,192 @@
+"""The `octavo` command: one CLI for every component.
+
+    octavo node --data-dir DIR [--port PORT] [--config FILE] [...]   run a bookie
+    octavo bookie status --bookie HOST:PORT [--json]                  show a bookie's status
+
+Exit codes: 0 success, 1 the operation failed, 2 bad usage or configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+import tomllib
+from collections.abc import Sequence
+from typing import Any
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+ENV_PREFIX = "OCTAVO_NODE_"
+
+# Help for every bookie setting; `octavo node --help` shows them with their defaults.
+NODE_SETTING_HELP: dict[str, str] = {
+    "data_dir": "directory for entry logs, index and state (required)",
+    "host": "address to listen on",
+    "port": "port to listen on (0: pick a free one; see --ready-file)",
+    "advertised_address": "HOST:PORT other processes use to reach this bookie (default: host:port)",
+    "log_size_bytes_max": "roll the active entry log at this size",
+    "log_roll_interval_ms": "roll an active log whose oldest unsynced record is older than this",
+    "log_rotate_on_close_bytes_min": "a fence or write-close rotates the active log only if it is at least this big",
+    "fsync_policy": "'none' (default: no fsync on the add path) or 'batch' (fdatasync before acking each batch)",
+    "write_cache_entries_max": "entries in logs not yet flushed; at this many, adds wait for the flusher",
+    "add_wait_ms_max": "how long an add waits for write-cache room before failing",
+    "entry_size_bytes_max": "largest entry payload accepted",
+    "batch_entries_max": "most entries in one add request",
+    "batch_bytes_max": "most payload bytes in one add request",
+    "read_entries_max": "most entries returned by one read",
+    "read_bytes_max": "most payload bytes returned by one read",
+    "open_log_files_max": "entry-log files kept open for reads",
+    "index_map_size_bytes": "address space reserved for the LMDB index",
+}
+
+
+class UsageError(Exception):
+    pass
+
+
+def _add_node_parser(sub: Any) -> None:
+    from octavo.node.config import NodeConfig
+
+    p = sub.add_parser(
+        "node", help="run a bookie",
+        description="Run a bookie. Each setting comes from, in order of precedence: its flag, the environment "
+                    f"variable {ENV_PREFIX}<SETTING> (e.g. {ENV_PREFIX}PORT), the TOML file given with "
+                    "--config (keys as the setting names, e.g. log_size_bytes_max = 67108864), the default.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--config", help="TOML file of settings")
+    p.add_argument("--ready-file", help="write HOST:PORT to this file once serving (for scripts and tests)")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    for f in dataclasses.fields(NodeConfig):
+        default = None if f.default is dataclasses.MISSING else f.default
+        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
+                       help=f"{NODE_SETTING_HELP[f.name]} (default: {default!r})")
+
+
+def resolve_node_config(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Any:
+    """Merge flags, environment and config file into a validated NodeConfig."""
+    from octavo.node.config import ConfigError, NodeConfig
+
+    environ = dict(os.environ) if environ is None else environ
+    values: dict[str, Any] = {}
+    if args.config:
+        try:
+            with open(args.config, "rb") as f:
+                values.update(tomllib.load(f))
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise UsageError(f"cannot read config file {args.config}: {e}") from e
+    known = {f.name: f for f in dataclasses.fields(NodeConfig)}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise UsageError(f"unknown setting(s) in {args.config}: {', '.join(unknown)}")
+    for name in known:
+        env = environ.get(ENV_PREFIX + name.upper())
+        if env is not None:
+            values[name] = env
+        flag = getattr(args, name, None)
+        if flag is not None:
+            values[name] = flag
+    for name, value in list(values.items()):
+        if isinstance(known[name].default, int) and not isinstance(value, int):
+            try:
+                values[name] = int(value)
+            except ValueError:
+                raise UsageError(f"setting {name} must be an integer, got {value!r}") from None
+    if "data_dir" not in values:
+        raise UsageError(f"--data-dir (or {ENV_PREFIX}DATA_DIR, or data_dir in --config) is required")
+    try:
+        return NodeConfig(**values).validate()
+    except (ConfigError, TypeError) as e:
+        raise UsageError(f"invalid configuration: {e}") from e
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from octavo.node.errors import StorageError
+    from octavo.node.server import serve
+
+    config = resolve_node_config(args)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(serve(config, args.ready_file))
+    except StorageError as e:
+        print(f"octavo node: {e.message}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _add_bookie_parser(sub: Any) -> None:
+    p = sub.add_parser("bookie", help="inspect and control a bookie")
+    bsub = p.add_subparsers(dest="bookie_cmd", required=True)
+    s = bsub.add_parser("status", help="show a bookie's status")
+    s.add_argument("--bookie", required=True, help="HOST:PORT of the bookie")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the bookie")
+
+
+def cmd_bookie_status(args: argparse.Namespace) -> int:
+    import grpc
+    from google.protobuf import json_format
+    from octavo.v1 import bookie_pb2 as pb
+    from octavo.v1 import bookie_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(args.bookie) as channel:
+        try:
+            status = pb_grpc.BookieAdminStub(channel).GetStatus(pb.GetStatusRequest(include_entry_logs=True),
+                                                               timeout=args.timeout)
+        except grpc.RpcError as e:
+            print(f"octavo bookie status: cannot reach bookie {args.bookie}: {e.code().name}: {e.details()}",
+                  file=sys.stderr)
+            return EXIT_FAILED
+    if args.json:
+        print(json.dumps(json_format.MessageToDict(status, always_print_fields_with_no_presence=True), indent=2))
+        return EXIT_OK
+    print(f"bookie      {status.bookie_id} at {status.address} (version {status.version})")
+    print(f"mode        {pb.BookieMode.Name(status.mode).removeprefix('MODE_').lower()}: {status.mode_reason}")
+    for d in status.directories:
+        print(f"disk        {d.path}: {d.used_bytes / 2**30:.1f} of {d.total_bytes / 2**30:.1f} GiB used "
+              f"({d.usage_ratio:.0%})")
+    print(f"logs        {status.entry_log_count} entry logs; active {status.active_log_id}; "
+          f"recovery point {status.recovery_point_log_id}")
+    wc = status.write_cache
+    print(f"write cache {wc.entries} of {wc.entries_max} entries (~{wc.estimated_bytes / 2**20:.1f} MiB)")
+    print(f"ledgers     {status.ledger_count}; fsync policy {status.fsync_policy}")
+    last = "unclean" if status.last_start_was_unclean else "clean"
+    print(f"restarts    last start {last}; {status.unclean_restart_count} unclean so far; last recovery scanned "
+          f"{status.recovery_logs_scanned} logs, replayed {status.recovery_records_replayed} records, cut "
+          f"{status.recovery_bytes_truncated} bytes")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="octavo", description="Octavo: replicated log storage for data pipelines")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_node_parser(sub)
+    _add_bookie_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "node":
+            return cmd_node(args)
+        if args.command == "bookie" and args.bookie_cmd == "status":
+            return cmd_bookie_status(args)
+    except UsageError as e:
+        print(f"octavo {args.command}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    parser.error("unknown command")
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

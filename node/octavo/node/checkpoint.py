@@ -1,0 +1,102 @@
+"""Small state files replaced atomically: the recovery point and the bookie's own record of itself.
+
+Both are JSON with a crc32c over the canonical body, written with FileIO.write_file_atomic (write, fsync,
+rename, fsync the directory). A file that fails its checksum is reported, never trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import crc32c
+from octavo.node.fileio import FileIO
+
+RECOVERY_POINT_FILE = "recovery-point"
+NODE_STATE_FILE = "node-state"
+# Present while a bookie runs on the directory; found at startup, it means the last stop was unclean.
+RUNNING_MARKER_FILE = "running"
+CHECKPOINT_FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A state file exists but is not valid."""
+
+
+def _encode(body: dict[str, Any]) -> bytes:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return json.dumps({"body": body, "crc32c": crc32c.crc32c(canonical.encode())}, sort_keys=True).encode()
+
+
+def _decode(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        outer = json.loads(data)
+        body = outer["body"]
+        canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        ok = crc32c.crc32c(canonical.encode()) == outer["crc32c"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{what} is not valid JSON of the expected shape: {e}") from e
+    if not ok:
+        raise CheckpointError(f"{what} failed its checksum")
+    if body.get("version") != CHECKPOINT_FORMAT_VERSION:
+        raise CheckpointError(f"{what} has unsupported version {body.get('version')!r}")
+    return dict(body)
+
+
+@dataclass(frozen=True)
+class RecoveryPoint:
+    """Every entry log with an id below `log_id` is fsynced and fully covered by the synced index.
+
+    Restart scans only logs with ids >= log_id. It advances only after the flusher has fsynced a rolled log
+    and then synced the index entries that cover it, never before: otherwise a power loss could leave the
+    index pointing into bytes that never reached the disk.
+    """
+
+    log_id: int
+
+
+def read_recovery_point(io: FileIO, data_dir: str) -> RecoveryPoint | None:
+    """The last recovery point written, or None for a fresh directory. CheckpointError if corrupt."""
+    raw = io.read_file(os.path.join(data_dir, RECOVERY_POINT_FILE))
+    if raw is None:
+        return None
+    body = _decode(raw, RECOVERY_POINT_FILE)
+    log_id = body.get("recovery_point_log_id")
+    if not isinstance(log_id, int) or log_id < 0:
+        raise CheckpointError(f"{RECOVERY_POINT_FILE} holds an invalid log id {log_id!r}")
+    return RecoveryPoint(log_id)
+
+
+def write_recovery_point(io: FileIO, data_dir: str, point: RecoveryPoint) -> None:
+    body = {"version": CHECKPOINT_FORMAT_VERSION, "recovery_point_log_id": point.log_id}
+    io.write_file_atomic(os.path.join(data_dir, RECOVERY_POINT_FILE), _encode(body))
+
+
+@dataclass
+class NodeState:
+    """What the bookie remembers about itself across restarts."""
+
+    bookie_id: str
+    created_unix_ms: int
+    unclean_restart_count: int = 0
+    last_unclean_restart_unix_ms: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def read_node_state(io: FileIO, data_dir: str) -> NodeState | None:
+    raw = io.read_file(os.path.join(data_dir, NODE_STATE_FILE))
+    if raw is None:
+        return None
+    body = _decode(raw, NODE_STATE_FILE)
+    body.pop("version")
+    try:
+        return NodeState(**body)
+    except TypeError as e:
+        raise CheckpointError(f"{NODE_STATE_FILE} has unexpected fields: {e}") from e
+
+
+def write_node_state(io: FileIO, data_dir: str, state: NodeState) -> None:
+    body = {"version": CHECKPOINT_FORMAT_VERSION, **asdict(state)}
+    io.write_file_atomic(os.path.join(data_dir, NODE_STATE_FILE), _encode(body))

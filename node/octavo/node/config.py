@@ -1,0 +1,88 @@
+"""The bookie's settings and limits. Every limit has its unit last in its name and is checked at startup."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+FSYNC_POLICY_NONE = "none"    # the default: durability from replication and background flushes of rolled logs
+FSYNC_POLICY_BATCH = "batch"  # paranoid: fdatasync the active log before acknowledging each batch of adds
+FSYNC_POLICIES = (FSYNC_POLICY_NONE, FSYNC_POLICY_BATCH)
+
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+
+
+class ConfigError(ValueError):
+    """A setting out of its range; the message names the setting and the range."""
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    data_dir: str
+    host: str = "127.0.0.1"
+    port: int = 3181
+    # The address other processes use to reach this bookie; defaults to host:port.
+    advertised_address: str = ""
+
+    # Entry logs: rolled when they reach this size (KAFKA-615's segment size).
+    log_size_bytes_max: int = 1 * GIB
+    # A log with unsynced data older than this is rolled, so a quiet bookie still moves its recovery point.
+    log_roll_interval_ms: int = 60_000
+    # A fence or write-close rotates the active log only if it holds at least this much (seed 003), so a burst
+    # of closing ledgers does not make a burst of tiny logs; smaller logs roll with the interval above.
+    log_rotate_on_close_bytes_min: int = 1 * MIB
+    fsync_policy: str = FSYNC_POLICY_NONE
+
+    # The write cache indexes entries in logs not yet flushed; at this many entries adds wait for the flusher.
+    # A log is rolled when it alone holds half of this, so flushing and appending overlap.
+    write_cache_entries_max: int = 1_000_000
+    # How long an add waits for room in the write cache before it fails with INTERNAL "write cache full".
+    add_wait_ms_max: int = 30_000
+
+    entry_size_bytes_max: int = 4 * MIB
+    batch_entries_max: int = 10_000
+    batch_bytes_max: int = 64 * MIB
+    read_entries_max: int = 10_000
+    read_bytes_max: int = 16 * MIB
+    open_log_files_max: int = 256
+    index_map_size_bytes: int = 64 * GIB
+
+    def validate(self) -> NodeConfig:
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ConfigError(msg)
+
+        need(bool(self.data_dir), "data_dir must be set")
+        need(0 <= self.port <= 65535, f"port must be in [0, 65535], got {self.port}")
+        need(self.fsync_policy in FSYNC_POLICIES,
+             f"fsync_policy must be one of {', '.join(FSYNC_POLICIES)}, got {self.fsync_policy!r}")
+        need(64 * KIB <= self.log_size_bytes_max <= 64 * GIB,
+             f"log_size_bytes_max must be in [64 KiB, 64 GiB], got {self.log_size_bytes_max}")
+        need(self.log_roll_interval_ms >= 10, f"log_roll_interval_ms must be >= 10, got {self.log_roll_interval_ms}")
+        need(self.log_rotate_on_close_bytes_min >= 0, "log_rotate_on_close_bytes_min must be >= 0")
+        need(self.write_cache_entries_max >= 2 * self.batch_entries_max,
+             f"write_cache_entries_max ({self.write_cache_entries_max}) must be at least twice "
+             f"batch_entries_max ({self.batch_entries_max})")
+        need(1 <= self.entry_size_bytes_max <= 32 * MIB,
+             f"entry_size_bytes_max must be in [1, 32 MiB], got {self.entry_size_bytes_max}")
+        need(self.entry_size_bytes_max <= self.batch_bytes_max <= 1 * GIB,
+             "batch_bytes_max must be in [entry_size_bytes_max, 1 GiB]")
+        need(self.batch_bytes_max < self.log_size_bytes_max,
+             f"batch_bytes_max ({self.batch_bytes_max}) must be below log_size_bytes_max ({self.log_size_bytes_max})")
+        need(1 <= self.batch_entries_max <= 1_000_000, "batch_entries_max must be in [1, 1000000]")
+        need(1 <= self.read_entries_max <= 1_000_000, "read_entries_max must be in [1, 1000000]")
+        need(self.entry_size_bytes_max <= self.read_bytes_max <= 1 * GIB,
+             "read_bytes_max must be in [entry_size_bytes_max, 1 GiB]")
+        need(self.add_wait_ms_max >= 1, "add_wait_ms_max must be >= 1")
+        need(8 <= self.open_log_files_max <= 65536, "open_log_files_max must be in [8, 65536]")
+        need(self.index_map_size_bytes >= 64 * MIB, "index_map_size_bytes must be >= 64 MiB")
+        return self
+
+    def address(self) -> str:
+        return self.advertised_address or f"{self.host}:{self.port}"
+
+    @staticmethod
+    def field_names() -> list[str]:
+        return [f.name for f in dataclasses.fields(NodeConfig)]

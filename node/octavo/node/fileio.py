@@ -1,0 +1,93 @@
+"""The file operations the storage engine uses, behind one object so a test can replace them.
+
+The engine never calls `os` for data files directly: it calls a `FileIO`. The default does the real thing;
+the power-loss harness (node/tests/powerloss.py) subclasses it to remember what each fsync made durable and,
+on a simulated power loss, puts every file back to that image (plus a random torn prefix of what was not).
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class FileIO:
+    """Real file IO. Every method is a thin, documented wrapper; errors are the OSErrors of the calls."""
+
+    def open_append(self, path: str, create: bool) -> int:
+        """An fd for appending at the end of `path` (created, exclusively, if `create`), readable with pread."""
+        flags = os.O_RDWR | os.O_CLOEXEC
+        if create:
+            flags |= os.O_CREAT | os.O_EXCL
+        return os.open(path, flags, 0o644)
+
+    def open_read(self, path: str) -> int:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def write_at_end(self, fd: int, data: bytes | memoryview) -> None:
+        """Write all of `data` at the fd's position (the end of the log: the engine only appends)."""
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+
+    def pread(self, fd: int, length: int, offset: int) -> bytes:
+        return os.pread(fd, length, offset)
+
+    def seek_end(self, fd: int) -> int:
+        return os.lseek(fd, 0, os.SEEK_END)
+
+    def truncate(self, fd: int, length: int) -> None:
+        os.ftruncate(fd, length)
+        os.lseek(fd, length, os.SEEK_SET)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def fsync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def write_file_atomic(self, path: str, data: bytes) -> None:
+        """Replace `path` with `data` so that a crash leaves either the old or the new content, never a mix:
+        write a temporary file, fsync it, rename it over `path`, fsync the directory."""
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            self.write_at_end(fd, data)
+            self.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        self.fsync_dir(os.path.dirname(path) or ".")
+
+    def read_file(self, path: str) -> bytes | None:
+        """The whole content of a small file, or None if it does not exist."""
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def rename(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def file_size(self, path: str) -> int:
+        return os.stat(path).st_size
+
+    def index_synced(self, index_dir: str) -> None:
+        """Called after the index store has synced: real IO has nothing to do (the harness snapshots)."""

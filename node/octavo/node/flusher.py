@@ -1,0 +1,61 @@
+"""The background flusher: one thread that makes rolled entry logs durable, in order.
+
+For each rolled log (Storage.flush_one): fsync the log and its directory -> commit its index entries and the
+dirty ledger rows in one synced index transaction -> write the recovery point past it. It also rolls an
+active log whose oldest unsynced record is older than log_roll_interval_ms. A failure is logged, kept for
+status, and retried with backoff; the log stays queued and adds wait once the write cache fills.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from octavo.node.storage import Storage
+
+log = logging.getLogger(__name__)
+
+FLUSH_RETRY_DELAY_MS_MIN = 50
+FLUSH_RETRY_DELAY_MS_MAX = 5_000
+
+
+class Flusher:
+    def __init__(self, storage: Storage) -> None:
+        self._storage = storage
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="octavo-flusher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _run(self) -> None:
+        storage = self._storage
+        roll_age_s = storage.config.log_roll_interval_ms / 1000
+        tick_s = min(1.0, roll_age_s / 4)
+        delay_ms = FLUSH_RETRY_DELAY_MS_MIN
+        while not self._stop.is_set():
+            self._wake.wait(tick_s)
+            self._wake.clear()
+            try:
+                storage.roll_if_older_than(roll_age_s)
+                while not self._stop.is_set() and storage.flush_one():
+                    pass
+                storage.last_flush_error = ""
+                delay_ms = FLUSH_RETRY_DELAY_MS_MIN
+            except Exception as e:  # keep flushing: a stuck flusher would stall every add (seed 000)
+                storage.last_flush_error = f"{type(e).__name__}: {e}"
+                log.exception("background flush failed; retrying in %d ms", delay_ms)
+                self._stop.wait(delay_ms / 1000)
+                delay_ms = min(delay_ms * 2, FLUSH_RETRY_DELAY_MS_MAX)

@@ -1,0 +1,132 @@
+"""The durable index and ledger table, in LMDB (bench/index_choice.py and docs/architecture.md say why).
+
+Two named databases in one environment under `<data_dir>/index/`:
+- `index`: (ledger id, entry id) -> (log id, offset, record length). Keys are big-endian so one ledger's
+  entries are contiguous and ordered (range scans for a ledger's last entry and, later, for GC).
+- `ledgers`: ledger id -> LedgerRow (master key, fenced, last-add-confirmed, last durable entry id).
+
+Written only (a) by the flusher, one transaction per rolled entry log, and (b) by a fence, which must be on
+disk before the bookie answers it. Every write transaction is synced before it returns.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import lmdb
+from octavo.node.fileio import FileIO
+
+INDEX_DIR = "index"
+INDEX_KEY = struct.Struct(">QQ")
+INDEX_VALUE = struct.Struct("<QQI")
+LEDGER_KEY = struct.Struct(">Q")
+LEDGER_ROW = struct.Struct("<BqqH")  # flags, last_add_confirmed, durable_last_entry_id, master key length
+LEDGER_FLAG_FENCED = 1
+MASTER_KEY_BYTES_MAX = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRow:
+    master_key: bytes
+    fenced: bool
+    last_add_confirmed: int
+    durable_last_entry_id: int
+
+    def encode(self) -> bytes:
+        if len(self.master_key) > MASTER_KEY_BYTES_MAX:
+            raise ValueError(f"master key is {len(self.master_key)} bytes, limit {MASTER_KEY_BYTES_MAX}")
+        flags = LEDGER_FLAG_FENCED if self.fenced else 0
+        head = LEDGER_ROW.pack(flags, self.last_add_confirmed, self.durable_last_entry_id, len(self.master_key))
+        return head + self.master_key
+
+    @staticmethod
+    def decode(data: bytes) -> LedgerRow:
+        flags, lac, last, key_len = LEDGER_ROW.unpack_from(data)
+        key = bytes(data[LEDGER_ROW.size:LEDGER_ROW.size + key_len])
+        if len(key) != key_len:
+            raise ValueError("ledger row truncated")
+        return LedgerRow(key, bool(flags & LEDGER_FLAG_FENCED), lac, last)
+
+
+IndexEntry = tuple[int, int, int, int, int]  # ledger id, entry id, log id, offset, record length
+
+
+class Index:
+    def __init__(self, data_dir: str, io: FileIO, map_size_bytes: int) -> None:
+        self.path = os.path.join(data_dir, INDEX_DIR)
+        os.makedirs(self.path, exist_ok=True)
+        self._io = io
+        self._env = lmdb.open(self.path, map_size=map_size_bytes, max_dbs=4, sync=True, metasync=True,
+                              max_readers=512, readahead=False)
+        self._index = self._env.open_db(b"index")
+        self._ledgers = self._env.open_db(b"ledgers")
+
+    def close(self) -> None:
+        self._env.close()
+
+    def get(self, ledger_id: int, entry_id: int) -> tuple[int, int, int] | None:
+        """(log id, offset, length) of a durable entry, or None."""
+        with self._env.begin(db=self._index, buffers=True) as txn:
+            raw = txn.get(INDEX_KEY.pack(ledger_id, entry_id))
+            if raw is None:
+                return None
+            log_id, offset, length = INDEX_VALUE.unpack(raw)
+            return log_id, offset, length
+
+    def last_entry_id(self, ledger_id: int) -> int:
+        """The highest entry id of the ledger in the index, -1 if none."""
+        with self._env.begin(db=self._index, buffers=True) as txn:
+            cur = txn.cursor()
+            if ledger_id + 1 >= 1 << 64 or not cur.set_range(INDEX_KEY.pack(ledger_id + 1, 0)):
+                if not cur.last():
+                    return -1
+            elif not cur.prev():
+                return -1
+            found_ledger, entry = INDEX_KEY.unpack(cur.key())
+            return int(entry) if found_ledger == ledger_id else -1
+
+    def commit_checkpoint(self, entries: Iterable[IndexEntry], ledger_rows: dict[int, LedgerRow]) -> int:
+        """Write index entries and ledger rows in one transaction and sync it. Returns the entries written."""
+        items = sorted(
+            (INDEX_KEY.pack(lid, eid), INDEX_VALUE.pack(log_id, off, length))
+            for lid, eid, log_id, off, length in entries
+        )
+        with self._env.begin(write=True) as txn:
+            if items:
+                txn.cursor(db=self._index).putmulti(items)
+            for lid, row in ledger_rows.items():
+                txn.put(LEDGER_KEY.pack(lid), row.encode(), db=self._ledgers)
+        self._env.sync(True)
+        self._io.index_synced(self.path)
+        return len(items)
+
+    def put_ledger(self, ledger_id: int, row: LedgerRow) -> None:
+        """Persist one ledger row and sync it (used by fencing: the fence is durable when this returns)."""
+        with self._env.begin(write=True, db=self._ledgers) as txn:
+            txn.put(LEDGER_KEY.pack(ledger_id), row.encode())
+        self._env.sync(True)
+        self._io.index_synced(self.path)
+
+    def load_ledgers(self) -> dict[int, LedgerRow]:
+        out: dict[int, LedgerRow] = {}
+        with self._env.begin(db=self._ledgers) as txn:
+            for k, v in txn.cursor():
+                out[LEDGER_KEY.unpack(k)[0]] = LedgerRow.decode(v)
+        return out
+
+    def entry_count(self) -> int:
+        with self._env.begin(db=self._index) as txn:
+            return int(txn.stat(self._index)["entries"])
+
+    def all_entries(self) -> list[IndexEntry]:
+        """Every index entry, for checks in tests and tools (not for the serving path)."""
+        out: list[IndexEntry] = []
+        with self._env.begin(db=self._index) as txn:
+            for k, v in txn.cursor():
+                lid, eid = INDEX_KEY.unpack(k)
+                log_id, off, length = INDEX_VALUE.unpack(v)
+                out.append((lid, eid, log_id, off, length))
+        return out

@@ -1,0 +1,249 @@
+"""The bookie's gRPC server (grpc.aio): the Bookie data plane, BookieAdmin, health checking, reflection.
+
+The storage engine is synchronous. Adds and reads run on the event loop (they only touch the page cache and
+take a short lock); anything that syncs to disk (a fence) or may block (waiting for write-cache room) runs in
+the default executor so the loop keeps serving other streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from octavo.node.config import NodeConfig
+from octavo.node.errors import Code, StorageError
+from octavo.node.storage import Storage, WriteCacheFull
+from octavo.v1 import bookie_pb2 as pb
+from octavo.v1 import bookie_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+VERSION = "0.1.0"
+# Room on top of the batch limit for protobuf framing and the master keys.
+MESSAGE_OVERHEAD_BYTES = 1024 * 1024
+SHUTDOWN_GRACE_S = 5.0
+
+
+class BookieService(pb_grpc.BookieServicer):
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        self.config = storage.config
+
+    async def AddEntries(self, request_iterator: AsyncIterator[pb.AddRequest],
+                         context: grpc.aio.ServicerContext) -> AsyncIterator[pb.AddResponse]:
+        async for request in request_iterator:
+            yield await self._add(request)
+
+    async def _add(self, request: pb.AddRequest) -> pb.AddResponse:
+        cfg = self.config
+        total_entries = 0
+        total_bytes = 0
+        for adds in request.ledgers:
+            total_entries += len(adds.entry_ids)
+            total_bytes += sum(map(len, adds.payloads))
+        if total_entries > cfg.batch_entries_max:
+            return pb.AddResponse(request_id=request.request_id, error=pb.TOO_LARGE, error_message=(
+                f"request carries {total_entries} entries, over batch_entries_max={cfg.batch_entries_max}"))
+        if total_bytes > cfg.batch_bytes_max:
+            return pb.AddResponse(request_id=request.request_id, error=pb.TOO_LARGE, error_message=(
+                f"request carries {total_bytes} payload bytes, over batch_bytes_max={cfg.batch_bytes_max}"))
+        results = []
+        for adds in request.ledgers:
+            codes, message = await self._add_ledger(adds)
+            results.append(pb.LedgerAddResult(ledger_id=adds.ledger_id, codes=codes, message=message))
+        return pb.AddResponse(request_id=request.request_id, results=results)
+
+    async def _add_ledger(self, adds: pb.LedgerAdds) -> tuple[list[Code], str]:
+        storage = self.storage
+        n = len(adds.entry_ids)
+        while True:
+            try:
+                return storage.add_entries(adds.ledger_id, adds.master_key, adds.entry_ids, adds.payloads,
+                                           adds.last_add_confirmed, adds.recovery)
+            except WriteCacheFull:
+                wait_s = self.config.add_wait_ms_max / 1000
+                loop = asyncio.get_running_loop()
+                if not await loop.run_in_executor(None, storage.wait_for_room, n, wait_s):
+                    return [pb.INTERNAL] * n, (
+                        f"write cache full (write_cache_entries_max={self.config.write_cache_entries_max}) for "
+                        f"{self.config.add_wait_ms_max} ms: the background flush is not keeping up")
+            except StorageError as e:
+                return [e.code] * n, e.message
+            except Exception as e:  # an add must never take the stream down with it
+                log.exception("add to ledger %d failed", adds.ledger_id)
+                return [pb.INTERNAL] * n, f"internal error: {type(e).__name__}: {e}"
+
+    async def ReadEntries(self, request: pb.ReadRequest, context: grpc.aio.ServicerContext) -> pb.ReadResponse:
+        cfg = self.config
+        first, last = request.first_entry_id, request.last_entry_id
+        if request.ledger_id < 0 or first < 0 or last < first:
+            return pb.ReadResponse(ledger_id=request.ledger_id, error=pb.INVALID, error_message=(
+                f"invalid range: ledger {request.ledger_id} entries [{first}, {last}]; ids must be non-negative "
+                "and first <= last"))
+        max_entries = min(request.max_entries or cfg.read_entries_max, cfg.read_entries_max)
+        max_bytes = min(request.max_bytes or cfg.read_bytes_max, cfg.read_bytes_max)
+        entries = []
+        size = 0
+        state = self.storage.ledger_state(request.ledger_id)
+        if state is None:
+            return pb.ReadResponse(ledger_id=request.ledger_id, error=pb.NO_SUCH_LEDGER,
+                                   error_message=f"ledger {request.ledger_id} is not known to this bookie")
+        for entry_id in range(first, min(last, first + max_entries - 1) + 1):
+            try:
+                payload = self.storage.read_entry(request.ledger_id, entry_id)
+            except StorageError as e:
+                entries.append(pb.ReadEntry(entry_id=entry_id, code=e.code, message=e.message))
+                break
+            if entries and size + len(payload) > max_bytes:
+                break
+            size += len(payload)
+            entries.append(pb.ReadEntry(entry_id=entry_id, code=pb.OK, payload=payload))
+        return pb.ReadResponse(ledger_id=request.ledger_id, entries=entries,
+                               last_add_confirmed=state.last_add_confirmed)
+
+    async def ReadLastAddConfirmed(self, request: pb.ReadLacRequest,
+                                   context: grpc.aio.ServicerContext) -> pb.ReadLacResponse:
+        try:
+            if request.fence:
+                loop = asyncio.get_running_loop()
+                info = await loop.run_in_executor(None, self.storage.fence, request.ledger_id, request.master_key)
+            else:
+                info = self.storage.read_lac(request.ledger_id)
+        except StorageError as e:
+            return pb.ReadLacResponse(code=e.code, message=e.message, last_add_confirmed=-1, last_entry_id=-1)
+        return pb.ReadLacResponse(code=pb.OK, last_add_confirmed=info.last_add_confirmed,
+                                  last_entry_id=info.last_entry_id, fenced=info.fenced,
+                                  maybe_lost_tail=info.maybe_lost_tail)
+
+    async def WriteClose(self, request: pb.WriteCloseRequest,
+                         context: grpc.aio.ServicerContext) -> pb.WriteCloseResponse:
+        try:
+            self.storage.write_close(request.ledger_id, request.master_key)
+        except StorageError as e:
+            return pb.WriteCloseResponse(code=e.code, message=e.message)
+        return pb.WriteCloseResponse(code=pb.OK)
+
+
+def directory_usage(path: str) -> pb.DirectoryUsage:
+    usage = shutil.disk_usage(path)
+    return pb.DirectoryUsage(path=path, total_bytes=usage.total, used_bytes=usage.used, free_bytes=usage.free,
+                             usage_ratio=usage.used / usage.total if usage.total else 0.0)
+
+
+class BookieAdminService(pb_grpc.BookieAdminServicer):
+    def __init__(self, storage: Storage, address: str) -> None:
+        self.storage = storage
+        self.address = address
+
+    async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.BookieStatus:
+        st = self.storage.status()
+        cfg = self.storage.config
+        rec = st["recovery"]
+        status = pb.BookieStatus(
+            bookie_id=st["bookie_id"], address=self.address, version=VERSION, mode=pb.MODE_WRITABLE,
+            mode_reason="writable", directories=[directory_usage(self.storage.data_dir)],
+            recovery_point_log_id=st["recovery_point_log_id"], active_log_id=st["active_log_id"],
+            entry_log_count=len(st["entry_logs"]),
+            write_cache=pb.WriteCacheUsage(entries=st["write_cache_entries"],
+                                           entries_max=st["write_cache_entries_max"],
+                                           estimated_bytes=st["write_cache_bytes_estimate"]),
+            ledger_count=st["ledger_count"], fsync_policy=cfg.fsync_policy,
+            unclean_restart_count=st["unclean_restart_count"],
+            last_unclean_restart_unix_ms=st["last_unclean_restart_unix_ms"],
+            last_start_was_unclean=st["last_start_was_unclean"], recovery_logs_scanned=rec.logs_scanned,
+            recovery_records_replayed=rec.records_replayed, recovery_bytes_truncated=rec.bytes_truncated,
+            started_unix_ms=self.storage.started_unix_ms,
+        )
+        if request.include_entry_logs:
+            status.entry_logs.extend(pb.EntryLogInfo(log_id=i, size_bytes=size, state=state)
+                                     for i, size, state in st["entry_logs"])
+        return status
+
+
+def grpc_options(config: NodeConfig) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", config.batch_bytes_max + MESSAGE_OVERHEAD_BYTES),
+        ("grpc.max_send_message_length", config.read_bytes_max + MESSAGE_OVERHEAD_BYTES),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+class BookieServer:
+    """A running bookie: storage opened (recovery done), gRPC serving. Use start() / stop()."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config.validate()
+        self.storage: Storage | None = None
+        self.server: grpc.aio.Server | None = None
+        self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
+        self.port = 0
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        t0 = time.monotonic()
+        self.storage = await loop.run_in_executor(None, Storage.open, self.config)
+        server = grpc.aio.server(options=grpc_options(self.config))
+        pb_grpc.add_BookieServicer_to_server(BookieService(self.storage), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        names = [pb.DESCRIPTOR.services_by_name[n].full_name for n in ("Bookie", "BookieAdmin")]
+        reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+        address = f"{self.config.host}:{self.config.port}"
+        try:
+            self.port = server.add_insecure_port(address)
+        except RuntimeError as e:
+            raise StorageError(pb.INTERNAL, f"cannot listen on {address}: {e}") from e
+        if self.port == 0:
+            raise StorageError(pb.INTERNAL, f"cannot listen on {address}")
+        advertised = self.config.advertised_address or f"{self.config.host}:{self.port}"
+        pb_grpc.add_BookieAdminServicer_to_server(BookieAdminService(self.storage, advertised), server)
+        await server.start()
+        self.server = server
+        for name in ["", *names]:
+            await self._set_health(name, health_pb2.HealthCheckResponse.SERVING)
+        assert self.storage.node_state is not None
+        log.info("bookie %s serving on %s:%d (data dir %s, recovery %.2fs, %d logs replayed)",
+                 self.storage.node_state.bookie_id, self.config.host, self.port, self.storage.data_dir,
+                 time.monotonic() - t0, self.storage.recovery.logs_scanned)
+
+    async def _set_health(self, name: str, status: int) -> None:
+        result = self.health.set(name, status)
+        if asyncio.iscoroutine(result):
+            await result
+
+    async def stop(self) -> None:
+        """Graceful: report NOT_SERVING, finish in-flight calls (bounded grace), then close storage cleanly."""
+        if self.server is not None:
+            await self._set_health("", health_pb2.HealthCheckResponse.NOT_SERVING)
+            await self.server.stop(SHUTDOWN_GRACE_S)
+            self.server = None
+        if self.storage is not None:
+            storage, self.storage = self.storage, None
+            await asyncio.get_running_loop().run_in_executor(None, storage.close)
+            log.info("bookie stopped cleanly: everything synced, nothing to replay at the next start")
+
+
+async def serve(config: NodeConfig, ready_file: str | None = None) -> None:
+    """Run a bookie until SIGTERM or SIGINT, then stop it gracefully."""
+    node = BookieServer(config)
+    await node.start()
+    if ready_file:
+        tmp = ready_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{config.host}:{node.port}\n")
+        os.replace(tmp, ready_file)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("signal received: stopping")
+    await node.stop()

@@ -1,0 +1,173 @@
+"""A FileIO that remembers what each fsync made durable, and can simulate a power loss.
+
+Used by the power-loss tests (node/tests/test_powerloss.py). It does the real IO on a real directory and in
+addition keeps, like a disk would after a power cut:
+- per inode, the content as of its last fsync/fdatasync;
+- per directory, the names (and the inodes they point to) as of its last directory fsync;
+- for the LMDB index, whose IO happens in C, the whole index directory as of each `index_synced()`.
+
+`crash()` makes every later call fail (the machine is gone; threads still running see IO errors).
+`power_loss(rng)` then rewrites the directory tree to what survives: durable names only, each file's durable
+content, plus, for a file whose inode the directory still points at, a random prefix of the bytes written after
+its last fsync (the OS may have written some of them back), cut at a random point (a torn write).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import threading
+
+from octavo.node.fileio import FileIO
+
+
+class MachineCrashed(OSError):
+    pass
+
+
+class SimIO(FileIO):
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self._lock = threading.Lock()
+        self._fd_paths: dict[int, str] = {}
+        self._inode_durable: dict[int, bytes] = {}
+        self._dir_durable: dict[str, dict[str, int]] = {}
+        self._index_snapshot: dict[str, dict[str, bytes]] = {}
+        self.crashed = False
+        self.fsyncs = 0
+
+    def _check(self) -> None:
+        if self.crashed:
+            raise MachineCrashed(5, "simulated machine crash")
+
+    # -- tracked operations ----------------------------------------------------------------------
+    def open_append(self, path: str, create: bool) -> int:
+        self._check()
+        fd = super().open_append(path, create)
+        self._fd_paths[fd] = os.path.abspath(path)
+        return fd
+
+    def open_read(self, path: str) -> int:
+        self._check()
+        fd = super().open_read(path)
+        self._fd_paths[fd] = os.path.abspath(path)
+        return fd
+
+    def write_at_end(self, fd: int, data: bytes | memoryview) -> None:
+        self._check()
+        super().write_at_end(fd, data)
+
+    def pread(self, fd: int, length: int, offset: int) -> bytes:
+        self._check()
+        return super().pread(fd, length, offset)
+
+    def truncate(self, fd: int, length: int) -> None:
+        self._check()
+        super().truncate(fd, length)
+
+    def _snapshot_fd(self, fd: int) -> None:
+        size = os.fstat(fd).st_size
+        content = os.pread(fd, size, 0) if size else b""
+        with self._lock:
+            self._inode_durable[os.fstat(fd).st_ino] = content
+            self.fsyncs += 1
+
+    def fsync(self, fd: int) -> None:
+        self._check()
+        super().fsync(fd)
+        self._snapshot_fd(fd)
+
+    def fdatasync(self, fd: int) -> None:
+        self._check()
+        super().fdatasync(fd)
+        self._snapshot_fd(fd)
+
+    def close(self, fd: int) -> None:
+        self._fd_paths.pop(fd, None)
+        super().close(fd)
+
+    def fsync_dir(self, path: str) -> None:
+        self._check()
+        super().fsync_dir(path)
+        path = os.path.abspath(path)
+        names = {name: os.stat(os.path.join(path, name)).st_ino for name in os.listdir(path)
+                 if os.path.isfile(os.path.join(path, name))}
+        with self._lock:
+            self._dir_durable[path] = names
+
+    def write_file_atomic(self, path: str, data: bytes) -> None:
+        self._check()
+        tmp = path + ".tmp"
+        fd = self.open_append(tmp, create=not os.path.exists(tmp))
+        try:
+            os.ftruncate(fd, 0)
+            self.write_at_end(fd, data)
+            self.fsync(fd)
+        finally:
+            self.close(fd)
+        self.rename(tmp, path)
+        self.fsync_dir(os.path.dirname(path) or ".")
+
+    def rename(self, src: str, dst: str) -> None:
+        self._check()
+        super().rename(src, dst)
+
+    def unlink(self, path: str) -> None:
+        self._check()
+        super().unlink(path)
+
+    def index_synced(self, index_dir: str) -> None:
+        self._check()
+        snap = {}
+        for name in os.listdir(index_dir):
+            if name == "lock.mdb":
+                continue
+            with open(os.path.join(index_dir, name), "rb") as f:
+                snap[name] = f.read()
+        with self._lock:
+            self._index_snapshot[os.path.abspath(index_dir)] = snap
+
+    # -- the power cut ---------------------------------------------------------------------------
+    def crash(self) -> None:
+        self.crashed = True
+
+    def power_loss(self, rng: random.Random, keep_unsynced: bool = True) -> dict[str, str]:
+        """Rewrite the tree under root to what a power cut leaves. Returns what happened to each file."""
+        self.crashed = True
+        report: dict[str, str] = {}
+        with self._lock:
+            for dirpath, _dirs, files in os.walk(self.root):
+                dirpath = os.path.abspath(dirpath)
+                if dirpath in self._index_snapshot:
+                    continue
+                durable_names = self._dir_durable.get(dirpath, {})
+                for name in files:
+                    path = os.path.join(dirpath, name)
+                    ino = os.stat(path).st_ino
+                    if name not in durable_names:
+                        os.unlink(path)
+                        report[path] = "lost (name never synced)"
+                        continue
+                    durable = self._inode_durable.get(durable_names[name], b"")
+                    with open(path, "rb") as f:
+                        current = f.read()
+                    content = durable
+                    if durable_names[name] != ino:
+                        report[path] = "old version (rename not synced)"
+                    elif keep_unsynced and current.startswith(durable) and len(current) > len(durable):
+                        extra = rng.randrange(len(current) - len(durable) + 1)
+                        content = current[:len(durable) + extra]
+                        report[path] = f"durable {len(durable)} + {extra} of {len(current) - len(durable)} unsynced"
+                    else:
+                        report[path] = f"durable {len(durable)} of {len(current)}"
+                    with open(path, "wb") as f:
+                        f.write(content)
+            for index_dir, snap in self._index_snapshot.items():
+                shutil.rmtree(index_dir)
+                os.makedirs(index_dir)
+                for name, content in snap.items():
+                    with open(os.path.join(index_dir, name), "wb") as f:
+                        f.write(content)
+                report[index_dir] = "index as of its last sync"
+        return report

@@ -1,0 +1,696 @@
+"""The bookie's storage engine: entry logs, the write cache, the durable index, ledger state, recovery.
+
+Durability model (docs/durability.md):
+- An add is acknowledged once its records are written into the active entry log (the OS page cache). The add
+  path never fsyncs, unless fsync_policy is "batch".
+- A full active log is rolled. The background flusher (flusher.py) fsyncs each rolled log, then commits the
+  index entries that cover it (one synced LMDB transaction), then advances the recovery point. The index is
+  therefore never durable pointing into bytes that are not.
+- Startup scans only the logs at or after the recovery point (recovery.py) and hands them to the flusher.
+- A fence is synced to the ledger table before it is answered, and survives any restart.
+
+Threads: the gRPC server calls the add, read and fence methods from its event loop (or an executor); the
+flusher runs in its own thread. `_lock` guards the active log, the rolled list, the ledger table and the
+caches; `_index_write_lock` serialises ledger-row writes so a fence is never overwritten by an older row.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+import time
+import uuid
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from octavo.node import faults
+from octavo.node.checkpoint import (
+    RUNNING_MARKER_FILE,
+    CheckpointError,
+    NodeState,
+    RecoveryPoint,
+    read_node_state,
+    read_recovery_point,
+    write_node_state,
+    write_recovery_point,
+)
+from octavo.node.config import FSYNC_POLICY_BATCH, NodeConfig
+from octavo.node.entrylog import (
+    ACTIVE,
+    CACHE_ENTRY_BYTES_ESTIMATE,
+    FLUSHED,
+    LOCATION_LENGTH_BITS,
+    ROLLED,
+    EntryLog,
+)
+from octavo.node.errors import Code, StorageError, fenced, no_such_entry, no_such_ledger, unauthorized
+from octavo.node.fileio import FileIO
+from octavo.node.index import MASTER_KEY_BYTES_MAX, Index, LedgerRow
+from octavo.node.record import (
+    ENTRY_ID_LEDGER_KEY,
+    LOG_HEADER_BYTES,
+    RECORD_HEADER_BYTES,
+    RecordFormatError,
+    decode_record,
+    encode_record,
+    parse_log_file_name,
+)
+from octavo.node.recovery import LogScan, apply_scan, scan_log
+from octavo.v1 import bookie_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+LOGS_DIR = "logs"
+LOCK_FILE = "lock"
+OK = pb.OK
+
+
+class WriteCacheFull(Exception):
+    """The write cache has no room for this batch: the caller waits (wait_for_room) and retries."""
+
+
+@dataclass(slots=True)
+class LedgerState:
+    master_key: bytes
+    fenced: bool = False
+    last_add_confirmed: int = -1
+    last_entry_id: int = -1  # highest entry id stored here, flushed or not
+    durable_last_entry_id: int = -1  # highest entry id covered by the durable index
+
+    def row(self) -> LedgerRow:
+        return LedgerRow(self.master_key, self.fenced, self.last_add_confirmed, self.durable_last_entry_id)
+
+
+@dataclass(frozen=True)
+class LacInfo:
+    last_add_confirmed: int
+    last_entry_id: int
+    fenced: bool
+    maybe_lost_tail: bool
+
+
+@dataclass
+class RecoveryReport:
+    """What the last startup found and did (shown in status)."""
+
+    unclean: bool = False
+    recovery_point_log_id: int = 0
+    logs_scanned: int = 0
+    records_replayed: int = 0
+    bytes_truncated: int = 0
+    scans: list[LogScan] = field(default_factory=list)
+
+
+class Storage:
+    """Open with Storage.open(config); close with close() (clean: syncs all, nothing to replay next time)."""
+
+    def __init__(self, config: NodeConfig, io: FileIO) -> None:
+        self.config = config.validate()
+        self.io = io
+        self.data_dir = os.path.abspath(config.data_dir)
+        self.logs_dir = os.path.join(self.data_dir, LOGS_DIR)
+        self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)
+        self._index_write_lock = threading.Lock()
+        self._fd_lock = threading.Lock()
+        self._read_fds: OrderedDict[int, int] = OrderedDict()
+        self._ledgers: dict[int, LedgerState] = {}
+        self._dirty_ledgers: set[int] = set()
+        self._rolled: deque[EntryLog] = deque()
+        self._active: EntryLog | None = None
+        self._cache_entries = 0
+        self._recovery_point = RecoveryPoint(0)
+        self._closed = False
+        self._lock_fd = -1
+        self.node_state: NodeState | None = None
+        self.recovery = RecoveryReport()
+        self.started_unix_ms = int(time.time() * 1000)
+        self.last_flush_error = ""
+        self.flushes = 0
+        self._flusher: Any = None
+        self._index: Index | None = None
+
+    # ------------------------------------------------------------------------------------------------
+    # Opening and closing
+
+    @classmethod
+    def open(cls, config: NodeConfig, io: FileIO | None = None, start_flusher: bool = True) -> Storage:
+        storage = cls(config, io or FileIO())
+        try:
+            storage._open()
+        except BaseException:
+            storage._release_dir_lock()
+            raise
+        if start_flusher:
+            storage.start_flusher()
+        return storage
+
+    def _open(self) -> None:
+        fresh = not os.path.isdir(self.logs_dir)
+        os.makedirs(self.logs_dir, exist_ok=True)
+        if fresh:  # make the new directories' own entries durable before anything in them is
+            self.io.fsync_dir(os.path.dirname(self.data_dir))
+            self.io.fsync_dir(self.data_dir)
+            self.io.fsync_dir(self.logs_dir)
+        self._take_dir_lock()
+        running_marker = os.path.join(self.data_dir, RUNNING_MARKER_FILE)
+        unclean = self.io.read_file(running_marker) is not None
+        self.node_state = self._load_node_state(unclean)
+        self._index = Index(self.data_dir, self.io, self.config.index_map_size_bytes)
+        for lid, row in self._index.load_ledgers().items():
+            self._ledgers[lid] = LedgerState(row.master_key, row.fenced, row.last_add_confirmed,
+                                             row.durable_last_entry_id, row.durable_last_entry_id)
+        try:
+            point = read_recovery_point(self.io, self.data_dir) or RecoveryPoint(0)
+        except CheckpointError as e:
+            log.warning("recovery point unreadable (%s): scanning every entry log", e)
+            point = RecoveryPoint(0)
+        self._recovery_point = point
+        self._recover_logs(point, unclean)
+        # The marker says "a bookie runs here"; a start that finds it knows the last stop was unclean.
+        self.io.write_file_atomic(running_marker, str(os.getpid()).encode())
+
+    def _take_dir_lock(self) -> None:
+        self._lock_fd = os.open(os.path.join(self.data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+            raise StorageError(pb.INTERNAL, f"data directory {self.data_dir} is in use by another bookie") from None
+
+    def _release_dir_lock(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def _load_node_state(self, unclean: bool) -> NodeState:
+        now_ms = int(time.time() * 1000)
+        state = read_node_state(self.io, self.data_dir)
+        if state is None:
+            state = NodeState(bookie_id=str(uuid.uuid4()), created_unix_ms=now_ms)
+            write_node_state(self.io, self.data_dir, state)
+        if unclean:
+            state.unclean_restart_count += 1
+            state.last_unclean_restart_unix_ms = now_ms
+            write_node_state(self.io, self.data_dir, state)
+            log.warning("the last stop of this bookie was unclean (%d so far): recovering the unsynced tail",
+                        state.unclean_restart_count)
+        return state
+
+    def _recover_logs(self, point: RecoveryPoint, unclean: bool) -> None:
+        report = RecoveryReport(unclean=unclean, recovery_point_log_id=point.log_id)
+        log_ids = sorted(i for i in map(parse_log_file_name, self.io.listdir(self.logs_dir)) if i is not None)
+        for log_id in log_ids:
+            if log_id < point.log_id:
+                continue
+            path = os.path.join(self.logs_dir, f"{log_id:016x}.log")
+            scan = scan_log(self.io, path, log_id)
+            report.scans.append(scan)
+            report.logs_scanned += 1
+            apply_scan(self.io, self.logs_dir, scan)
+            if scan.action in ("delete", "quarantine"):
+                continue
+            report.bytes_truncated += scan.bytes_truncated
+            entry_log = EntryLog.open_existing(self.io, self.logs_dir, log_id, ROLLED)
+            self._replay(entry_log, scan)
+            report.records_replayed += len(scan.records)
+            self._rolled.append(entry_log)
+        next_id = max([point.log_id, *(i + 1 for i in log_ids)])
+        self._active = EntryLog.create(self.io, self.logs_dir, next_id)
+        self.recovery = report
+        log.info("recovery: point %d, %d logs scanned, %d records replayed, %d bytes cut", point.log_id,
+                 report.logs_scanned, report.records_replayed, report.bytes_truncated)
+
+    def _replay(self, entry_log: EntryLog, scan: LogScan) -> None:
+        """Index a recovered log's records in its cache and rebuild the ledger states they imply."""
+        for rec in scan.records:
+            if rec.entry_id == ENTRY_ID_LEDGER_KEY:
+                if rec.ledger_id not in self._ledgers:
+                    self._ledgers[rec.ledger_id] = LedgerState(rec.payload)
+                    self._dirty_ledgers.add(rec.ledger_id)
+                entry_log.cache.setdefault(rec.ledger_id, {})
+                continue
+            state = self._ledgers.get(rec.ledger_id)
+            if state is None:  # cannot happen: a ledger's key record precedes its entries in every log
+                raise StorageError(pb.INTERNAL, f"entry log {entry_log.log_id} holds ledger {rec.ledger_id} "
+                                                "entries without its key record")
+            entries = entry_log.cache.setdefault(rec.ledger_id, {})
+            if rec.entry_id not in entries:
+                entry_log.cache_entries += 1
+            entries[rec.entry_id] = rec.offset << LOCATION_LENGTH_BITS | rec.length
+            if rec.entry_id > state.last_entry_id:
+                state.last_entry_id = rec.entry_id
+        self._cache_entries += entry_log.cache_entries
+
+    def start_flusher(self) -> None:
+        from octavo.node.flusher import Flusher
+
+        self._flusher = Flusher(self)
+        self._flusher.start()
+
+    def close(self) -> None:
+        """Clean shutdown: flush every log (the active one too), advance the recovery point past all of them,
+        remove the running marker. The next start replays nothing."""
+        if self._closed:
+            return
+        if self._flusher is not None:
+            self._flusher.stop()
+        with self._lock:
+            self._closed = True
+            active = self._active
+            if active is not None and active.size == LOG_HEADER_BYTES:
+                self.io.close(active.fd)  # nothing in it: no need to flush, leave no empty file behind
+                self.io.unlink(active.path)
+                self._active = None
+            elif active is not None:
+                active.state = ROLLED
+                self._rolled.append(active)
+                self._active = None
+        while self._rolled:
+            self.flush_one()
+        self.io.unlink(os.path.join(self.data_dir, RUNNING_MARKER_FILE))
+        self.io.fsync_dir(self.data_dir)
+        self._close_files()
+
+    def abandon(self) -> None:
+        """Drop everything without syncing or checkpointing, as a crash would (tests only)."""
+        if self._flusher is not None:
+            self._flusher.stop()
+        self._closed = True
+        self._close_files()
+
+    def _close_files(self) -> None:
+        with self._fd_lock:
+            for fd in self._read_fds.values():
+                self.io.close(fd)
+            self._read_fds.clear()
+        for entry_log in [*self._rolled, *([self._active] if self._active else [])]:
+            self.io.close(entry_log.fd)
+        if self._index is not None:
+            self._index.close()
+            self._index = None
+        self._release_dir_lock()
+
+    @property
+    def index(self) -> Index:
+        if self._index is None:
+            raise StorageError(pb.INTERNAL, "storage is closed")
+        return self._index
+
+    # ------------------------------------------------------------------------------------------------
+    # Adds
+
+    def has_room(self, entries: int) -> bool:
+        return self._cache_entries + entries <= self.config.write_cache_entries_max
+
+    def wait_for_room(self, entries: int, timeout_s: float) -> bool:
+        """Block until the write cache has room for `entries` (the flusher frees it), or the timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._room:
+            while not self.has_room(entries) and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._room.wait(left)
+            return True
+
+    def add_entries(self, ledger_id: int, master_key: bytes, entry_ids: list[int] | Any, payloads: list[bytes] | Any,
+                    last_add_confirmed: int = -1, recovery: bool = False) -> tuple[list[Code], str]:
+        """Append a batch of one ledger's entries. Returns a result code per entry and the first error's text.
+
+        Raises WriteCacheFull (nothing written) when the cache has no room; the caller waits and retries.
+        An entry already stored with the same bytes is OK without a second copy (a resend); with other bytes
+        it is DUPLICATE_MISMATCH.
+        """
+        n = len(entry_ids)
+        cfg = self.config
+        if ledger_id < 0:
+            return [pb.INVALID] * n, f"ledger id must be non-negative, got {ledger_id}"
+        if len(payloads) != n:
+            return [pb.INVALID] * n, f"{n} entry ids but {len(payloads)} payloads"
+        if n > cfg.batch_entries_max:
+            return [pb.TOO_LARGE] * n, f"batch of {n} entries is over batch_entries_max={cfg.batch_entries_max}"
+        if not master_key or len(master_key) > MASTER_KEY_BYTES_MAX:
+            return [pb.INVALID] * n, f"master key must be 1 to {MASTER_KEY_BYTES_MAX} bytes, got {len(master_key)}"
+        with self._lock:
+            if self._closed or self._active is None:
+                return [pb.INTERNAL] * n, "bookie is shutting down"
+            if not self.has_room(n):
+                raise WriteCacheFull()
+            state = self._ledgers.get(ledger_id)
+            if state is not None:
+                if state.master_key != master_key:
+                    return [pb.UNAUTHORIZED] * n, unauthorized(ledger_id).message
+                if state.fenced and not recovery:
+                    return [pb.FENCED] * n, fenced(ledger_id).message
+            return self._append_locked(ledger_id, master_key, state, entry_ids, payloads, last_add_confirmed)
+
+    def _append_locked(self, ledger_id: int, master_key: bytes, state: LedgerState | None, entry_ids: Any,
+                       payloads: Any, last_add_confirmed: int) -> tuple[list[Code], str]:
+        cfg = self.config
+        n = len(entry_ids)
+        codes: list[Code] = [OK] * n
+        message = ""
+        batch_bytes = sum(map(len, payloads)) + n * RECORD_HEADER_BYTES
+        active = self._active
+        assert active is not None  # checked by the caller under the lock
+        if active.size > LOG_HEADER_BYTES and (
+            active.size + batch_bytes > cfg.log_size_bytes_max
+            or active.cache_entries + n > cfg.write_cache_entries_max // 2
+        ):
+            active = self._roll_locked()
+        if state is None:
+            state = LedgerState(master_key)
+            self._ledgers[ledger_id] = state
+            self._dirty_ledgers.add(ledger_id)
+        parts: list[bytes] = []
+        offset = active.size
+        cache = active.cache.get(ledger_id)
+        new_cache = cache is None
+        if cache is None:
+            cache = {}
+            header, length = encode_record(ledger_id, ENTRY_ID_LEDGER_KEY, master_key)
+            parts.append(header)
+            parts.append(master_key)
+            offset += length
+        size_max = cfg.entry_size_bytes_max
+        last = state.last_entry_id
+        written: list[int] = []
+        batch_new: dict[int, bytes] = {}
+        for i in range(n):
+            eid = entry_ids[i]
+            payload = payloads[i]
+            if eid < 0:
+                codes[i] = pb.INVALID
+                message = message or f"entry id must be non-negative, got {eid}"
+                continue
+            if len(payload) > size_max:
+                codes[i] = pb.TOO_LARGE
+                message = message or (f"entry {eid} is {len(payload)} bytes, over entry_size_bytes_max={size_max}")
+                continue
+            if eid <= last or eid in batch_new:
+                existing = batch_new.get(eid)
+                if existing is None:
+                    existing = self._read_existing_locked(ledger_id, eid)
+                if existing is not None:
+                    if existing != payload:
+                        codes[i] = pb.DUPLICATE_MISMATCH
+                        message = message or (f"entry {eid} of ledger {ledger_id} is already stored with "
+                                              "different bytes")
+                    continue  # already stored with these bytes: acknowledged without a second copy
+            header, length = encode_record(ledger_id, eid, payload)
+            parts.append(header)
+            parts.append(payload)
+            cache[eid] = offset << LOCATION_LENGTH_BITS | length
+            batch_new[eid] = payload
+            written.append(eid)
+            offset += length
+        if not parts:
+            return codes, message
+        try:
+            self.io.write_at_end(active.fd, b"".join(parts))
+            if cfg.fsync_policy == FSYNC_POLICY_BATCH:
+                self.io.fdatasync(active.fd)
+        except OSError as e:
+            for eid in written:
+                cache.pop(eid, None)
+            self._undo_partial_write_locked(active, e)
+            return [pb.INTERNAL if c == OK else c for c in codes], f"write to entry log {active.log_id} failed: {e}"
+        faults.hit(faults.ADD_AFTER_WRITE)
+        if new_cache:
+            active.cache[ledger_id] = cache
+        if active.size == LOG_HEADER_BYTES:
+            active.first_write_monotonic = time.monotonic()
+        active.size = offset
+        active.cache_entries += len(written)
+        self._cache_entries += len(written)
+        if written:
+            top = max(written)
+            if top > state.last_entry_id:
+                state.last_entry_id = top
+        if last_add_confirmed > state.last_add_confirmed:
+            state.last_add_confirmed = last_add_confirmed
+            self._dirty_ledgers.add(ledger_id)
+        return codes, message
+
+    def _undo_partial_write_locked(self, active: EntryLog, error: OSError) -> None:
+        """A failed write may have left part of a batch in the log: cut it off so the log stays a clean
+        sequence of acknowledged records. If even that fails the log cannot be trusted for appends: roll."""
+        log.error("append to entry log %d failed: %s", active.log_id, error)
+        try:
+            self.io.truncate(active.fd, active.size)
+        except OSError as e:
+            log.error("could not cut entry log %d back to %d bytes (%s): rolling it", active.log_id, active.size, e)
+            self._roll_locked()
+
+    def _read_existing_locked(self, ledger_id: int, entry_id: int) -> bytes | None:
+        try:
+            return self.read_entry(ledger_id, entry_id)
+        except StorageError as e:
+            if e.code in (pb.NO_SUCH_ENTRY, pb.NO_SUCH_LEDGER):
+                return None
+            raise
+
+    def _roll_locked(self) -> EntryLog:
+        """Seal the active log, queue it for the flusher and start the next one. Returns the new active log."""
+        old = self._active
+        assert old is not None
+        old.state = ROLLED
+        self._rolled.append(old)
+        self._active = EntryLog.create(self.io, self.logs_dir, old.log_id + 1)
+        if self._flusher is not None:
+            self._flusher.wake()
+        return self._active
+
+    def roll(self, min_bytes: int = 0) -> bool:
+        """Roll the active log if it holds records and at least `min_bytes`. Returns whether it rolled."""
+        with self._lock:
+            active = self._active
+            if self._closed or active is None or active.size <= max(LOG_HEADER_BYTES, min_bytes):
+                return False
+            self._roll_locked()
+            return True
+
+    def roll_if_older_than(self, age_s: float) -> bool:
+        with self._lock:
+            active = self._active
+            if self._closed or active is None or active.size <= LOG_HEADER_BYTES:
+                return False
+            if time.monotonic() - active.first_write_monotonic < age_s:
+                return False
+            self._roll_locked()
+            return True
+
+    # ------------------------------------------------------------------------------------------------
+    # Background flush (called by the flusher thread, and by close())
+
+    def flush_one(self) -> bool:
+        """Flush the oldest rolled log: fsync it, commit its index entries, advance the recovery point.
+
+        Returns False if there was nothing to flush. Raises on IO failure, leaving the log queued: the next
+        attempt starts over, and every step is idempotent.
+        """
+        with self._lock:
+            if not self._rolled:
+                return False
+            entry_log = self._rolled[0]
+        self.io.fsync(entry_log.fd)
+        self.io.fsync_dir(self.logs_dir)
+        faults.hit(faults.FLUSH_AFTER_LOG_SYNC)
+        entries = entry_log.index_entries()
+        with self._index_write_lock:
+            with self._lock:
+                for lid, cached in entry_log.cache.items():
+                    state = self._ledgers[lid]
+                    top = max(cached, default=-1)
+                    if top > state.durable_last_entry_id:
+                        state.durable_last_entry_id = top
+                    self._dirty_ledgers.add(lid)
+                dirty = self._dirty_ledgers
+                self._dirty_ledgers = set()
+                rows = {lid: self._ledgers[lid].row() for lid in dirty}
+            try:
+                self.index.commit_checkpoint(entries, rows)
+            except BaseException:
+                with self._lock:
+                    self._dirty_ledgers |= dirty
+                raise
+        faults.hit(faults.FLUSH_AFTER_INDEX_COMMIT)
+        point = RecoveryPoint(entry_log.log_id + 1)
+        write_recovery_point(self.io, self.data_dir, point)
+        faults.hit(faults.FLUSH_AFTER_RECOVERY_POINT)
+        with self._room:
+            self._recovery_point = point
+            self._rolled.popleft()
+            entry_log.state = FLUSHED
+            entry_log.cache = {}
+            self._cache_entries -= entry_log.cache_entries
+            entry_log.cache_entries = 0
+            self._room.notify_all()
+        self._adopt_read_fd(entry_log)
+        self.flushes += 1
+        return True
+
+    def pending_flushes(self) -> int:
+        return len(self._rolled)
+
+    # ------------------------------------------------------------------------------------------------
+    # Reads
+
+    def _locate(self, ledger_id: int, entry_id: int) -> tuple[int, int, int] | None:
+        # Caches first, newest log first, then the index: a cache is dropped only after its entries are
+        # committed to the index, so an entry is always in one or the other.
+        active = self._active
+        if active is not None:
+            found = active.locate(ledger_id, entry_id)
+            if found is not None:
+                return found
+        for entry_log in reversed(list(self._rolled)):
+            found = entry_log.locate(ledger_id, entry_id)
+            if found is not None:
+                return found
+        return self.index.get(ledger_id, entry_id)
+
+    def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
+        """The payload of one entry, checksum verified. StorageError NO_SUCH_LEDGER / NO_SUCH_ENTRY / CORRUPT."""
+        if ledger_id < 0 or entry_id < 0:
+            raise StorageError(pb.INVALID, f"ids must be non-negative, got ledger {ledger_id} entry {entry_id}")
+        loc = self._locate(ledger_id, entry_id)
+        if loc is None:
+            if ledger_id not in self._ledgers:
+                raise no_such_ledger(ledger_id)
+            raise no_such_entry(ledger_id, entry_id)
+        log_id, offset, length = loc
+        try:
+            data = self._pread(log_id, length, offset)
+            return decode_record(data, ledger_id, entry_id).payload
+        except (RecordFormatError, OSError) as e:
+            log.error("entry %d of ledger %d in log %d at %d: %s", entry_id, ledger_id, log_id, offset, e)
+            raise StorageError(pb.CORRUPT, f"entry {entry_id} of ledger {ledger_id} is unreadable on this "
+                                           f"bookie (log {log_id} offset {offset}): {e}") from e
+
+    def _pread(self, log_id: int, length: int, offset: int) -> bytes:
+        with self._fd_lock:
+            fd = self._fd_for_locked(log_id)
+            return self.io.pread(fd, length, offset)
+
+    def _fd_for_locked(self, log_id: int) -> int:
+        active = self._active
+        if active is not None and active.log_id == log_id:
+            return active.fd
+        for entry_log in self._rolled:
+            if entry_log.log_id == log_id:
+                return entry_log.fd
+        fd = self._read_fds.get(log_id)
+        if fd is not None:
+            self._read_fds.move_to_end(log_id)
+            return fd
+        fd = self.io.open_read(os.path.join(self.logs_dir, f"{log_id:016x}.log"))
+        self._remember_read_fd_locked(log_id, fd)
+        return fd
+
+    def _remember_read_fd_locked(self, log_id: int, fd: int) -> None:
+        self._read_fds[log_id] = fd
+        while len(self._read_fds) > self.config.open_log_files_max:
+            _, old = self._read_fds.popitem(last=False)
+            self.io.close(old)
+
+    def _adopt_read_fd(self, entry_log: EntryLog) -> None:
+        """A flushed log's fd stays open for reads, in the bounded set of read fds."""
+        with self._fd_lock:
+            self._remember_read_fd_locked(entry_log.log_id, entry_log.fd)
+
+    # ------------------------------------------------------------------------------------------------
+    # Ledger state: LAC, fencing, write-close
+
+    def ledger_state(self, ledger_id: int) -> LedgerState | None:
+        return self._ledgers.get(ledger_id)
+
+    def read_lac(self, ledger_id: int) -> LacInfo:
+        state = self._ledgers.get(ledger_id)
+        if state is None:
+            raise no_such_ledger(ledger_id)
+        return LacInfo(state.last_add_confirmed, state.last_entry_id, state.fenced, self.recovery.unclean)
+
+    def fence(self, ledger_id: int, master_key: bytes) -> LacInfo:
+        """Fence a ledger (creating its state if this bookie never saw it) and sync the fence to disk.
+
+        From the moment this takes the lock, adds without the recovery flag are refused; it returns only
+        after the fence is durable in the ledger table.
+        """
+        if ledger_id < 0:
+            raise StorageError(pb.INVALID, f"ledger id must be non-negative, got {ledger_id}")
+        if not master_key or len(master_key) > MASTER_KEY_BYTES_MAX:
+            raise StorageError(pb.INVALID, f"master key must be 1 to {MASTER_KEY_BYTES_MAX} bytes")
+        with self._index_write_lock:
+            with self._lock:
+                state = self._ledgers.get(ledger_id)
+                if state is None:
+                    state = LedgerState(master_key)
+                    self._ledgers[ledger_id] = state
+                elif state.master_key != master_key:
+                    raise unauthorized(ledger_id)
+                state.fenced = True
+                row = state.row()
+            self.index.put_ledger(ledger_id, row)
+        faults.hit(faults.FENCE_AFTER_PERSIST)
+        self._rotate_for(ledger_id)
+        return LacInfo(state.last_add_confirmed, state.last_entry_id, True, self.recovery.unclean)
+
+    def write_close(self, ledger_id: int, master_key: bytes) -> None:
+        state = self._ledgers.get(ledger_id)
+        if state is None:
+            raise no_such_ledger(ledger_id)
+        if state.master_key != master_key:
+            raise unauthorized(ledger_id)
+        self._rotate_for(ledger_id)
+
+    def _rotate_for(self, ledger_id: int) -> None:
+        """Seed 003: roll the active log when a ledger in it is closed or fenced, so its entries get synced
+        and the log can later be collected; tiny logs are left to the roll interval."""
+        with self._lock:
+            active = self._active
+            if active is None or ledger_id not in active.cache:
+                return
+        self.roll(self.config.log_rotate_on_close_bytes_min)
+
+    # ------------------------------------------------------------------------------------------------
+    # Status
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            logs = [(entry_log.log_id, entry_log.size, entry_log.state)
+                    for entry_log in [*self._rolled, *([self._active] if self._active else [])]]
+            active_id = self._active.log_id if self._active else -1
+        live = {i for i, _, _ in logs}
+        for name in self.io.listdir(self.logs_dir):
+            log_id = parse_log_file_name(name)
+            if log_id is not None and log_id not in live:
+                try:
+                    logs.append((log_id, self.io.file_size(os.path.join(self.logs_dir, name)), FLUSHED))
+                except FileNotFoundError:
+                    continue
+        logs.sort()
+        assert self.node_state is not None
+        return {
+            "bookie_id": self.node_state.bookie_id,
+            "recovery_point_log_id": self._recovery_point.log_id,
+            "active_log_id": active_id,
+            "entry_logs": logs,
+            "write_cache_entries": self._cache_entries,
+            "write_cache_entries_max": self.config.write_cache_entries_max,
+            "write_cache_bytes_estimate": self._cache_entries * CACHE_ENTRY_BYTES_ESTIMATE,
+            "ledger_count": len(self._ledgers),
+            "unclean_restart_count": self.node_state.unclean_restart_count,
+            "last_unclean_restart_unix_ms": self.node_state.last_unclean_restart_unix_ms,
+            "last_start_was_unclean": self.recovery.unclean,
+            "recovery": self.recovery,
+            "last_flush_error": self.last_flush_error,
+        }
+
+
+ACTIVE_STATE = ACTIVE  # re-exported for status readers

@@ -1,0 +1,1 @@
+"""The Kubernetes operator (kopf): a later issue builds it."""
