@@ -4,6 +4,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from octavo.node.config import NodeConfig
 from octavo.node.storage import Storage
 from octavo.node.testing import small_config

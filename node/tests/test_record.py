@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from octavo.node.record import (
     ENTRY_ID_LEDGER_KEY,
     LOG_HEADER_BYTES,

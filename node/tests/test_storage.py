@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from octavo.node.checkpoint import RECOVERY_POINT_FILE, read_recovery_point
 from octavo.node.config import ConfigError, NodeConfig
 from octavo.node.errors import StorageError

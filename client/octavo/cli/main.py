@@ -134,6 +134,7 @@ def _add_bookie_parser(sub: Any) -> None:
 def cmd_bookie_status(args: argparse.Namespace) -> int:
     import grpc
     from google.protobuf import json_format
+
     from octavo.v1 import bookie_pb2 as pb
     from octavo.v1 import bookie_pb2_grpc as pb_grpc
 

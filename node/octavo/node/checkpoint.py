@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import crc32c
+
 from octavo.node.fileio import FileIO
 
 RECOVERY_POINT_FILE = "recovery-point"

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import lmdb
+
 from octavo.node.fileio import FileIO
 
 INDEX_DIR = "index"

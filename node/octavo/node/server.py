@@ -17,8 +17,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
 from octavo.node.config import NodeConfig
 from octavo.node.errors import Code, StorageError
 from octavo.node.storage import Storage, WriteCacheFull
@@ -169,6 +171,64 @@ class BookieAdminService(pb_grpc.BookieAdminServicer):
         return status
 
 
+class Malformed:
+    """What the safe deserializer yields for bytes that are not a valid request: the handler turns it into an
+    INVALID_ARGUMENT status (grpc's own decoding failure would surface as UNKNOWN)."""
+
+    def __init__(self, type_name: str, error: Exception) -> None:
+        self.message = f"malformed {type_name}: {error}"
+
+
+def _safe_parser(message_type: Any) -> Any:
+    def parse(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except DecodeError as e:
+            return Malformed(message_type.DESCRIPTOR.full_name, e)
+
+    return parse
+
+
+def _unary(behavior: Any, request_type: Any, response_type: Any) -> Any:
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        return await behavior(request, context)
+
+    return grpc.unary_unary_rpc_method_handler(handle, request_deserializer=_safe_parser(request_type),
+                                               response_serializer=response_type.SerializeToString)
+
+
+def _stream(behavior: Any, request_type: Any, response_type: Any) -> Any:
+    async def handle(request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def checked() -> AsyncIterator[Any]:
+            async for request in request_iterator:
+                if isinstance(request, Malformed):
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+                yield request
+
+        async for response in behavior(checked(), context):
+            yield response
+
+    return grpc.stream_stream_rpc_method_handler(handle, request_deserializer=_safe_parser(request_type),
+                                                 response_serializer=response_type.SerializeToString)
+
+
+def bookie_handler(service: BookieService) -> Any:
+    return grpc.method_handlers_generic_handler("octavo.v1.Bookie", {
+        "AddEntries": _stream(service.AddEntries, pb.AddRequest, pb.AddResponse),
+        "ReadEntries": _unary(service.ReadEntries, pb.ReadRequest, pb.ReadResponse),
+        "ReadLastAddConfirmed": _unary(service.ReadLastAddConfirmed, pb.ReadLacRequest, pb.ReadLacResponse),
+        "WriteClose": _unary(service.WriteClose, pb.WriteCloseRequest, pb.WriteCloseResponse),
+    })
+
+
+def admin_handler(service: BookieAdminService) -> Any:
+    return grpc.method_handlers_generic_handler("octavo.v1.BookieAdmin", {
+        "GetStatus": _unary(service.GetStatus, pb.GetStatusRequest, pb.BookieStatus),
+    })
+
+
 def grpc_options(config: NodeConfig) -> list[tuple[str, Any]]:
     return [
         ("grpc.max_receive_message_length", config.batch_bytes_max + MESSAGE_OVERHEAD_BYTES),
@@ -192,7 +252,7 @@ class BookieServer:
         t0 = time.monotonic()
         self.storage = await loop.run_in_executor(None, Storage.open, self.config)
         server = grpc.aio.server(options=grpc_options(self.config))
-        pb_grpc.add_BookieServicer_to_server(BookieService(self.storage), server)
+        server.add_generic_rpc_handlers((bookie_handler(BookieService(self.storage)),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         names = [pb.DESCRIPTOR.services_by_name[n].full_name for n in ("Bookie", "BookieAdmin")]
         reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
@@ -204,7 +264,7 @@ class BookieServer:
         if self.port == 0:
             raise StorageError(pb.INTERNAL, f"cannot listen on {address}")
         advertised = self.config.advertised_address or f"{self.config.host}:{self.port}"
-        pb_grpc.add_BookieAdminServicer_to_server(BookieAdminService(self.storage, advertised), server)
+        server.add_generic_rpc_handlers((admin_handler(BookieAdminService(self.storage, advertised)),))
         await server.start()
         self.server = server
         for name in ["", *names]:

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from octavo.node.config import KIB, NodeConfig
 
@@ -97,3 +98,76 @@ class BookieProcess:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+class BookieConnection:
+    """A plain synchronous gRPC connection to one bookie, for tests and tools (not the client library)."""
+
+    def __init__(self, address: str, max_message_bytes: int = 256 * 1024 * 1024) -> None:
+        import grpc
+
+        from octavo.v1 import bookie_pb2_grpc as pb_grpc
+
+        self.address = address
+        self.channel = grpc.insecure_channel(address, options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ])
+        self.bookie = pb_grpc.BookieStub(self.channel)
+        self.admin = pb_grpc.BookieAdminStub(self.channel)
+        self._request_id = 0
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> BookieConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def add_requests(self, requests: list[Any], timeout_s: float = 30) -> list[Any]:
+        """Send requests on one AddEntries stream; returns the responses in order."""
+        return list(self.bookie.AddEntries(iter(requests), timeout=timeout_s))
+
+    def add(self, ledger_id: int, master_key: bytes, entry_ids: Sequence[int], payloads: Sequence[bytes],
+            last_add_confirmed: int = -1, recovery: bool = False) -> Any:
+        from octavo.v1 import bookie_pb2 as pb
+
+        self._request_id += 1
+        request = pb.AddRequest(request_id=self._request_id, ledgers=[pb.LedgerAdds(
+            ledger_id=ledger_id, master_key=master_key, last_add_confirmed=last_add_confirmed,
+            recovery=recovery, entry_ids=list(entry_ids), payloads=list(payloads))])
+        return self.add_requests([request])[0]
+
+    def read(self, ledger_id: int, first: int, last: int, **kw: Any) -> Any:
+        from octavo.v1 import bookie_pb2 as pb
+
+        return self.bookie.ReadEntries(pb.ReadRequest(ledger_id=ledger_id, first_entry_id=first,
+                                                      last_entry_id=last, **kw), timeout=30)
+
+    def read_all(self, ledger_id: int, first: int, last: int) -> dict[int, tuple[int, bytes]]:
+        """entry id -> (code, payload) for [first, last], following the bookie's read limits."""
+        out: dict[int, tuple[int, bytes]] = {}
+        entry = first
+        while entry <= last:
+            resp = self.read(ledger_id, entry, last)
+            if resp.error:
+                for e in range(entry, last + 1):
+                    out[e] = (resp.error, b"")
+                break
+            for item in resp.entries:
+                out[item.entry_id] = (item.code, item.payload)
+            entry = resp.entries[-1].entry_id + 1
+        return out
+
+    def read_lac(self, ledger_id: int, fence: bool = False, master_key: bytes = b"") -> Any:
+        from octavo.v1 import bookie_pb2 as pb
+
+        return self.bookie.ReadLastAddConfirmed(
+            pb.ReadLacRequest(ledger_id=ledger_id, fence=fence, master_key=master_key), timeout=30)
+
+    def status(self) -> Any:
+        from octavo.v1 import bookie_pb2 as pb
+
+        return self.admin.GetStatus(pb.GetStatusRequest(include_entry_logs=True), timeout=30)
