@@ -65,11 +65,3 @@ class EntryLog:
         if loc is None:
             return None
         return self.log_id, loc >> LOCATION_LENGTH_BITS, loc & LOCATION_LENGTH_MASK
-
-    def index_entries(self) -> list[tuple[int, int, int, int, int]]:
-        log_id = self.log_id
-        return [
-            (lid, eid, log_id, loc >> LOCATION_LENGTH_BITS, loc & LOCATION_LENGTH_MASK)
-            for lid, entries in self.cache.items()
-            for eid, loc in entries.items()
-        ]

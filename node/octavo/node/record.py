@@ -29,7 +29,8 @@ LOG_FILE_SUFFIX = ".log"
 
 RECORD_HEADER = struct.Struct("<IIqq")
 RECORD_HEADER_BYTES = RECORD_HEADER.size  # 24
-# The part of the header the crc covers (body length, ledger id, entry id).
+# The header is the crc field followed by the part the crc covers (body length, ledger id, entry id).
+CRC_FIELD = struct.Struct("<I")
 RECORD_META = struct.Struct("<Iqq")
 RECORD_ID_BYTES = 16
 # A record's body may never exceed this, whatever the configuration: a larger length field is garbage.

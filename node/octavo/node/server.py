@@ -47,11 +47,11 @@ class BookieService(pb_grpc.BookieServicer):
 
     async def _add(self, request: pb.AddRequest) -> pb.AddResponse:
         cfg = self.config
-        total_entries = 0
-        total_bytes = 0
-        for adds in request.ledgers:
-            total_entries += len(adds.entry_ids)
-            total_bytes += sum(map(len, adds.payloads))
+        # Materialize each repeated field once: every access to a protobuf repeated bytes field copies the
+        # payload out of the message, so walking it twice would copy the batch twice.
+        batches = [(adds, list(adds.entry_ids), list(adds.payloads)) for adds in request.ledgers]
+        total_entries = sum(len(ids) for _, ids, _ in batches)
+        total_bytes = sum(sum(map(len, payloads)) for _, _, payloads in batches)
         if total_entries > cfg.batch_entries_max:
             return pb.AddResponse(request_id=request.request_id, error=pb.TOO_LARGE, error_message=(
                 f"request carries {total_entries} entries, over batch_entries_max={cfg.batch_entries_max}"))
@@ -59,17 +59,17 @@ class BookieService(pb_grpc.BookieServicer):
             return pb.AddResponse(request_id=request.request_id, error=pb.TOO_LARGE, error_message=(
                 f"request carries {total_bytes} payload bytes, over batch_bytes_max={cfg.batch_bytes_max}"))
         results = []
-        for adds in request.ledgers:
-            codes, message = await self._add_ledger(adds)
+        for adds, ids, payloads in batches:
+            codes, message = await self._add_ledger(adds, ids, payloads)
             results.append(pb.LedgerAddResult(ledger_id=adds.ledger_id, codes=codes, message=message))
         return pb.AddResponse(request_id=request.request_id, results=results)
 
-    async def _add_ledger(self, adds: pb.LedgerAdds) -> tuple[list[Code], str]:
+    async def _add_ledger(self, adds: pb.LedgerAdds, ids: list[int], payloads: list[bytes]) -> tuple[list[Code], str]:
         storage = self.storage
-        n = len(adds.entry_ids)
+        n = len(ids)
         while True:
             try:
-                return storage.add_entries(adds.ledger_id, adds.master_key, adds.entry_ids, adds.payloads,
+                return storage.add_entries(adds.ledger_id, adds.master_key, ids, payloads,
                                            adds.last_add_confirmed, adds.recovery)
             except WriteCacheFull:
                 wait_s = self.config.add_wait_ms_max / 1000

@@ -58,6 +58,10 @@ class SimIO(FileIO):
         self._check()
         super().write_at_end(fd, data)
 
+    def write_parts(self, fd: int, parts: list[bytes], total_bytes: int) -> None:
+        self._check()
+        super().write_parts(fd, parts, total_bytes)
+
     def pread(self, fd: int, length: int, offset: int) -> bytes:
         self._check()
         return super().pread(fd, length, offset)
