@@ -4,83 +4,20 @@ fault point; after each restart every acknowledged entry reads back byte-identic
 from __future__ import annotations
 
 import random
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
 from octavo.node import faults
-from octavo.node.testing import BookieConnection, BookieProcess, payload_for
+from octavo.node.testing import BookieConnection, BookieProcess, PipelinedWriter, entry_size, payload_for
 from octavo.v1 import bookie_pb2 as pb
 
 KEY = b"crash-key"
 ARGS = ["--log-size-bytes-max", "262144", "--log-roll-interval-ms", "100", "--batch-bytes-max", "131072",
         "--entry-size-bytes-max", "16384", "--write-cache-entries-max", "20000", "--batch-entries-max", "1000"]
-WINDOW = 8  # requests in flight on the stream
 KILL_ROUNDS = 15
-
-
-def entry_size(ledger: int) -> int:
-    return (100, 1000, 8000)[ledger % 3]
-
-
-class Writer(threading.Thread):
-    """Appends to several ledgers on one stream, WINDOW requests in flight, until stopped or the bookie dies.
-
-    `acked[ledger]` is the highest entry id acknowledged (entries of a ledger are acknowledged in order). It
-    starts each round from there: entries sent but not acknowledged before a kill are sent again with the
-    same bytes, which the bookie must accept as duplicates or store anew.
-    """
-
-    def __init__(self, address: str, acked: dict[int, int], ledgers: list[int], seed: int) -> None:
-        super().__init__(daemon=True)
-        self.address = address
-        self.acked = acked
-        self.ledgers = ledgers
-        self.rng = random.Random(seed)
-        self.stop = threading.Event()
-        self.window = threading.Semaphore(WINDOW)
-        self.pending: dict[int, tuple[int, list[int]]] = {}
-        self.errors: list[str] = []
-        self.requests_acked = 0
-
-    def requests(self) -> Iterator[pb.AddRequest]:
-        next_id = {lg: self.acked.get(lg, -1) + 1 for lg in self.ledgers}
-        request_id = 0
-        while not self.stop.is_set():
-            if not self.window.acquire(timeout=0.05):
-                continue
-            ledger = self.rng.choice(self.ledgers)
-            count = self.rng.randrange(1, min(50, 120_000 // entry_size(ledger)))
-            ids = list(range(next_id[ledger], next_id[ledger] + count))
-            next_id[ledger] += count
-            request_id += 1
-            self.pending[request_id] = (ledger, ids)
-            yield pb.AddRequest(request_id=request_id, ledgers=[pb.LedgerAdds(
-                ledger_id=ledger, master_key=KEY, last_add_confirmed=self.acked.get(ledger, -1), entry_ids=ids,
-                payloads=[payload_for(ledger, e, entry_size(ledger)) for e in ids])])
-
-    def run(self) -> None:
-        try:
-            with BookieConnection(self.address) as conn:
-                for resp in conn.bookie.AddEntries(self.requests()):
-                    ledger, ids = self.pending.pop(resp.request_id)
-                    if resp.error:
-                        self.errors.append(resp.error_message)
-                        return
-                    if list(resp.results[0].codes) != [pb.OK] * len(ids):
-                        self.errors.append(resp.results[0].message)
-                        return
-                    self.acked[ledger] = ids[-1]
-                    self.requests_acked += 1
-                    self.window.release()
-        except grpc.RpcError:
-            pass  # the bookie was killed
-        finally:
-            self.stop.set()
 
 
 def verify(address: str, acked: dict[int, int]) -> int:
@@ -106,7 +43,7 @@ def test_sigkill_at_random_moments_under_load(tmp_path: Path) -> None:
         address = bookie.start()
         verify(address, acked)
         ledgers = [round_no * 10 + i for i in range(3)] + [i for i in range(3)]  # new ledgers and old ones
-        writer = Writer(address, acked, ledgers, seed=round_no)
+        writer = PipelinedWriter(address, acked, ledgers, seed=round_no, master_key=KEY)
         writer.start()
         time.sleep(rng.uniform(0.1, 0.7))
         bookie.kill()
@@ -134,7 +71,7 @@ def test_sigkill_at_fault_point(tmp_path: Path, point: str) -> None:
     bookie = BookieProcess(str(tmp_path / "bookie"), args=ARGS, env={faults.FAULT_POINTS_ENV: point})
     acked: dict[int, int] = {}
     address = bookie.start()
-    writer = Writer(address, acked, [1, 2, 3], seed=1)
+    writer = PipelinedWriter(address, acked, [1, 2, 3], seed=1, master_key=KEY)
     writer.start()
     writer.join(timeout=60)
     assert not writer.errors, writer.errors
@@ -144,7 +81,7 @@ def test_sigkill_at_fault_point(tmp_path: Path, point: str) -> None:
     address = bookie.start()
     assert verify(address, acked) > 0
     with BookieConnection(address) as conn:  # and it goes on: writes after recovery, flushes included
-        writer = Writer(address, acked, [1, 2, 3], seed=2)
+        writer = PipelinedWriter(address, acked, [1, 2, 3], seed=2, master_key=KEY)
         writer.start()
         time.sleep(0.5)
         writer.stop.set()

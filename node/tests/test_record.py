@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from octavo.node.record import (
+    ENTRY_ID_FENCE,
     ENTRY_ID_LEDGER_KEY,
     LOG_HEADER_BYTES,
     RecordFormatError,
@@ -100,6 +101,12 @@ def test_control_record_payload_is_kept() -> None:
     header, _ = encode_record(7, ENTRY_ID_LEDGER_KEY, b"secret")
     result = scan_records(header + b"secret", 0)
     assert result.records[0].payload == b"secret"
+
+
+def test_fence_control_record_is_valid() -> None:
+    header, _ = encode_record(7, ENTRY_ID_FENCE, b"")
+    result = scan_records(header, 0)
+    assert [(r.ledger_id, r.entry_id) for r in result.records] == [(7, ENTRY_ID_FENCE)] and result.error is None
 
 
 def test_negative_ids_other_than_control_are_invalid() -> None:

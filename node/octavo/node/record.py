@@ -11,7 +11,8 @@ An entry log is a file `<log_id as 16 hex digits>.log`:
 
 All integers are little-endian. A record whose entry id is negative is a control record, never indexed:
 ENTRY_ID_LEDGER_KEY carries the ledger's master key, written the first time a ledger appears in a log, so
-a log replayed after a crash can rebuild the ledger's state on its own.
+a log replayed after a crash can rebuild the ledger's state on its own; ENTRY_ID_FENCE records a fence (the
+fence is made durable by the synced ledger table; the record lets an index rebuilt from the logs keep it).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ RECORD_ID_BYTES = 16
 RECORD_BODY_BYTES_MAX = 64 * 1024 * 1024
 
 ENTRY_ID_LEDGER_KEY = -1
+ENTRY_ID_FENCE = -2
+CONTROL_ENTRY_IDS = frozenset({ENTRY_ID_LEDGER_KEY, ENTRY_ID_FENCE})
 
 _crc = crc32c.crc32c
 
@@ -159,7 +162,7 @@ def scan_records(data: bytes | memoryview, base_offset: int, keep_payloads: bool
             return ScanResult(records, base_offset + pos, None, True)
         if _crc(view[pos + 8:pos + total], _crc(view[pos + 4:pos + 8])) != crc:
             return ScanResult(records, base_offset + pos, "checksum mismatch", False)
-        if ledger_id < 0 or (entry_id < 0 and entry_id != ENTRY_ID_LEDGER_KEY):
+        if ledger_id < 0 or (entry_id < 0 and entry_id not in CONTROL_ENTRY_IDS):
             return ScanResult(records, base_offset + pos, f"invalid ids {ledger_id}/{entry_id}", False)
         payload = bytes(view[pos + RECORD_HEADER_BYTES:pos + total]) if keep_payloads or entry_id < 0 else b""
         records.append(Record(base_offset + pos, total, ledger_id, entry_id, payload))

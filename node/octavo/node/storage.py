@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
+import lmdb
 from crc32c import crc32c as _crc32c
 
 from octavo.node import faults
@@ -52,9 +53,10 @@ from octavo.node.entrylog import (
 )
 from octavo.node.errors import Code, StorageError, fenced, no_such_entry, no_such_ledger, unauthorized
 from octavo.node.fileio import FileIO
-from octavo.node.index import MASTER_KEY_BYTES_MAX, Index, LedgerRow
+from octavo.node.index import INDEX_DIR, MASTER_KEY_BYTES_MAX, Index, LedgerRow
 from octavo.node.record import (
     CRC_FIELD,
+    ENTRY_ID_FENCE,
     ENTRY_ID_LEDGER_KEY,
     LOG_HEADER_BYTES,
     RECORD_HEADER_BYTES,
@@ -185,14 +187,25 @@ class Storage:
         running_marker = os.path.join(self.data_dir, RUNNING_MARKER_FILE)
         unclean = self.io.read_file(running_marker) is not None
         self.node_state = self._load_node_state(unclean)
-        self._index = Index(self.data_dir, self.io, self.config.index_map_size_bytes)
-        for lid, row in self._index.load_ledgers().items():
+        index_existed = os.path.exists(os.path.join(self.data_dir, INDEX_DIR, "data.mdb"))
+        try:
+            self._index = Index(self.data_dir, self.io, self.config.index_map_size_bytes)
+            rows = self._index.load_ledgers()
+        except lmdb.Error as e:
+            raise StorageError(pb.INTERNAL, f"the index in {os.path.join(self.data_dir, INDEX_DIR)} is unreadable "
+                                            f"({e}); move that directory aside and restart: the bookie rebuilds "
+                                            "it from the entry logs") from e
+        for lid, row in rows.items():
             self._ledgers[lid] = LedgerState(row.master_key, row.fenced, row.last_add_confirmed,
                                              row.durable_last_entry_id, row.durable_last_entry_id)
         try:
             point = read_recovery_point(self.io, self.data_dir) or RecoveryPoint(0)
         except CheckpointError as e:
             log.warning("recovery point unreadable (%s): scanning every entry log", e)
+            point = RecoveryPoint(0)
+        if point.log_id > 0 and not index_existed:
+            log.warning("the index is missing but the recovery point is at log %d: rebuilding the index from "
+                        "every entry log", point.log_id)
             point = RecoveryPoint(0)
         self._recovery_point = point
         self._recover_logs(point, unclean)
@@ -215,7 +228,12 @@ class Storage:
 
     def _load_node_state(self, unclean: bool) -> NodeState:
         now_ms = int(time.time() * 1000)
-        state = read_node_state(self.io, self.data_dir)
+        try:
+            state = read_node_state(self.io, self.data_dir)
+        except CheckpointError as e:
+            raise StorageError(pb.INTERNAL, f"{e}: the bookie's identity in {self.data_dir} cannot be trusted; "
+                                            "restore the file from a backup (removing it makes a new bookie id)"
+                               ) from e
         if state is None:
             state = NodeState(bookie_id=str(uuid.uuid4()), created_unix_ms=now_ms)
             write_node_state(self.io, self.data_dir, state)
@@ -264,6 +282,9 @@ class Storage:
             if state is None:  # cannot happen: a ledger's key record precedes its entries in every log
                 raise StorageError(pb.INTERNAL, f"entry log {entry_log.log_id} holds ledger {rec.ledger_id} "
                                                 "entries without its key record")
+            if rec.entry_id == ENTRY_ID_FENCE:
+                state.fenced = True
+                continue
             entries = entry_log.cache.setdefault(rec.ledger_id, {})
             if rec.entry_id not in entries:
                 entry_log.cache_entries += 1
@@ -678,10 +699,37 @@ class Storage:
                     raise unauthorized(ledger_id)
                 state.fenced = True
                 row = state.row()
+                rotate = self._active is not None and ledger_id in self._active.cache
+                self._append_fence_record_locked(ledger_id, state.master_key)
             self.index.put_ledger(ledger_id, row)
         faults.hit(faults.FENCE_AFTER_PERSIST)
-        self._rotate_for(ledger_id)
+        if rotate:
+            self.roll(self.config.log_rotate_on_close_bytes_min)
         return LacInfo(state.last_add_confirmed, state.last_entry_id, True, self.recovery.unclean)
+
+    def _append_fence_record_locked(self, ledger_id: int, master_key: bytes) -> None:
+        """Record the fence in the active log too, so an index rebuilt from the logs keeps it. Best effort: the
+        synced ledger table is what makes the fence durable before it is answered."""
+        active = self._active
+        if active is None:
+            return
+        parts: list[bytes] = []
+        if ledger_id not in active.cache:
+            header, _ = encode_record(ledger_id, ENTRY_ID_LEDGER_KEY, master_key)
+            parts += (header, master_key)
+        header, _ = encode_record(ledger_id, ENTRY_ID_FENCE, b"")
+        parts.append(header)
+        data = b"".join(parts)
+        try:
+            self.io.write_at_end(active.fd, data)
+        except OSError as e:
+            log.error("could not record the fence of ledger %d in entry log %d: %s", ledger_id, active.log_id, e)
+            self._undo_partial_write_locked(active, e)
+            return
+        active.cache.setdefault(ledger_id, {})
+        if active.size == LOG_HEADER_BYTES:
+            active.first_write_monotonic = time.monotonic()
+        active.size += len(data)
 
     def write_close(self, ledger_id: int, master_key: bytes) -> None:
         state = self._ledgers.get(ledger_id)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -171,3 +173,74 @@ class BookieConnection:
         from octavo.v1 import bookie_pb2 as pb
 
         return self.admin.GetStatus(pb.GetStatusRequest(include_entry_logs=True), timeout=30)
+
+
+def entry_size(ledger: int) -> int:
+    """The entry size PipelinedWriter uses for a ledger: a mix of small, medium and large entries."""
+    return (100, 1000, 8000)[ledger % 3]
+
+
+class PipelinedWriter(threading.Thread):
+    """Appends to several ledgers on one stream, WINDOW requests in flight, until stopped or the bookie dies.
+
+    `acked[ledger]` is the highest entry id acknowledged (entries of a ledger are acknowledged in order). It
+    starts each round from there: entries sent but not acknowledged before a kill are sent again with the
+    same bytes, which the bookie must accept as duplicates or store anew.
+    """
+
+    def __init__(self, address: str, acked: dict[int, int], ledgers: list[int], seed: int,
+                 master_key: bytes = b"writer-key", window: int = 8) -> None:
+        super().__init__(daemon=True)
+        self.master_key = master_key
+        self.address = address
+        self.acked = acked
+        self.ledgers = ledgers
+        self.rng = random.Random(seed)
+        self.stop = threading.Event()
+        self.window = threading.Semaphore(window)
+        self.pending: dict[int, tuple[int, list[int]]] = {}
+        self.errors: list[str] = []
+        self.requests_acked = 0
+        self.entries_acked = 0
+
+    def requests(self) -> Iterator[Any]:
+        from octavo.v1 import bookie_pb2 as pb
+
+        next_id = {lg: self.acked.get(lg, -1) + 1 for lg in self.ledgers}
+        request_id = 0
+        while not self.stop.is_set():
+            if not self.window.acquire(timeout=0.05):
+                continue
+            ledger = self.rng.choice(self.ledgers)
+            count = self.rng.randrange(1, min(50, 120_000 // entry_size(ledger)))
+            ids = list(range(next_id[ledger], next_id[ledger] + count))
+            next_id[ledger] += count
+            request_id += 1
+            self.pending[request_id] = (ledger, ids)
+            yield pb.AddRequest(request_id=request_id, ledgers=[pb.LedgerAdds(
+                ledger_id=ledger, master_key=self.master_key, last_add_confirmed=self.acked.get(ledger, -1),
+                entry_ids=ids, payloads=[payload_for(ledger, e, entry_size(ledger)) for e in ids])])
+
+    def run(self) -> None:
+        import grpc
+
+        from octavo.v1 import bookie_pb2 as pb
+
+        try:
+            with BookieConnection(self.address) as conn:
+                for resp in conn.bookie.AddEntries(self.requests()):
+                    ledger, ids = self.pending.pop(resp.request_id)
+                    if resp.error:
+                        self.errors.append(resp.error_message)
+                        return
+                    if list(resp.results[0].codes) != [pb.OK] * len(ids):
+                        self.errors.append(resp.results[0].message)
+                        return
+                    self.acked[ledger] = ids[-1]
+                    self.requests_acked += 1
+                    self.entries_acked += len(ids)
+                    self.window.release()
+        except grpc.RpcError:
+            pass  # the bookie was killed
+        finally:
+            self.stop.set()
