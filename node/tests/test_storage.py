@@ -546,3 +546,38 @@ def test_the_fast_encoder_writes_exactly_the_record_format(items: list[tuple[int
     expected = b"".join(encode_record(ledger, eid, p)[0] + p for eid, p in items)
     assert b"".join(parts) == expected
     assert end == 100 + len(expected)
+
+
+class FailingWriteIO(FileIO):
+    """Writes half of the next batch and then fails, as a disk error mid-write would."""
+
+    fail_next = False
+
+    def write_parts(self, fd: int, parts: list[bytes], total_bytes: int) -> None:
+        if self.fail_next:
+            self.fail_next = False
+            data = b"".join(parts)
+            super().write_at_end(fd, data[: len(data) // 2])
+            raise OSError(5, "injected write failure")
+        super().write_parts(fd, parts, total_bytes)
+
+
+def test_a_failed_write_is_reported_and_cut_off_the_log(cfg: NodeConfig) -> None:
+    io = FailingWriteIO()
+    s = Storage.open(cfg, io=io)
+    add(s, 1, 0, 10)
+    io.fail_next = True
+    codes, msg = s.add_entries(1, KEY, [10, 11, 12], [payload_for(1, e) for e in (10, 11, 12)])
+    assert codes == [pb.INTERNAL] * 3 and "injected write failure" in msg
+    with pytest.raises(StorageError) as e:
+        s.read_entry(1, 10)
+    assert e.value.code == pb.NO_SUCH_ENTRY
+    add(s, 1, 10, 5)  # the writer retries the same entries: they are written whole
+    s.abandon()
+    s = Storage.open(cfg)
+    try:
+        assert s.recovery.bytes_truncated == 0  # the half-written batch was cut off at once
+        for e in range(15):
+            assert s.read_entry(1, e) == payload_for(1, e)
+    finally:
+        s.close()

@@ -1,0 +1,28 @@
+"""Run every benchmark and rewrite docs/benchmarks.md (make bench). Takes several minutes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BENCHES = [
+    ["storage_bench.py"],
+    ["grpc_bench.py"],
+    ["index_choice.py"],
+]
+
+
+def main() -> int:
+    for bench in BENCHES:
+        print(f"== {' '.join(bench)}", flush=True)
+        code = subprocess.call([sys.executable, str(HERE / bench[0]), *bench[1:]])
+        if code != 0:
+            print(f"{bench[0]} failed with exit code {code}", file=sys.stderr)
+            return code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
