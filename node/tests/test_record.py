@@ -149,3 +149,29 @@ def test_bad_log_headers_are_rejected(damage: str) -> None:
 @pytest.mark.parametrize("name", ["x.log", "000000000000000g.log", "0000000000000001.lo", "1.log"])
 def test_foreign_file_names_are_not_logs(name: str) -> None:
     assert parse_log_file_name(name) is None
+
+
+@given(records, st.integers(1, 200), st.data())
+@settings(max_examples=150, deadline=None)
+def test_file_scan_across_chunk_boundaries(tmp_path_factory: pytest.TempPathFactory,
+                                           recs: list[tuple[int, int, bytes]], chunk: int, data: st.DataObject) -> None:
+    """scan_log reads a file in chunks: records straddling chunk boundaries, and a cut anywhere, must come out
+    exactly as scanning the whole buffer at once."""
+    from octavo.node import recovery
+    from octavo.node.fileio import FileIO
+
+    body, ends = build(recs)
+    cut = data.draw(st.integers(0, len(body)))
+    path = tmp_path_factory.mktemp("scan") / log_file_name(5)
+    path.write_bytes(encode_log_header(5) + body[:cut])
+    old = recovery.SCAN_CHUNK_BYTES
+    recovery.SCAN_CHUNK_BYTES = chunk
+    try:
+        result = recovery.scan_log(FileIO(), str(path), 5)
+    finally:
+        recovery.SCAN_CHUNK_BYTES = old
+    whole = [e for e in ends if e <= cut]
+    assert len(result.records) == len(whole)
+    assert result.valid_end == LOG_HEADER_BYTES + (whole[-1] if whole else 0)
+    assert (result.action == "cut") == (result.valid_end < LOG_HEADER_BYTES + cut)
+    assert [(r.ledger_id, r.entry_id) for r in result.records] == [(lg, e) for lg, e, _ in recs[:len(whole)]]
