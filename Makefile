@@ -24,7 +24,7 @@ lint: setup
 	$(BIN)/ruff check .
 
 typecheck: setup
-	$(BIN)/mypy -p octavo.node -p octavo.cli
+	$(BIN)/mypy -p octavo.node -p octavo.cli -p octavo.client
 
 pytest: setup
 	$(BIN)/pytest

@@ -1,0 +1,51 @@
+"""The errors a client user sees. Each says what happened in words; the types let programs react."""
+
+from __future__ import annotations
+
+
+class OctavoError(Exception):
+    """Base of every Octavo client error."""
+
+
+class MetadataUnavailableError(OctavoError):
+    """etcd could not be reached (every endpoint tried) or refused the call."""
+
+
+class NoSuchLedgerError(OctavoError):
+    pass
+
+
+class WrongPasswordError(OctavoError):
+    pass
+
+
+class LedgerFencedError(OctavoError):
+    """A recovery open took the ledger over: this writer can never get another entry acknowledged."""
+
+
+class LedgerClosedError(OctavoError):
+    """The ledger is closed (or closing): no more appends."""
+
+
+class NotEnoughBookiesError(OctavoError):
+    """Fewer writable bookies than the ensemble (or a replacement) needs."""
+
+
+class EntryTooLargeError(OctavoError):
+    pass
+
+
+class BookieUnavailableError(OctavoError):
+    """A bookie could not be reached or failed a call."""
+
+
+class ReadError(OctavoError):
+    """An entry could not be read from any replica."""
+
+
+class RecoveryError(OctavoError):
+    """Recovery could not safely decide the ledger's last entry (not enough bookies answered)."""
+
+
+class CookieMismatchError(OctavoError):
+    """A bookie's data directory does not match its registered identity (wiped or swapped)."""

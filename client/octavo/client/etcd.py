@@ -1,0 +1,233 @@
+"""A small etcd v3 client: key-value with compare-and-swap, transactions, leases with our own keepalive,
+and failover across several endpoints.
+
+Built on the etcd protocol stubs that `aetcd` ships (`aetcd.rpc`), over our own grpc.aio channel, so
+timeouts, retries and failover are ours. (The older `etcd3` package fails on current protobuf.)
+
+Failover: every call goes to the current endpoint; on UNAVAILABLE or a deadline it moves to the next one and,
+for reads, retries there (up to one pass over the endpoints). A failed transaction is not retried here:
+whether it applied is unknown, so the caller re-reads and decides (every metadata update is a CAS, so a
+repeated one cannot overwrite anything).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from aetcd import rpc
+
+from octavo.client.errors import MetadataUnavailableError
+
+log = logging.getLogger(__name__)
+
+CALL_TIMEOUT_S = 5.0
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValue:
+    key: bytes
+    value: bytes
+    mod_revision: int
+    create_revision: int
+    lease: int
+
+
+def parse_endpoints(spec: str) -> list[str]:
+    """'host:port[,host:port...]' (an optional http:// prefix is dropped) -> ['host:port', ...]."""
+    endpoints = []
+    for item in spec.split(","):
+        item = item.strip().removeprefix("http://")
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"etcd endpoint {item!r} is not host:port")
+        endpoints.append(item)
+    if not endpoints:
+        raise ValueError(f"no etcd endpoint in {spec!r}")
+    return endpoints
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The range end that covers every key starting with `prefix`."""
+    end = bytearray(prefix)
+    for i in range(len(end) - 1, -1, -1):
+        if end[i] < 0xFF:
+            end[i] += 1
+            return bytes(end[:i + 1])
+    return b"\0"
+
+
+class Txn:
+    """Builder for one etcd transaction: compares, then ops on success (and on failure)."""
+
+    def __init__(self) -> None:
+        self.compare: list[Any] = []
+        self.success: list[Any] = []
+        self.failure: list[Any] = []
+
+    def mod_revision_is(self, key: bytes, revision: int) -> Txn:
+        """The key's last modification is `revision`; 0 means the key must not exist."""
+        self.compare.append(rpc.Compare(key=key, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL,
+                                        mod_revision=revision))
+        return self
+
+    def put(self, key: bytes, value: bytes, lease: int = 0) -> Txn:
+        self.success.append(rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease)))
+        return self
+
+    def delete(self, key: bytes) -> Txn:
+        self.success.append(rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key)))
+        return self
+
+    def get_on_failure(self, key: bytes) -> Txn:
+        self.failure.append(rpc.RequestOp(request_range=rpc.RangeRequest(key=key)))
+        return self
+
+
+class EtcdClient:
+    """Use as an async context manager, or call close()."""
+
+    def __init__(self, endpoints: str | Sequence[str], timeout_s: float = CALL_TIMEOUT_S) -> None:
+        self.endpoints = parse_endpoints(endpoints) if isinstance(endpoints, str) else list(endpoints)
+        self.timeout_s = timeout_s
+        self._index = 0
+        self._channel: grpc.aio.Channel | None = None
+        self._kv: Any = None
+        self._lease: Any = None
+
+    async def __aenter__(self) -> EtcdClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    @property
+    def endpoint(self) -> str:
+        return self.endpoints[self._index]
+
+    def _stubs(self) -> tuple[Any, Any]:
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(self.endpoint)
+            self._kv = rpc.KVStub(self._channel)
+            self._lease = rpc.LeaseStub(self._channel)
+        return self._kv, self._lease
+
+    async def _fail_over(self) -> None:
+        old = self.endpoint
+        await self.close()
+        self._index = (self._index + 1) % len(self.endpoints)
+        if len(self.endpoints) > 1:
+            log.warning("etcd endpoint %s failed; switching to %s", old, self.endpoint)
+
+    async def _call(self, what: str, fn: Any, retry: bool) -> Any:
+        attempts = len(self.endpoints) if retry else 1
+        last: grpc.aio.AioRpcError | None = None
+        for _ in range(attempts):
+            kv, lease = self._stubs()
+            try:
+                return await fn(kv, lease)
+            except grpc.aio.AioRpcError as e:
+                if e.code() not in RETRYABLE:
+                    raise MetadataUnavailableError(f"etcd {what} failed: {e.code().name}: {e.details()}") from e
+                last = e
+                await self._fail_over()
+        assert last is not None
+        raise MetadataUnavailableError(
+            f"etcd unavailable ({', '.join(self.endpoints)}) for {what}: {last.code().name}: {last.details()}"
+        ) from last
+
+    # -- key-value -----------------------------------------------------------------------------------
+    async def get(self, key: bytes) -> KeyValue | None:
+        resp = await self._call("get", lambda kv, _: kv.Range(rpc.RangeRequest(key=key), timeout=self.timeout_s),
+                                retry=True)
+        if not resp.kvs:
+            return None
+        return _kv(resp.kvs[0])
+
+    async def get_prefix(self, prefix: bytes, limit: int = 0) -> list[KeyValue]:
+        request = rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix), limit=limit,
+                                   sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.KEY)
+        resp = await self._call("get prefix", lambda kv, _: kv.Range(request, timeout=self.timeout_s), retry=True)
+        return [_kv(item) for item in resp.kvs]
+
+    async def txn(self, txn: Txn) -> tuple[bool, Any]:
+        """Run a transaction; returns (succeeded, raw response)."""
+        request = rpc.TxnRequest(compare=txn.compare, success=txn.success, failure=txn.failure)
+        resp = await self._call("transaction", lambda kv, _: kv.Txn(request, timeout=self.timeout_s), retry=False)
+        return bool(resp.succeeded), resp
+
+    async def cas_put(self, key: bytes, value: bytes, expected_mod_revision: int, lease: int = 0) -> bool:
+        """Put if the key's mod revision is the expected one (0: create only). False if another won."""
+        ok, _ = await self.txn(Txn().mod_revision_is(key, expected_mod_revision).put(key, value, lease))
+        return ok
+
+    async def cas_delete(self, key: bytes, expected_mod_revision: int) -> bool:
+        ok, _ = await self.txn(Txn().mod_revision_is(key, expected_mod_revision).delete(key))
+        return ok
+
+    async def put(self, key: bytes, value: bytes, lease: int = 0) -> None:
+        """An unconditional put: only for keys a single owner writes (a bookie's own registration)."""
+        await self._call("put", lambda kv, _: kv.Put(rpc.PutRequest(key=key, value=value, lease=lease),
+                                                     timeout=self.timeout_s), retry=True)
+
+    async def delete(self, key: bytes) -> None:
+        await self._call("delete", lambda kv, _: kv.DeleteRange(rpc.DeleteRangeRequest(key=key),
+                                                                timeout=self.timeout_s), retry=True)
+
+    # -- leases --------------------------------------------------------------------------------------
+    async def grant_lease(self, ttl_s: int) -> int:
+        resp = await self._call("lease grant", lambda _, lease: lease.LeaseGrant(
+            rpc.LeaseGrantRequest(TTL=ttl_s), timeout=self.timeout_s), retry=True)
+        if resp.error:
+            raise MetadataUnavailableError(f"etcd lease grant failed: {resp.error}")
+        return int(resp.ID)
+
+    async def keep_alive_once(self, lease_id: int) -> int:
+        """Refresh a lease; returns its new TTL in seconds, 0 if the lease is gone (expired or revoked)."""
+        async def refresh(_: Any, lease: Any) -> Any:
+            call = lease.LeaseKeepAlive(timeout=self.timeout_s)
+            await call.write(rpc.LeaseKeepAliveRequest(ID=lease_id))
+            await call.done_writing()
+            async for reply in call:
+                return reply
+            return None
+
+        reply = await self._call("lease keepalive", refresh, retry=True)
+        return int(reply.TTL) if reply is not None else 0
+
+    async def revoke_lease(self, lease_id: int) -> None:
+        with contextlib.suppress(MetadataUnavailableError):
+            await self._call("lease revoke", lambda _, lease: lease.LeaseRevoke(
+                rpc.LeaseRevokeRequest(ID=lease_id), timeout=self.timeout_s), retry=True)
+
+
+def _kv(item: Any) -> KeyValue:
+    return KeyValue(bytes(item.key), bytes(item.value), int(item.mod_revision), int(item.create_revision),
+                    int(item.lease))
+
+
+async def wait_until_serving(endpoints: str, timeout_s: float) -> None:
+    """Wait until etcd answers a read, or raise MetadataUnavailableError."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with EtcdClient(endpoints, timeout_s=1.0) as client:
+        while True:
+            try:
+                await client.get(b"/octavo-ping")
+                return
+            except MetadataUnavailableError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.1)

@@ -1,0 +1,64 @@
+"""The etcd key layout of a cluster (docs/architecture.md, "Metadata in etcd"). Pure: names only.
+
+    /octavo/<cluster>/ledgers/<ledger id, 20 digits>   ledger metadata (JSON)
+    /octavo/<cluster>/idgen/ledger                     the next ledger id (JSON integer)
+    /octavo/<cluster>/bookies/writable/<bookie id>     registration of a writable bookie, on its lease
+    /octavo/<cluster>/bookies/readonly/<bookie id>     registration of a read-only bookie, on its lease
+    /octavo/<cluster>/cookies/<bookie id>              the bookie's identity, bound to its data directory
+
+Ledger ids are zero-padded so keys sort in id order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_CLUSTER = "default"
+LEDGER_ID_DIGITS = 20
+BOOKIE_ID_CHARS_MAX = 253
+
+
+@dataclass(frozen=True)
+class Layout:
+    cluster: str = DEFAULT_CLUSTER
+
+    def __post_init__(self) -> None:
+        if not self.cluster or "/" in self.cluster:
+            raise ValueError(f"cluster name must be non-empty and contain no '/', got {self.cluster!r}")
+
+    @property
+    def root(self) -> bytes:
+        return f"/octavo/{self.cluster}/".encode()
+
+    @property
+    def ledgers(self) -> bytes:
+        return self.root + b"ledgers/"
+
+    def ledger(self, ledger_id: int) -> bytes:
+        if ledger_id < 0:
+            raise ValueError(f"ledger id must be non-negative, got {ledger_id}")
+        return self.ledgers + str(ledger_id).zfill(LEDGER_ID_DIGITS).encode()
+
+    def ledger_id_of(self, key: bytes) -> int:
+        return int(key[len(self.ledgers):])
+
+    @property
+    def ledger_id_counter(self) -> bytes:
+        return self.root + b"idgen/ledger"
+
+    def bookies(self, readonly: bool) -> bytes:
+        return self.root + (b"bookies/readonly/" if readonly else b"bookies/writable/")
+
+    def bookie(self, bookie_id: str, readonly: bool) -> bytes:
+        check_bookie_id(bookie_id)
+        return self.bookies(readonly) + bookie_id.encode()
+
+    def cookie(self, bookie_id: str) -> bytes:
+        check_bookie_id(bookie_id)
+        return self.root + b"cookies/" + bookie_id.encode()
+
+
+def check_bookie_id(bookie_id: str) -> None:
+    if not bookie_id or len(bookie_id) > BOOKIE_ID_CHARS_MAX or "/" in bookie_id or not bookie_id.isprintable():
+        raise ValueError(f"bookie id must be 1 to {BOOKIE_ID_CHARS_MAX} printable characters without '/', "
+                         f"got {bookie_id!r}")

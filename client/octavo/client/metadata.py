@@ -1,0 +1,130 @@
+"""Cluster metadata in etcd: ledgers, ledger id allocation, bookie registrations, cookies.
+
+Every update is a compare-and-swap on the key's mod revision: a lost race is reported to the caller (None or
+False), which re-reads and decides; nothing is ever overwritten blindly. The only unconditional writes are
+a bookie's own registration keys, which only that bookie writes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+
+from octavo.client.errors import MetadataUnavailableError, NoSuchLedgerError
+from octavo.client.etcd import EtcdClient, Txn
+from octavo.client.layout import Layout
+from octavo.client.ledger_metadata import LedgerMetadata, MetadataError
+
+ALLOCATION_RETRIES_MAX = 50
+
+
+@dataclass(frozen=True)
+class BookieInfo:
+    """A bookie's registration: where to reach it and how full it is."""
+
+    bookie_id: str
+    address: str
+    readonly: bool = False
+    disk_usage_ratio: float = 0.0
+    registered_unix_ms: int = 0
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @staticmethod
+    def decode(data: bytes) -> BookieInfo:
+        return BookieInfo(**json.loads(data))
+
+
+@dataclass(frozen=True)
+class Cookie:
+    """A bookie's identity bound to its data directory: the same instance id must be in both places."""
+
+    bookie_id: str
+    instance_id: str
+    data_dir: str
+    created_unix_ms: int
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @staticmethod
+    def decode(data: bytes) -> Cookie:
+        return Cookie(**json.loads(data))
+
+
+class MetadataStore:
+    def __init__(self, etcd: EtcdClient, layout: Layout | None = None) -> None:
+        self.etcd = etcd
+        self.layout = layout or Layout()
+
+    # -- ledgers ---------------------------------------------------------------------------------------
+    async def create_ledger(self, **fields: object) -> tuple[LedgerMetadata, int]:
+        """Allocate the next ledger id and create its metadata in one transaction. `fields` are the
+        LedgerMetadata fields other than ledger_id. Returns the metadata and its mod revision."""
+        counter_key = self.layout.ledger_id_counter
+        for _ in range(ALLOCATION_RETRIES_MAX):
+            current = await self.etcd.get(counter_key)
+            next_id = int(current.value) if current else 0
+            counter_rev = current.mod_revision if current else 0
+            meta = LedgerMetadata(ledger_id=next_id, created_unix_ms=int(time.time() * 1000), **fields)  # type: ignore[arg-type]
+            key = self.layout.ledger(next_id)
+            ok, resp = await self.etcd.txn(
+                Txn().mod_revision_is(counter_key, counter_rev).mod_revision_is(key, 0)
+                .put(counter_key, str(next_id + 1).encode()).put(key, meta.encode()))
+            if ok:
+                return meta, int(resp.header.revision)
+        raise MetadataUnavailableError(f"could not allocate a ledger id in {ALLOCATION_RETRIES_MAX} attempts "
+                                       "(too many concurrent creators)")
+
+    async def read_ledger(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
+        kv = await self.etcd.get(self.layout.ledger(ledger_id))
+        if kv is None:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist")
+        try:
+            return LedgerMetadata.decode(kv.value), kv.mod_revision
+        except MetadataError as e:
+            raise MetadataUnavailableError(f"metadata of ledger {ledger_id} is unreadable: {e}") from e
+
+    async def update_ledger(self, meta: LedgerMetadata, expected_revision: int) -> int | None:
+        """CAS the ledger's metadata. Returns the new revision, or None if it changed since (re-read)."""
+        ok, resp = await self.etcd.txn(Txn().mod_revision_is(self.layout.ledger(meta.ledger_id), expected_revision)
+                                       .put(self.layout.ledger(meta.ledger_id), meta.encode()))
+        return int(resp.header.revision) if ok else None
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        kv = await self.etcd.get(self.layout.ledger(ledger_id))
+        if kv is None:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist")
+        await self.etcd.cas_delete(self.layout.ledger(ledger_id), kv.mod_revision)
+
+    async def list_ledgers(self) -> list[int]:
+        return [self.layout.ledger_id_of(kv.key) for kv in await self.etcd.get_prefix(self.layout.ledgers)]
+
+    # -- bookies ---------------------------------------------------------------------------------------
+    async def bookies(self) -> dict[str, BookieInfo]:
+        """Every registered bookie, writable and read-only (a bookie in both lists counts as read-only)."""
+        out: dict[str, BookieInfo] = {}
+        for readonly in (False, True):
+            for kv in await self.etcd.get_prefix(self.layout.bookies(readonly)):
+                info = BookieInfo.decode(kv.value)
+                out[info.bookie_id] = info
+        return out
+
+    async def register_bookie(self, info: BookieInfo, lease_id: int) -> None:
+        """Put the bookie in the set its mode says, on its lease, and take it out of the other set."""
+        await self.etcd.put(self.layout.bookie(info.bookie_id, info.readonly), info.encode(), lease=lease_id)
+        await self.etcd.delete(self.layout.bookie(info.bookie_id, not info.readonly))
+
+    async def deregister_bookie(self, bookie_id: str) -> None:
+        for readonly in (False, True):
+            await self.etcd.delete(self.layout.bookie(bookie_id, readonly))
+
+    async def read_cookie(self, bookie_id: str) -> Cookie | None:
+        kv = await self.etcd.get(self.layout.cookie(bookie_id))
+        return Cookie.decode(kv.value) if kv else None
+
+    async def create_cookie(self, cookie: Cookie) -> bool:
+        """Create the cookie; False if one already exists."""
+        return await self.etcd.cas_put(self.layout.cookie(cookie.bookie_id), cookie.encode(), 0)

@@ -1,0 +1,128 @@
+"""Ledger metadata rules (pure) and the metadata store on a real etcd."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from octavo.client.errors import MetadataUnavailableError, NoSuchLedgerError
+from octavo.client.etcd import EtcdClient, parse_endpoints, prefix_end
+from octavo.client.layout import Layout
+from octavo.client.ledger_metadata import (
+    CLOSED,
+    IN_RECOVERY,
+    OPEN,
+    LedgerMetadata,
+    MetadataError,
+    password_digest,
+    write_set,
+)
+from octavo.client.localcluster import EtcdProcess
+from octavo.client.metadata import BookieInfo, Cookie, MetadataStore
+
+
+def meta(**kw: object) -> LedgerMetadata:
+    fields: dict[str, object] = {"ledger_id": 1, "ensemble_size": 3, "write_quorum": 3, "ack_quorum": 2,
+                                 "ensembles": ((0, ("a", "b", "c")),), "password_digest": password_digest(b"p")}
+    fields.update(kw)
+    return LedgerMetadata(**fields)  # type: ignore[arg-type]
+
+
+@given(st.integers(0, 10**9), st.integers(1, 10), st.data())
+def test_write_set_is_qw_distinct_positions_starting_at_e_mod_e(entry: int, ensemble: int, data: st.DataObject) -> None:
+    qw = data.draw(st.integers(1, ensemble))
+    positions = write_set(entry, ensemble, qw)
+    assert len(set(positions)) == qw and positions[0] == entry % ensemble
+
+
+def test_segments_and_transitions() -> None:
+    m = meta()
+    m2 = m.with_segment(57, ("a", "d", "c"))
+    assert m2.ensemble_at(56) == ("a", "b", "c") and m2.ensemble_at(57) == ("a", "d", "c")
+    assert m2.with_segment(57, ("e", "d", "c")).ensembles == ((0, ("a", "b", "c")), (57, ("e", "d", "c")))
+    with pytest.raises(MetadataError, match="starts before"):
+        m2.with_segment(10, ("a", "b", "d"))
+    rec = m2.with_state(IN_RECOVERY)
+    with pytest.raises(MetadataError, match="cannot change"):
+        rec.with_segment(60, ("a", "b", "d"))
+    closed = rec.with_state(CLOSED, last_entry_id=99, length=1000)
+    assert closed.closed and closed.last_entry_id == 99
+    with pytest.raises(MetadataError, match="not a legal change"):
+        closed.with_state(OPEN)
+    assert LedgerMetadata.decode(closed.encode()) == closed
+
+
+@pytest.mark.parametrize(("kw", "text"), [
+    ({"ack_quorum": 4}, "ack_quorum"),
+    ({"ensembles": ((0, ("a", "a", "b")),)}, "distinct"),
+    ({"ensembles": ((1, ("a", "b", "c")),)}, "start at entry 0"),
+    ({"state": "WEIRD"}, "unknown ledger state"),
+])
+def test_invalid_metadata_is_refused(kw: dict[str, object], text: str) -> None:
+    with pytest.raises(MetadataError, match=text):
+        meta(**kw)
+
+
+def test_endpoint_parsing() -> None:
+    assert parse_endpoints("a:1, http://b:2") == ["a:1", "b:2"]
+    for bad in ("", "nohost", "a:b"):
+        with pytest.raises(ValueError):
+            parse_endpoints(bad)
+    assert prefix_end(b"/a/") == b"/a0" and prefix_end(b"a\xff") == b"b"
+
+
+async def test_ledger_create_read_cas_delete(etcd: EtcdProcess, cluster_name: str) -> None:
+    async with EtcdClient(etcd.endpoint) as client:
+        store = MetadataStore(client, Layout(cluster_name))
+        fields = {"ensemble_size": 3, "write_quorum": 2, "ack_quorum": 2, "ensembles": ((0, ("a", "b", "c")),),
+                  "password_digest": password_digest(b"x")}
+        created = await asyncio.gather(*(store.create_ledger(**fields) for _ in range(10)))  # type: ignore[arg-type]
+        ids = sorted(m.ledger_id for m, _ in created)
+        assert ids == list(range(10)), "concurrent creators must get distinct ids"
+        m, rev = await store.read_ledger(3)
+        new_rev = await store.update_ledger(m.with_state(IN_RECOVERY), rev)
+        assert new_rev is not None
+        assert await store.update_ledger(m.with_state(CLOSED, last_entry_id=-1, length=0), rev) is None  # stale
+        assert (await store.read_ledger(3))[0].state == IN_RECOVERY
+        await store.delete_ledger(3)
+        with pytest.raises(NoSuchLedgerError):
+            await store.read_ledger(3)
+        assert await store.list_ledgers() == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+
+
+async def test_bookie_registration_on_a_lease(etcd: EtcdProcess, cluster_name: str) -> None:
+    async with EtcdClient(etcd.endpoint) as client:
+        store = MetadataStore(client, Layout(cluster_name))
+        lease = await client.grant_lease(2)
+        await store.register_bookie(BookieInfo("b1", "127.0.0.1:1"), lease)
+        assert (await store.bookies())["b1"].address == "127.0.0.1:1"
+        await store.register_bookie(BookieInfo("b1", "127.0.0.1:1", readonly=True), lease)
+        assert (await store.bookies())["b1"].readonly
+        assert await client.keep_alive_once(lease) > 0
+        await client.revoke_lease(lease)
+        assert await store.bookies() == {}
+        assert await client.keep_alive_once(lease) == 0
+
+
+async def test_cookie_is_created_once(etcd: EtcdProcess, cluster_name: str) -> None:
+    async with EtcdClient(etcd.endpoint) as client:
+        store = MetadataStore(client, Layout(cluster_name))
+        c = Cookie("b1", "inst-1", "/data", 1)
+        assert await store.create_cookie(c)
+        assert not await store.create_cookie(Cookie("b1", "inst-2", "/data", 2))
+        assert await store.read_cookie("b1") == c
+
+
+async def test_failover_to_the_next_endpoint_and_clear_error_when_all_are_down(etcd: EtcdProcess) -> None:
+    from octavo.client.localcluster import free_port
+
+    dead = f"127.0.0.1:{free_port()}"
+    async with EtcdClient(f"{dead},{etcd.endpoint}", timeout_s=1) as client:
+        await client.put(b"/octavo/failover-test", b"1")
+        assert client.endpoint == etcd.endpoint
+    async with EtcdClient(f"{dead},127.0.0.1:{free_port()}", timeout_s=1) as client:
+        with pytest.raises(MetadataUnavailableError, match="etcd unavailable"):
+            await client.get(b"/x")
