@@ -30,6 +30,10 @@ NODE_SETTING_HELP: dict[str, str] = {
     "host": "address to listen on",
     "port": "port to listen on (0: pick a free one; see --ready-file)",
     "advertised_address": "HOST:PORT other processes use to reach this bookie (default: host:port)",
+    "etcd": "etcd endpoints host:port[,host:port...] to join a cluster (empty: run standalone)",
+    "cluster": "cluster name: the key prefix in etcd",
+    "bookie_id": "this bookie's identity in the cluster (default: its advertised address); keep it stable",
+    "registration_ttl_s": "lease of the bookie's registration in etcd, in seconds",
     "log_size_bytes_max": "roll the active entry log at this size",
     "log_roll_interval_ms": "roll an active log whose oldest unsynced record is older than this",
     "log_rotate_on_close_bytes_min": "a fence or write-close rotates the active log only if it is at least this big",
@@ -108,6 +112,7 @@ def resolve_node_config(args: argparse.Namespace, environ: dict[str, str] | None
 def cmd_node(args: argparse.Namespace) -> int:
     import asyncio
 
+    from octavo.client.errors import CookieMismatchError, MetadataUnavailableError
     from octavo.node.errors import StorageError
     from octavo.node.server import serve
 
@@ -118,6 +123,9 @@ def cmd_node(args: argparse.Namespace) -> int:
         asyncio.run(serve(config, args.ready_file))
     except StorageError as e:
         print(f"octavo node: {e.message}", file=sys.stderr)
+        return EXIT_FAILED
+    except (CookieMismatchError, MetadataUnavailableError) as e:
+        print(f"octavo node: {e}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
 
@@ -149,7 +157,10 @@ def cmd_bookie_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(json_format.MessageToDict(status, always_print_fields_with_no_presence=True), indent=2))
         return EXIT_OK
-    print(f"bookie      {status.bookie_id} at {status.address} (version {status.version})")
+    print(f"bookie      {status.bookie_id} at {status.address} (version {status.version}, instance "
+          f"{status.instance_id})")
+    if status.cluster:
+        print(f"cluster     {status.cluster}: {'registered' if status.registered else 'NOT registered'}")
     print(f"mode        {pb.BookieMode.Name(status.mode).removeprefix('MODE_').lower()}: {status.mode_reason}")
     for d in status.directories:
         print(f"disk        {d.path}: {d.used_bytes / 2**30:.1f} of {d.total_bytes / 2**30:.1f} GiB used "

@@ -79,7 +79,9 @@ def write_recovery_point(io: FileIO, data_dir: str, point: RecoveryPoint) -> Non
 class NodeState:
     """What the bookie remembers about itself across restarts."""
 
-    bookie_id: str
+    # Made once per data directory; the cookie in etcd holds the same id, so a wiped or swapped directory
+    # is noticed.
+    instance_id: str
     created_unix_ms: int
     unclean_restart_count: int = 0
     last_unclean_restart_unix_ms: int = 0

@@ -26,6 +26,15 @@ class NodeConfig:
     # The address other processes use to reach this bookie; defaults to host:port.
     advertised_address: str = ""
 
+    # Cluster membership: etcd endpoints (host:port[,host:port...]); empty runs the bookie standalone.
+    etcd: str = ""
+    cluster: str = "default"
+    # The bookie's identity in the cluster; defaults to its advertised address. It must stay the same across
+    # restarts: the cookie in etcd binds it to this data directory.
+    bookie_id: str = ""
+    # The registration lease: a bookie that stops refreshing it drops out of the cluster after this long.
+    registration_ttl_s: int = 10
+
     # Entry logs: rolled when they reach this size (KAFKA-615's segment size).
     log_size_bytes_max: int = 1 * GIB
     # A log with unsynced data older than this is rolled, so a quiet bookie still moves its recovery point.
@@ -77,6 +86,9 @@ class NodeConfig:
              "read_bytes_max must be in [entry_size_bytes_max, 1 GiB]")
         need(self.add_wait_ms_max >= 1, "add_wait_ms_max must be >= 1")
         need(8 <= self.open_log_files_max <= 65536, "open_log_files_max must be in [8, 65536]")
+        need(2 <= self.registration_ttl_s <= 300, "registration_ttl_s must be in [2, 300]")
+        need(bool(self.cluster) and "/" not in self.cluster, "cluster must be non-empty without '/'")
+        need("/" not in self.bookie_id, "bookie_id must not contain '/'")
         need(self.index_map_size_bytes >= 64 * MIB, "index_map_size_bytes must be >= 64 MiB")
         return self
 

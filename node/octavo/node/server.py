@@ -21,8 +21,10 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from octavo.client.errors import MetadataUnavailableError
 from octavo.node.config import NodeConfig
 from octavo.node.errors import Code, StorageError
+from octavo.node.registration import Registration
 from octavo.node.storage import Storage, WriteCacheFull
 from octavo.v1 import bookie_pb2 as pb
 from octavo.v1 import bookie_pb2_grpc as pb_grpc
@@ -36,9 +38,12 @@ SHUTDOWN_GRACE_S = 5.0
 
 
 class BookieService(pb_grpc.BookieServicer):
-    def __init__(self, storage: Storage) -> None:
+    def __init__(self, storage: Storage, registration: Registration | None = None) -> None:
         self.storage = storage
         self.config = storage.config
+        self.registration = registration
+        # Ledgers etcd says are not open (IN_RECOVERY or CLOSED): adds without the recovery flag are refused.
+        self._not_open: set[int] = set()
 
     async def AddEntries(self, request_iterator: AsyncIterator[pb.AddRequest],
                          context: grpc.aio.ServicerContext) -> AsyncIterator[pb.AddResponse]:
@@ -64,9 +69,35 @@ class BookieService(pb_grpc.BookieServicer):
             results.append(pb.LedgerAddResult(ledger_id=adds.ledger_id, codes=codes, message=message))
         return pb.AddResponse(request_id=request.request_id, results=results)
 
+    async def _check_unknown_ledger(self, adds: pb.LedgerAdds) -> tuple[Code, str] | None:
+        """A ledger this bookie holds no state for (new, or forgotten after a lost disk) is looked up in etcd
+        before an add is accepted: a ledger that etcd says is being recovered or is closed must never take
+        an add from its old writer here, whatever this bookie remembers."""
+        ledger_id = adds.ledger_id
+        if self.registration is None or ledger_id < 0 or self.storage.ledger_state(ledger_id) is not None:
+            return None
+        if ledger_id not in self._not_open:
+            try:
+                meta = await self.registration.ledger_metadata(ledger_id)
+            except MetadataUnavailableError as e:
+                return pb.INTERNAL, f"cannot check ledger {ledger_id} in etcd before its first add here: {e}"
+            if meta is None:
+                return pb.NO_SUCH_LEDGER, f"ledger {ledger_id} does not exist in the cluster metadata"
+            if self.registration.bookie_id not in {b for _, bookies in meta.ensembles for b in bookies}:
+                return pb.INVALID, f"bookie {self.registration.bookie_id} is not in ledger {ledger_id}'s ensembles"
+            if meta.state == "OPEN":
+                return None
+            self._not_open.add(ledger_id)
+        if adds.recovery:
+            return None
+        return pb.FENCED, f"ledger {ledger_id} is being recovered or is closed (etcd): adds from its writer are refused"
+
     async def _add_ledger(self, adds: pb.LedgerAdds, ids: list[int], payloads: list[bytes]) -> tuple[list[Code], str]:
         storage = self.storage
         n = len(ids)
+        refused = await self._check_unknown_ledger(adds)
+        if refused is not None:
+            return [refused[0]] * n, refused[1]
         while True:
             try:
                 return storage.add_entries(adds.ledger_id, adds.master_key, ids, payloads,
@@ -142,16 +173,21 @@ def directory_usage(path: str) -> pb.DirectoryUsage:
 
 
 class BookieAdminService(pb_grpc.BookieAdminServicer):
-    def __init__(self, storage: Storage, address: str) -> None:
+    def __init__(self, storage: Storage, address: str, bookie_id: str,
+                 registration: Registration | None = None) -> None:
         self.storage = storage
         self.address = address
+        self.bookie_id = bookie_id
+        self.registration = registration
 
     async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.BookieStatus:
         st = self.storage.status()
         cfg = self.storage.config
         rec = st["recovery"]
         status = pb.BookieStatus(
-            bookie_id=st["bookie_id"], address=self.address, version=VERSION, mode=pb.MODE_WRITABLE,
+            bookie_id=self.bookie_id, instance_id=st["instance_id"],
+            cluster=cfg.cluster if cfg.etcd else "", registered=bool(self.registration and self.registration.lease_id),
+            address=self.address, version=VERSION, mode=pb.MODE_WRITABLE,
             mode_reason="writable", directories=[directory_usage(self.storage.data_dir)],
             recovery_point_log_id=st["recovery_point_log_id"], active_log_id=st["active_log_id"],
             entry_log_count=len(st["entry_logs"]),
@@ -246,13 +282,14 @@ class BookieServer:
         self.server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         self.port = 0
+        self.bookie_id = ""
+        self.registration: Registration | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
         self.storage = await loop.run_in_executor(None, Storage.open, self.config)
         server = grpc.aio.server(options=grpc_options(self.config))
-        server.add_generic_rpc_handlers((bookie_handler(BookieService(self.storage)),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         names = [pb.DESCRIPTOR.services_by_name[n].full_name for n in ("Bookie", "BookieAdmin")]
         reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
@@ -264,14 +301,21 @@ class BookieServer:
         if self.port == 0:
             raise StorageError(pb.INTERNAL, f"cannot listen on {address}")
         advertised = self.config.advertised_address or f"{self.config.host}:{self.port}"
-        server.add_generic_rpc_handlers((admin_handler(BookieAdminService(self.storage, advertised)),))
+        self.bookie_id = self.config.bookie_id or advertised
+        if self.config.etcd:
+            self.registration = Registration(self.storage, self.bookie_id, advertised)
+            await self.registration.check_cookie()  # before serving anything from this disk
+        server.add_generic_rpc_handlers((bookie_handler(BookieService(self.storage, self.registration)),))
+        server.add_generic_rpc_handlers((admin_handler(
+            BookieAdminService(self.storage, advertised, self.bookie_id, self.registration)),))
         await server.start()
         self.server = server
         for name in ["", *names]:
             await self._set_health(name, health_pb2.HealthCheckResponse.SERVING)
-        assert self.storage.node_state is not None
+        if self.registration is not None:
+            await self.registration.start()
         log.info("bookie %s serving on %s:%d (data dir %s, recovery %.2fs, %d logs replayed)",
-                 self.storage.node_state.bookie_id, self.config.host, self.port, self.storage.data_dir,
+                 self.bookie_id, self.config.host, self.port, self.storage.data_dir,
                  time.monotonic() - t0, self.storage.recovery.logs_scanned)
 
     async def _set_health(self, name: str, status: int) -> None:
@@ -280,7 +324,11 @@ class BookieServer:
             await result
 
     async def stop(self) -> None:
-        """Graceful: report NOT_SERVING, finish in-flight calls (bounded grace), then close storage cleanly."""
+        """Graceful: leave the cluster (writers stop choosing this bookie), report NOT_SERVING, finish in-flight
+        calls (bounded grace), then close storage cleanly."""
+        if self.registration is not None:
+            await self.registration.stop()
+            self.registration = None
         if self.server is not None:
             await self._set_health("", health_pb2.HealthCheckResponse.NOT_SERVING)
             await self.server.stop(SHUTDOWN_GRACE_S)
@@ -294,7 +342,11 @@ class BookieServer:
 async def serve(config: NodeConfig, ready_file: str | None = None) -> None:
     """Run a bookie until SIGTERM or SIGINT, then stop it gracefully."""
     node = BookieServer(config)
-    await node.start()
+    try:
+        await node.start()
+    except BaseException:
+        await node.stop()
+        raise
     if ready_file:
         tmp = ready_file + ".tmp"
         with open(tmp, "w") as f:

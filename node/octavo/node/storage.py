@@ -154,6 +154,7 @@ class Storage:
         self._closed = False
         self._lock_fd = -1
         self.node_state: NodeState | None = None
+        self.fresh_instance = False  # this start created the data directory's identity
         self.recovery = RecoveryReport()
         self.started_unix_ms = int(time.time() * 1000)
         self.last_flush_error = ""
@@ -235,8 +236,9 @@ class Storage:
                                             "restore the file from a backup (removing it makes a new bookie id)"
                                ) from e
         if state is None:
-            state = NodeState(bookie_id=str(uuid.uuid4()), created_unix_ms=now_ms)
+            state = NodeState(instance_id=str(uuid.uuid4()), created_unix_ms=now_ms)
             write_node_state(self.io, self.data_dir, state)
+            self.fresh_instance = True
         if unclean:
             state.unclean_restart_count += 1
             state.last_unclean_restart_unix_ms = now_ms
@@ -767,7 +769,7 @@ class Storage:
         logs.sort()
         assert self.node_state is not None
         return {
-            "bookie_id": self.node_state.bookie_id,
+            "instance_id": self.node_state.instance_id,
             "recovery_point_log_id": self._recovery_point.log_id,
             "active_log_id": active_id,
             "entry_logs": logs,

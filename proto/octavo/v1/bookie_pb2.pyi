@@ -560,6 +560,9 @@ class BookieStatus(_message.Message):
     RECOVERY_RECORDS_REPLAYED_FIELD_NUMBER: _builtins.int
     RECOVERY_BYTES_TRUNCATED_FIELD_NUMBER: _builtins.int
     STARTED_UNIX_MS_FIELD_NUMBER: _builtins.int
+    CLUSTER_FIELD_NUMBER: _builtins.int
+    INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    REGISTERED_FIELD_NUMBER: _builtins.int
     bookie_id: _builtins.str
     address: _builtins.str
     version: _builtins.str
@@ -579,6 +582,10 @@ class BookieStatus(_message.Message):
     recovery_records_replayed: _builtins.int
     recovery_bytes_truncated: _builtins.int
     started_unix_ms: _builtins.int
+    cluster: _builtins.str
+    """Cluster membership: empty cluster when the bookie runs standalone."""
+    instance_id: _builtins.str
+    registered: _builtins.bool
     @_builtins.property
     def directories(self) -> _containers.RepeatedCompositeFieldContainer[Global___DirectoryUsage]: ...
     @_builtins.property
@@ -608,10 +615,13 @@ class BookieStatus(_message.Message):
         recovery_records_replayed: _builtins.int = ...,
         recovery_bytes_truncated: _builtins.int = ...,
         started_unix_ms: _builtins.int = ...,
+        cluster: _builtins.str = ...,
+        instance_id: _builtins.str = ...,
+        registered: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["write_cache", b"write_cache"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_log_id", b"active_log_id", "address", b"address", "bookie_id", b"bookie_id", "directories", b"directories", "entry_log_count", b"entry_log_count", "entry_logs", b"entry_logs", "fsync_policy", b"fsync_policy", "last_start_was_unclean", b"last_start_was_unclean", "last_unclean_restart_unix_ms", b"last_unclean_restart_unix_ms", "ledger_count", b"ledger_count", "mode", b"mode", "mode_reason", b"mode_reason", "recovery_bytes_truncated", b"recovery_bytes_truncated", "recovery_logs_scanned", b"recovery_logs_scanned", "recovery_point_log_id", b"recovery_point_log_id", "recovery_records_replayed", b"recovery_records_replayed", "started_unix_ms", b"started_unix_ms", "unclean_restart_count", b"unclean_restart_count", "version", b"version", "write_cache", b"write_cache"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_log_id", b"active_log_id", "address", b"address", "bookie_id", b"bookie_id", "cluster", b"cluster", "directories", b"directories", "entry_log_count", b"entry_log_count", "entry_logs", b"entry_logs", "fsync_policy", b"fsync_policy", "instance_id", b"instance_id", "last_start_was_unclean", b"last_start_was_unclean", "last_unclean_restart_unix_ms", b"last_unclean_restart_unix_ms", "ledger_count", b"ledger_count", "mode", b"mode", "mode_reason", b"mode_reason", "recovery_bytes_truncated", b"recovery_bytes_truncated", "recovery_logs_scanned", b"recovery_logs_scanned", "recovery_point_log_id", b"recovery_point_log_id", "recovery_records_replayed", b"recovery_records_replayed", "registered", b"registered", "started_unix_ms", b"started_unix_ms", "unclean_restart_count", b"unclean_restart_count", "version", b"version", "write_cache", b"write_cache"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

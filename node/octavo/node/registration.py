@@ -1,0 +1,107 @@
+"""A bookie's membership in a cluster: cookie check, registration on a lease, keepalive, ledger lookups.
+
+Start (before serving): the cookie in etcd must name this data directory's instance id. A missing cookie is
+created; a different one means the directory was wiped or swapped, and the bookie refuses to start (serving
+an empty or foreign disk under this identity would silently lose acknowledged entries).
+
+Running: the registration key lives on a lease refreshed every third of its TTL by our own loop. A lease
+that is gone (etcd restarted, a long pause) is replaced and the bookie registers again without exiting; an
+etcd outage is logged and retried. Stop: the lease is revoked, which removes the registration at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from octavo.client.errors import CookieMismatchError, MetadataUnavailableError, NoSuchLedgerError
+from octavo.client.etcd import EtcdClient
+from octavo.client.layout import Layout
+from octavo.client.ledger_metadata import LedgerMetadata
+from octavo.client.metadata import BookieInfo, Cookie, MetadataStore
+from octavo.node.storage import Storage
+
+log = logging.getLogger(__name__)
+
+
+class Registration:
+    def __init__(self, storage: Storage, bookie_id: str, address: str) -> None:
+        cfg = storage.config
+        self.storage = storage
+        self.bookie_id = bookie_id
+        self.address = address
+        self.ttl_s = cfg.registration_ttl_s
+        self.etcd = EtcdClient(cfg.etcd)
+        self.store = MetadataStore(self.etcd, Layout(cfg.cluster))
+        self.lease_id = 0
+        self.registrations = 0
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    async def check_cookie(self) -> None:
+        """Raise CookieMismatchError if this data directory is not the one registered for this bookie id."""
+        state = self.storage.node_state
+        assert state is not None
+        cookie = await self.store.read_cookie(self.bookie_id)
+        if cookie is None:
+            mine = Cookie(self.bookie_id, state.instance_id, self.storage.data_dir, state.created_unix_ms)
+            if await self.store.create_cookie(mine):
+                log.info("bookie %s: cookie created for instance %s", self.bookie_id, state.instance_id)
+                return
+            cookie = await self.store.read_cookie(self.bookie_id)
+        if cookie is not None and cookie.instance_id != state.instance_id:
+            why = ("it is a fresh, empty directory: was it wiped?" if self.storage.fresh_instance
+                   else "it belongs to another bookie instance: was it swapped?")
+            raise CookieMismatchError(
+                f"bookie {self.bookie_id} is registered with the data directory instance {cookie.instance_id} "
+                f"(at {cookie.data_dir}), but {self.storage.data_dir} holds instance {state.instance_id}; {why} "
+                "Refusing to start: serving this disk as that bookie would lose acknowledged entries. To replace "
+                f"the bookie on purpose, delete the key {self.store.layout.cookie(self.bookie_id).decode()} in "
+                "etcd first.")
+
+    def info(self) -> BookieInfo:
+        return BookieInfo(self.bookie_id, self.address, readonly=False, registered_unix_ms=int(time.time() * 1000))
+
+    async def register(self) -> None:
+        self.lease_id = await self.etcd.grant_lease(self.ttl_s)
+        await self.store.register_bookie(self.info(), self.lease_id)
+        self.registrations += 1
+        log.info("bookie %s registered at %s (lease %x, ttl %ds)", self.bookie_id, self.address, self.lease_id,
+                 self.ttl_s)
+
+    async def start(self) -> None:
+        await self.check_cookie()
+        await self.register()
+        self._task = asyncio.create_task(self._keepalive(), name="octavo-registration")
+
+    async def _keepalive(self) -> None:
+        interval = max(self.ttl_s / 3, 0.5)
+        while not self._stopping:
+            await asyncio.sleep(interval)
+            try:
+                if self.lease_id and await self.etcd.keep_alive_once(self.lease_id) > 0:
+                    continue
+                log.warning("bookie %s: registration lease lost; registering again", self.bookie_id)
+                await self.register()
+            except MetadataUnavailableError as e:
+                log.warning("bookie %s: cannot refresh the registration (%s); retrying", self.bookie_id, e)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.lease_id:
+            await self.etcd.revoke_lease(self.lease_id)
+        await self.etcd.close()
+
+    async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata | None:
+        """The ledger's metadata in etcd, None if it does not exist."""
+        try:
+            meta, _ = await self.store.read_ledger(ledger_id)
+        except NoSuchLedgerError:
+            return None
+        return meta

@@ -1,0 +1,127 @@
+"""A bookie in a cluster: cookie, registration on a lease, re-registration, deregistration, and the etcd
+check before the first add of a ledger it does not know."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from octavo.client.etcd import EtcdClient
+from octavo.client.layout import Layout
+from octavo.client.ledger_metadata import IN_RECOVERY, password_digest
+from octavo.client.localcluster import EtcdProcess
+from octavo.client.metadata import MetadataStore
+from octavo.node.testing import BookieConnection, BookieProcess
+from octavo.v1 import bookie_pb2 as pb
+
+
+def cluster_args(etcd: EtcdProcess, cluster: str, bookie_id: str) -> list[str]:
+    return ["--etcd", etcd.endpoint, "--cluster", cluster, "--bookie-id", bookie_id, "--registration-ttl-s", "2"]
+
+
+async def registered(etcd: EtcdProcess, cluster: str) -> dict[str, str]:
+    async with EtcdClient(etcd.endpoint) as client:
+        return {b: i.address for b, i in (await MetadataStore(client, Layout(cluster)).bookies()).items()}
+
+
+def wait_for(predicate, timeout_s: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.1)
+
+
+def test_register_deregister_and_expire(etcd: EtcdProcess, cluster_name: str, tmp_path: Path) -> None:
+    bookie = BookieProcess(str(tmp_path / "b1"), args=cluster_args(etcd, cluster_name, "bookie-1"))
+    address = bookie.start()
+    assert asyncio.run(registered(etcd, cluster_name)) == {"bookie-1": address}
+    with BookieConnection(address) as conn:
+        st = conn.status()
+        assert st.bookie_id == "bookie-1" and st.registered and st.cluster == cluster_name
+    bookie.stop()  # SIGTERM: the lease is revoked, the registration goes at once
+    assert asyncio.run(registered(etcd, cluster_name)) == {}
+    bookie.start()
+    assert "bookie-1" in asyncio.run(registered(etcd, cluster_name))
+    bookie.kill()  # SIGKILL: the registration lasts until the lease expires
+    wait_for(lambda: asyncio.run(registered(etcd, cluster_name)) == {})
+
+
+def test_lost_lease_is_replaced_without_exiting(etcd: EtcdProcess, cluster_name: str, tmp_path: Path) -> None:
+    bookie = BookieProcess(str(tmp_path / "b1"), args=cluster_args(etcd, cluster_name, "bookie-1"))
+    bookie.start()
+
+    async def revoke_all() -> None:
+        async with EtcdClient(etcd.endpoint) as client:
+            kv = await client.get(Layout(cluster_name).bookie("bookie-1", False))
+            assert kv is not None and kv.lease
+            await client.revoke_lease(kv.lease)
+
+    asyncio.run(revoke_all())
+    assert asyncio.run(registered(etcd, cluster_name)) == {}
+    wait_for(lambda: "bookie-1" in asyncio.run(registered(etcd, cluster_name)))
+    assert bookie.alive()
+    bookie.stop()
+
+
+def test_wiped_data_directory_is_refused(etcd: EtcdProcess, cluster_name: str, tmp_path: Path) -> None:
+    bookie = BookieProcess(str(tmp_path / "b1"), args=cluster_args(etcd, cluster_name, "bookie-1"))
+    bookie.start()
+    bookie.stop()
+    import shutil
+
+    shutil.rmtree(tmp_path / "b1")
+    run = subprocess.run([sys.executable, "-m", "octavo.cli.main", "node", "--data-dir", str(tmp_path / "b1"),
+                          "--port", "0", *cluster_args(etcd, cluster_name, "bookie-1")],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1
+    assert "fresh, empty directory: was it wiped?" in run.stderr and "Refusing to start" in run.stderr
+    # Another bookie's directory under this id is refused too.
+    other = BookieProcess(str(tmp_path / "b2"), args=cluster_args(etcd, cluster_name, "bookie-2"))
+    other.start()
+    other.stop()
+    run = subprocess.run([sys.executable, "-m", "octavo.cli.main", "node", "--data-dir", str(tmp_path / "b2"),
+                          "--port", "0", *cluster_args(etcd, cluster_name, "bookie-1")],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and "was it swapped?" in run.stderr
+
+
+def test_etcd_unreachable_at_start_is_a_clear_failure(tmp_path: Path) -> None:
+    from octavo.client.localcluster import free_port
+
+    run = subprocess.run([sys.executable, "-m", "octavo.cli.main", "node", "--data-dir", str(tmp_path / "b"),
+                          "--port", "0", "--etcd", f"127.0.0.1:{free_port()}"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "etcd unavailable" in run.stderr
+
+
+def test_first_add_of_an_unknown_ledger_is_checked_in_etcd(etcd: EtcdProcess, cluster_name: str,
+                                                           tmp_path: Path) -> None:
+    bookie = BookieProcess(str(tmp_path / "b1"), args=cluster_args(etcd, cluster_name, "bookie-1"))
+    address = bookie.start()
+
+    async def create(state: str, ensemble: tuple[str, ...]) -> int:
+        async with EtcdClient(etcd.endpoint) as client:
+            store = MetadataStore(client, Layout(cluster_name))
+            meta, rev = await store.create_ledger(ensemble_size=1, write_quorum=1, ack_quorum=1,
+                                                  ensembles=((0, ensemble),), password_digest=password_digest(b"p"))
+            if state != "OPEN":
+                assert await store.update_ledger(meta.with_state(state), rev)
+            return meta.ledger_id
+
+    open_id = asyncio.run(create("OPEN", ("bookie-1",)))
+    recovering_id = asyncio.run(create(IN_RECOVERY, ("bookie-1",)))
+    elsewhere_id = asyncio.run(create("OPEN", ("bookie-9",)))
+    with BookieConnection(address) as conn:
+        assert list(conn.add(open_id, b"k", [0], [b"x"]).results[0].codes) == [pb.OK]
+        r = conn.add(recovering_id, b"k", [0], [b"x"]).results[0]
+        assert list(r.codes) == [pb.FENCED] and "being recovered or is closed" in r.message
+        assert list(conn.add(recovering_id, b"k", [0], [b"x"], recovery=True).results[0].codes) == [pb.OK]
+        r = conn.add(999_999, b"k", [0], [b"x"]).results[0]
+        assert list(r.codes) == [pb.NO_SUCH_LEDGER] and "does not exist in the cluster metadata" in r.message
+        r = conn.add(elsewhere_id, b"k", [0], [b"x"]).results[0]
+        assert list(r.codes) == [pb.INVALID] and "not in ledger" in r.message
+    bookie.stop()
