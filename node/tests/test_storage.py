@@ -90,7 +90,7 @@ def test_restart_reads_only_logs_after_the_recovery_point(cfg: NodeConfig) -> No
     s.abandon()
     s = Storage.open(cfg)
     try:
-        assert s.recovery.unclean
+        assert s.recovery.unclean and not s.tail_maybe_lost  # same boot: a process crash loses nothing
         assert s.recovery.recovery_point_log_id == flushed_logs
         assert s.recovery.logs_scanned == tail_logs
         assert {scan.log_id for scan in s.recovery.scans} == set(range(flushed_logs, flushed_logs + tail_logs))
@@ -579,5 +579,26 @@ def test_a_failed_write_is_reported_and_cut_off_the_log(cfg: NodeConfig) -> None
         assert s.recovery.bytes_truncated == 0  # the half-written batch was cut off at once
         for e in range(15):
             assert s.read_entry(1, e) == payload_for(1, e)
+    finally:
+        s.close()
+
+
+def test_unclean_stop_across_a_reboot_answers_unknown(cfg: NodeConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = Storage.open(cfg)
+    add(s, 1, 0, 5)
+    s.abandon()
+    monkeypatch.setenv("OCTAVO_BOOT_ID", "another-boot")
+    s = Storage.open(cfg)
+    try:
+        assert s.tail_maybe_lost and s.read_lac(1).maybe_lost_tail
+        with pytest.raises(StorageError) as e:
+            s.read_entry(1, 5)
+        assert e.value.code == pb.UNKNOWN and "may have lost it" in e.value.message
+        assert s.read_entry(1, 4) == payload_for(1, 4)
+    finally:
+        s.close()
+    s = Storage.open(cfg)  # a clean stop, same boot: certain again
+    try:
+        assert not s.tail_maybe_lost
     finally:
         s.close()

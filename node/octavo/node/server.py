@@ -117,25 +117,39 @@ class BookieService(pb_grpc.BookieServicer):
 
     async def ReadEntries(self, request: pb.ReadRequest, context: grpc.aio.ServicerContext) -> pb.ReadResponse:
         cfg = self.config
-        first, last = request.first_entry_id, request.last_entry_id
-        if request.ledger_id < 0 or first < 0 or last < first:
-            return pb.ReadResponse(ledger_id=request.ledger_id, error=pb.INVALID, error_message=(
-                f"invalid range: ledger {request.ledger_id} entries [{first}, {last}]; ids must be non-negative "
-                "and first <= last"))
+        state = self.storage.ledger_state(request.ledger_id)
         max_entries = min(request.max_entries or cfg.read_entries_max, cfg.read_entries_max)
         max_bytes = min(request.max_bytes or cfg.read_bytes_max, cfg.read_bytes_max)
-        entries = []
-        size = 0
-        state = self.storage.ledger_state(request.ledger_id)
+        if request.entry_ids:
+            ids = list(request.entry_ids)
+            if request.ledger_id < 0 or min(ids) < 0:
+                return pb.ReadResponse(ledger_id=request.ledger_id, error=pb.INVALID,
+                                       error_message="ledger and entry ids must be non-negative")
+            stop_on_failure = False
+        else:
+            first, last = request.first_entry_id, request.last_entry_id
+            if request.ledger_id < 0 or first < 0 or last < first:
+                return pb.ReadResponse(ledger_id=request.ledger_id, error=pb.INVALID, error_message=(
+                    f"invalid range: ledger {request.ledger_id} entries [{first}, {last}]; ids must be "
+                    "non-negative and first <= last"))
+            ids = range(first, min(last, first + max_entries - 1) + 1)  # type: ignore[assignment]
+            stop_on_failure = True
         if state is None:
-            return pb.ReadResponse(ledger_id=request.ledger_id, error=pb.NO_SUCH_LEDGER,
+            code = pb.UNKNOWN if self.storage.tail_maybe_lost else pb.NO_SUCH_LEDGER
+            return pb.ReadResponse(ledger_id=request.ledger_id, error=code,
                                    error_message=f"ledger {request.ledger_id} is not known to this bookie")
-        for entry_id in range(first, min(last, first + max_entries - 1) + 1):
+        entries: list[pb.ReadEntry] = []
+        size = 0
+        for entry_id in ids:
+            if len(entries) >= max_entries:
+                break
             try:
                 payload = self.storage.read_entry(request.ledger_id, entry_id)
             except StorageError as e:
                 entries.append(pb.ReadEntry(entry_id=entry_id, code=e.code, message=e.message))
-                break
+                if stop_on_failure:
+                    break
+                continue
             if entries and size + len(payload) > max_bytes:
                 break
             size += len(payload)
@@ -197,7 +211,8 @@ class BookieAdminService(pb_grpc.BookieAdminServicer):
             ledger_count=st["ledger_count"], fsync_policy=cfg.fsync_policy,
             unclean_restart_count=st["unclean_restart_count"],
             last_unclean_restart_unix_ms=st["last_unclean_restart_unix_ms"],
-            last_start_was_unclean=st["last_start_was_unclean"], recovery_logs_scanned=rec.logs_scanned,
+            last_start_was_unclean=st["last_start_was_unclean"], tail_maybe_lost=st["tail_maybe_lost"],
+            recovery_logs_scanned=rec.logs_scanned,
             recovery_records_replayed=rec.records_replayed, recovery_bytes_truncated=rec.bytes_truncated,
             started_unix_ms=self.storage.started_unix_ms,
         )

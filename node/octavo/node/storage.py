@@ -96,6 +96,22 @@ def _encode_records(ledger_id: int, entry_ids: Any, payloads: Any, parts: list[b
     return offset
 
 
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+# Tests simulate a reboot (after a simulated power loss) by setting this; production never does.
+BOOT_ID_ENV = "OCTAVO_BOOT_ID"
+
+
+def current_boot_id() -> str:
+    override = os.environ.get(BOOT_ID_ENV)
+    if override:
+        return override
+    try:
+        with open(BOOT_ID_PATH) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 class WriteCacheFull(Exception):
     """The write cache has no room for this batch: the caller waits (wait_for_room) and retries."""
 
@@ -155,6 +171,9 @@ class Storage:
         self._lock_fd = -1
         self.node_state: NodeState | None = None
         self.fresh_instance = False  # this start created the data directory's identity
+        # True after an unclean stop across a reboot (or power loss): the unsynced tail may be gone, so "no
+        # such entry" becomes UNKNOWN and fenced LAC reads say maybe_lost_tail (BookKeeper's BP-46).
+        self.tail_maybe_lost = False
         self.recovery = RecoveryReport()
         self.started_unix_ms = int(time.time() * 1000)
         self.last_flush_error = ""
@@ -239,12 +258,20 @@ class Storage:
             state = NodeState(instance_id=str(uuid.uuid4()), created_unix_ms=now_ms)
             write_node_state(self.io, self.data_dir, state)
             self.fresh_instance = True
+        boot = current_boot_id()
         if unclean:
             state.unclean_restart_count += 1
             state.last_unclean_restart_unix_ms = now_ms
+            # A process crash leaves the page cache, and so every acknowledged entry, in place; only a stop
+            # across a reboot (power loss, kernel crash) can lose the unsynced tail. The kernel's boot id
+            # tells them apart; an unknown boot id counts as a reboot.
+            self.tail_maybe_lost = not boot or state.extra.get("boot_id") != boot
+            log.warning("the last stop of this bookie was unclean (%d so far), %s", state.unclean_restart_count,
+                        "across a reboot: the unsynced tail may be lost" if self.tail_maybe_lost
+                        else "without a reboot: the page cache kept every acknowledged entry")
+        if state.extra.get("boot_id") != boot or unclean:
+            state.extra["boot_id"] = boot
             write_node_state(self.io, self.data_dir, state)
-            log.warning("the last stop of this bookie was unclean (%d so far): recovering the unsynced tail",
-                        state.unclean_restart_count)
         return state
 
     def _recover_logs(self, point: RecoveryPoint, unclean: bool) -> None:
@@ -626,6 +653,9 @@ class Storage:
             raise StorageError(pb.INVALID, f"ids must be non-negative, got ledger {ledger_id} entry {entry_id}")
         loc = self._locate(ledger_id, entry_id)
         if loc is None:
+            if self.tail_maybe_lost:
+                raise StorageError(pb.UNKNOWN, f"entry {entry_id} of ledger {ledger_id} is not here, but this "
+                                               "bookie restarted after a machine crash and may have lost it")
             if ledger_id not in self._ledgers:
                 raise no_such_ledger(ledger_id)
             raise no_such_entry(ledger_id, entry_id)
@@ -679,7 +709,7 @@ class Storage:
         state = self._ledgers.get(ledger_id)
         if state is None:
             raise no_such_ledger(ledger_id)
-        return LacInfo(state.last_add_confirmed, state.last_entry_id, state.fenced, self.recovery.unclean)
+        return LacInfo(state.last_add_confirmed, state.last_entry_id, state.fenced, self.tail_maybe_lost)
 
     def fence(self, ledger_id: int, master_key: bytes) -> LacInfo:
         """Fence a ledger (creating its state if this bookie never saw it) and sync the fence to disk.
@@ -707,7 +737,7 @@ class Storage:
         faults.hit(faults.FENCE_AFTER_PERSIST)
         if rotate:
             self.roll(self.config.log_rotate_on_close_bytes_min)
-        return LacInfo(state.last_add_confirmed, state.last_entry_id, True, self.recovery.unclean)
+        return LacInfo(state.last_add_confirmed, state.last_entry_id, True, self.tail_maybe_lost)
 
     def _append_fence_record_locked(self, ledger_id: int, master_key: bytes) -> None:
         """Record the fence in the active log too, so an index rebuilt from the logs keeps it. Best effort: the
@@ -780,6 +810,7 @@ class Storage:
             "unclean_restart_count": self.node_state.unclean_restart_count,
             "last_unclean_restart_unix_ms": self.node_state.last_unclean_restart_unix_ms,
             "last_start_was_unclean": self.recovery.unclean,
+            "tail_maybe_lost": self.tail_maybe_lost,
             "recovery": self.recovery,
             "last_flush_error": self.last_flush_error,
         }

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16octavo/v1/bookie.proto\x12\toctavo.v1\"\x86\x01\n\nLedgerAdds\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x12\n\nmaster_key\x18\x02 \x01(\x0c\x12\x1a\n\x12last_add_confirmed\x18\x03 \x01(\x03\x12\x10\n\x08recovery\x18\x04 \x01(\x08\x12\x11\n\tentry_ids\x18\x05 \x03(\x03\x12\x10\n\x08payloads\x18\x06 \x03(\x0c\"H\n\nAddRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12&\n\x07ledgers\x18\x02 \x03(\x0b\x32\x15.octavo.v1.LedgerAdds\"a\n\x0fLedgerAddResult\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12$\n\x05\x63odes\x18\x03 \x03(\x0e\x32\x15.octavo.v1.ResultCode\x12\x0f\n\x07message\x18\x04 \x01(\tJ\x04\x08\x02\x10\x03\"\x8b\x01\n\x0b\x41\x64\x64Response\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12+\n\x07results\x18\x02 \x03(\x0b\x32\x1a.octavo.v1.LedgerAddResult\x12$\n\x05\x65rror\x18\x03 \x01(\x0e\x32\x15.octavo.v1.ResultCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\"w\n\x0bReadRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x16\n\x0e\x66irst_entry_id\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\x12\x13\n\x0bmax_entries\x18\x04 \x01(\r\x12\x11\n\tmax_bytes\x18\x05 \x01(\x04\"d\n\tReadEntry\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\x03\x12#\n\x04\x63ode\x18\x02 \x01(\x0e\x32\x15.octavo.v1.ResultCode\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12\x0f\n\x07message\x18\x04 \x01(\t\"\xa1\x01\n\x0cReadResponse\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12%\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x14.octavo.v1.ReadEntry\x12\x1a\n\x12last_add_confirmed\x18\x03 \x01(\x03\x12$\n\x05\x65rror\x18\x04 \x01(\x0e\x32\x15.octavo.v1.ResultCode\x12\x15\n\rerror_message\x18\x05 \x01(\t\"F\n\x0eReadLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x08\x12\x12\n\nmaster_key\x18\x03 \x01(\x0c\"\xa3\x01\n\x0fReadLacResponse\x12#\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x15.octavo.v1.ResultCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x1a\n\x12last_add_confirmed\x18\x03 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x04 \x01(\x03\x12\x0e\n\x06\x66\x65nced\x18\x05 \x01(\x08\x12\x17\n\x0fmaybe_lost_tail\x18\x06 \x01(\x08\"Q\n\x11WriteCloseRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x12\n\nmaster_key\x18\x02 \x01(\x0c\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\"J\n\x12WriteCloseResponse\x12#\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x15.octavo.v1.ResultCode\x12\x0f\n\x07message\x18\x02 \x01(\t\".\n\x10GetStatusRequest\x12\x1a\n\x12include_entry_logs\x18\x01 \x01(\x08\"p\n\x0e\x44irectoryUsage\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x12\n\nfree_bytes\x18\x04 \x01(\x04\x12\x13\n\x0busage_ratio\x18\x05 \x01(\x01\"A\n\x0c\x45ntryLogInfo\x12\x0e\n\x06log_id\x18\x01 \x01(\x03\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x12\r\n\x05state\x18\x03 \x01(\t\"P\n\x0fWriteCacheUsage\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x04\x12\x13\n\x0b\x65ntries_max\x18\x02 \x01(\x04\x12\x17\n\x0f\x65stimated_bytes\x18\x03 \x01(\x04\"\xa2\x05\n\x0c\x42ookieStatus\x12\x11\n\tbookie_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12#\n\x04mode\x18\x04 \x01(\x0e\x32\x15.octavo.v1.BookieMode\x12\x13\n\x0bmode_reason\x18\x05 \x01(\t\x12.\n\x0b\x64irectories\x18\x06 \x03(\x0b\x32\x19.octavo.v1.DirectoryUsage\x12\x1d\n\x15recovery_point_log_id\x18\x07 \x01(\x03\x12\x15\n\ractive_log_id\x18\x08 \x01(\x03\x12\x17\n\x0f\x65ntry_log_count\x18\t \x01(\r\x12+\n\nentry_logs\x18\n \x03(\x0b\x32\x17.octavo.v1.EntryLogInfo\x12/\n\x0bwrite_cache\x18\x0b \x01(\x0b\x32\x1a.octavo.v1.WriteCacheUsage\x12\x14\n\x0cledger_count\x18\x0c \x01(\x04\x12\x14\n\x0c\x66sync_policy\x18\r \x01(\t\x12\x1d\n\x15unclean_restart_count\x18\x0e \x01(\r\x12$\n\x1clast_unclean_restart_unix_ms\x18\x0f \x01(\x03\x12\x1e\n\x16last_start_was_unclean\x18\x10 \x01(\x08\x12\x1d\n\x15recovery_logs_scanned\x18\x11 \x01(\r\x12!\n\x19recovery_records_replayed\x18\x12 \x01(\x04\x12 \n\x18recovery_bytes_truncated\x18\x13 \x01(\x04\x12\x17\n\x0fstarted_unix_ms\x18\x14 \x01(\x03\x12\x0f\n\x07\x63luster\x18\x15 \x01(\t\x12\x13\n\x0binstance_id\x18\x16 \x01(\t\x12\x12\n\nregistered\x18\x17 \x01(\x08*\xc4\x01\n\nResultCode\x12\x06\n\x02OK\x10\x00\x12\x12\n\x0eNO_SUCH_LEDGER\x10\x01\x12\x11\n\rNO_SUCH_ENTRY\x10\x02\x12\n\n\x06\x46\x45NCED\x10\x03\x12\x10\n\x0cUNAUTHORIZED\x10\x04\x12\r\n\tTOO_LARGE\x10\x05\x12\x0b\n\x07INVALID\x10\x06\x12\x16\n\x12\x44UPLICATE_MISMATCH\x10\x07\x12\r\n\tREAD_ONLY\x10\x08\x12\x0b\n\x07\x43ORRUPT\x10\t\x12\x0b\n\x07UNKNOWN\x10\n\x12\x0c\n\x08INTERNAL\x10\x0b*I\n\nBookieMode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x11\n\rMODE_WRITABLE\x10\x01\x12\x12\n\x0eMODE_READ_ONLY\x10\x02\x32\xa3\x02\n\x06\x42ookie\x12?\n\nAddEntries\x12\x15.octavo.v1.AddRequest\x1a\x16.octavo.v1.AddResponse(\x01\x30\x01\x12>\n\x0bReadEntries\x12\x16.octavo.v1.ReadRequest\x1a\x17.octavo.v1.ReadResponse\x12M\n\x14ReadLastAddConfirmed\x12\x19.octavo.v1.ReadLacRequest\x1a\x1a.octavo.v1.ReadLacResponse\x12I\n\nWriteClose\x12\x1c.octavo.v1.WriteCloseRequest\x1a\x1d.octavo.v1.WriteCloseResponse2P\n\x0b\x42ookieAdmin\x12\x41\n\tGetStatus\x12\x1b.octavo.v1.GetStatusRequest\x1a\x17.octavo.v1.BookieStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16octavo/v1/bookie.proto\x12\toctavo.v1\"\x86\x01\n\nLedgerAdds\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x12\n\nmaster_key\x18\x02 \x01(\x0c\x12\x1a\n\x12last_add_confirmed\x18\x03 \x01(\x03\x12\x10\n\x08recovery\x18\x04 \x01(\x08\x12\x11\n\tentry_ids\x18\x05 \x03(\x03\x12\x10\n\x08payloads\x18\x06 \x03(\x0c\"H\n\nAddRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12&\n\x07ledgers\x18\x02 \x03(\x0b\x32\x15.octavo.v1.LedgerAdds\"a\n\x0fLedgerAddResult\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12$\n\x05\x63odes\x18\x03 \x03(\x0e\x32\x15.octavo.v1.ResultCode\x12\x0f\n\x07message\x18\x04 \x01(\tJ\x04\x08\x02\x10\x03\"\x8b\x01\n\x0b\x41\x64\x64Response\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12+\n\x07results\x18\x02 \x03(\x0b\x32\x1a.octavo.v1.LedgerAddResult\x12$\n\x05\x65rror\x18\x03 \x01(\x0e\x32\x15.octavo.v1.ResultCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\"\x8a\x01\n\x0bReadRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x16\n\x0e\x66irst_entry_id\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\x12\x13\n\x0bmax_entries\x18\x04 \x01(\r\x12\x11\n\tmax_bytes\x18\x05 \x01(\x04\x12\x11\n\tentry_ids\x18\x06 \x03(\x03\"d\n\tReadEntry\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\x03\x12#\n\x04\x63ode\x18\x02 \x01(\x0e\x32\x15.octavo.v1.ResultCode\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12\x0f\n\x07message\x18\x04 \x01(\t\"\xa1\x01\n\x0cReadResponse\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12%\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x14.octavo.v1.ReadEntry\x12\x1a\n\x12last_add_confirmed\x18\x03 \x01(\x03\x12$\n\x05\x65rror\x18\x04 \x01(\x0e\x32\x15.octavo.v1.ResultCode\x12\x15\n\rerror_message\x18\x05 \x01(\t\"F\n\x0eReadLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x08\x12\x12\n\nmaster_key\x18\x03 \x01(\x0c\"\xa3\x01\n\x0fReadLacResponse\x12#\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x15.octavo.v1.ResultCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x1a\n\x12last_add_confirmed\x18\x03 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x04 \x01(\x03\x12\x0e\n\x06\x66\x65nced\x18\x05 \x01(\x08\x12\x17\n\x0fmaybe_lost_tail\x18\x06 \x01(\x08\"Q\n\x11WriteCloseRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x12\n\nmaster_key\x18\x02 \x01(\x0c\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\"J\n\x12WriteCloseResponse\x12#\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x15.octavo.v1.ResultCode\x12\x0f\n\x07message\x18\x02 \x01(\t\".\n\x10GetStatusRequest\x12\x1a\n\x12include_entry_logs\x18\x01 \x01(\x08\"p\n\x0e\x44irectoryUsage\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x12\n\nfree_bytes\x18\x04 \x01(\x04\x12\x13\n\x0busage_ratio\x18\x05 \x01(\x01\"A\n\x0c\x45ntryLogInfo\x12\x0e\n\x06log_id\x18\x01 \x01(\x03\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x12\r\n\x05state\x18\x03 \x01(\t\"P\n\x0fWriteCacheUsage\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x04\x12\x13\n\x0b\x65ntries_max\x18\x02 \x01(\x04\x12\x17\n\x0f\x65stimated_bytes\x18\x03 \x01(\x04\"\xbb\x05\n\x0c\x42ookieStatus\x12\x11\n\tbookie_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12#\n\x04mode\x18\x04 \x01(\x0e\x32\x15.octavo.v1.BookieMode\x12\x13\n\x0bmode_reason\x18\x05 \x01(\t\x12.\n\x0b\x64irectories\x18\x06 \x03(\x0b\x32\x19.octavo.v1.DirectoryUsage\x12\x1d\n\x15recovery_point_log_id\x18\x07 \x01(\x03\x12\x15\n\ractive_log_id\x18\x08 \x01(\x03\x12\x17\n\x0f\x65ntry_log_count\x18\t \x01(\r\x12+\n\nentry_logs\x18\n \x03(\x0b\x32\x17.octavo.v1.EntryLogInfo\x12/\n\x0bwrite_cache\x18\x0b \x01(\x0b\x32\x1a.octavo.v1.WriteCacheUsage\x12\x14\n\x0cledger_count\x18\x0c \x01(\x04\x12\x14\n\x0c\x66sync_policy\x18\r \x01(\t\x12\x1d\n\x15unclean_restart_count\x18\x0e \x01(\r\x12$\n\x1clast_unclean_restart_unix_ms\x18\x0f \x01(\x03\x12\x1e\n\x16last_start_was_unclean\x18\x10 \x01(\x08\x12\x1d\n\x15recovery_logs_scanned\x18\x11 \x01(\r\x12!\n\x19recovery_records_replayed\x18\x12 \x01(\x04\x12 \n\x18recovery_bytes_truncated\x18\x13 \x01(\x04\x12\x17\n\x0fstarted_unix_ms\x18\x14 \x01(\x03\x12\x0f\n\x07\x63luster\x18\x15 \x01(\t\x12\x13\n\x0binstance_id\x18\x16 \x01(\t\x12\x12\n\nregistered\x18\x17 \x01(\x08\x12\x17\n\x0ftail_maybe_lost\x18\x18 \x01(\x08*\xc4\x01\n\nResultCode\x12\x06\n\x02OK\x10\x00\x12\x12\n\x0eNO_SUCH_LEDGER\x10\x01\x12\x11\n\rNO_SUCH_ENTRY\x10\x02\x12\n\n\x06\x46\x45NCED\x10\x03\x12\x10\n\x0cUNAUTHORIZED\x10\x04\x12\r\n\tTOO_LARGE\x10\x05\x12\x0b\n\x07INVALID\x10\x06\x12\x16\n\x12\x44UPLICATE_MISMATCH\x10\x07\x12\r\n\tREAD_ONLY\x10\x08\x12\x0b\n\x07\x43ORRUPT\x10\t\x12\x0b\n\x07UNKNOWN\x10\n\x12\x0c\n\x08INTERNAL\x10\x0b*I\n\nBookieMode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x11\n\rMODE_WRITABLE\x10\x01\x12\x12\n\x0eMODE_READ_ONLY\x10\x02\x32\xa3\x02\n\x06\x42ookie\x12?\n\nAddEntries\x12\x15.octavo.v1.AddRequest\x1a\x16.octavo.v1.AddResponse(\x01\x30\x01\x12>\n\x0bReadEntries\x12\x16.octavo.v1.ReadRequest\x1a\x17.octavo.v1.ReadResponse\x12M\n\x14ReadLastAddConfirmed\x12\x19.octavo.v1.ReadLacRequest\x1a\x1a.octavo.v1.ReadLacResponse\x12I\n\nWriteClose\x12\x1c.octavo.v1.WriteCloseRequest\x1a\x1d.octavo.v1.WriteCloseResponse2P\n\x0b\x42ookieAdmin\x12\x41\n\tGetStatus\x12\x1b.octavo.v1.GetStatusRequest\x1a\x17.octavo.v1.BookieStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'octavo.v1.bookie_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RESULTCODE']._serialized_start=2262
-  _globals['_RESULTCODE']._serialized_end=2458
-  _globals['_BOOKIEMODE']._serialized_start=2460
-  _globals['_BOOKIEMODE']._serialized_end=2533
+  _globals['_RESULTCODE']._serialized_start=2307
+  _globals['_RESULTCODE']._serialized_end=2503
+  _globals['_BOOKIEMODE']._serialized_start=2505
+  _globals['_BOOKIEMODE']._serialized_end=2578
   _globals['_LEDGERADDS']._serialized_start=38
   _globals['_LEDGERADDS']._serialized_end=172
   _globals['_ADDREQUEST']._serialized_start=174
@@ -43,32 +43,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LEDGERADDRESULT']._serialized_end=345
   _globals['_ADDRESPONSE']._serialized_start=348
   _globals['_ADDRESPONSE']._serialized_end=487
-  _globals['_READREQUEST']._serialized_start=489
-  _globals['_READREQUEST']._serialized_end=608
-  _globals['_READENTRY']._serialized_start=610
-  _globals['_READENTRY']._serialized_end=710
-  _globals['_READRESPONSE']._serialized_start=713
-  _globals['_READRESPONSE']._serialized_end=874
-  _globals['_READLACREQUEST']._serialized_start=876
-  _globals['_READLACREQUEST']._serialized_end=946
-  _globals['_READLACRESPONSE']._serialized_start=949
-  _globals['_READLACRESPONSE']._serialized_end=1112
-  _globals['_WRITECLOSEREQUEST']._serialized_start=1114
-  _globals['_WRITECLOSEREQUEST']._serialized_end=1195
-  _globals['_WRITECLOSERESPONSE']._serialized_start=1197
-  _globals['_WRITECLOSERESPONSE']._serialized_end=1271
-  _globals['_GETSTATUSREQUEST']._serialized_start=1273
-  _globals['_GETSTATUSREQUEST']._serialized_end=1319
-  _globals['_DIRECTORYUSAGE']._serialized_start=1321
-  _globals['_DIRECTORYUSAGE']._serialized_end=1433
-  _globals['_ENTRYLOGINFO']._serialized_start=1435
-  _globals['_ENTRYLOGINFO']._serialized_end=1500
-  _globals['_WRITECACHEUSAGE']._serialized_start=1502
-  _globals['_WRITECACHEUSAGE']._serialized_end=1582
-  _globals['_BOOKIESTATUS']._serialized_start=1585
-  _globals['_BOOKIESTATUS']._serialized_end=2259
-  _globals['_BOOKIE']._serialized_start=2536
-  _globals['_BOOKIE']._serialized_end=2827
-  _globals['_BOOKIEADMIN']._serialized_start=2829
-  _globals['_BOOKIEADMIN']._serialized_end=2909
+  _globals['_READREQUEST']._serialized_start=490
+  _globals['_READREQUEST']._serialized_end=628
+  _globals['_READENTRY']._serialized_start=630
+  _globals['_READENTRY']._serialized_end=730
+  _globals['_READRESPONSE']._serialized_start=733
+  _globals['_READRESPONSE']._serialized_end=894
+  _globals['_READLACREQUEST']._serialized_start=896
+  _globals['_READLACREQUEST']._serialized_end=966
+  _globals['_READLACRESPONSE']._serialized_start=969
+  _globals['_READLACRESPONSE']._serialized_end=1132
+  _globals['_WRITECLOSEREQUEST']._serialized_start=1134
+  _globals['_WRITECLOSEREQUEST']._serialized_end=1215
+  _globals['_WRITECLOSERESPONSE']._serialized_start=1217
+  _globals['_WRITECLOSERESPONSE']._serialized_end=1291
+  _globals['_GETSTATUSREQUEST']._serialized_start=1293
+  _globals['_GETSTATUSREQUEST']._serialized_end=1339
+  _globals['_DIRECTORYUSAGE']._serialized_start=1341
+  _globals['_DIRECTORYUSAGE']._serialized_end=1453
+  _globals['_ENTRYLOGINFO']._serialized_start=1455
+  _globals['_ENTRYLOGINFO']._serialized_end=1520
+  _globals['_WRITECACHEUSAGE']._serialized_start=1522
+  _globals['_WRITECACHEUSAGE']._serialized_end=1602
+  _globals['_BOOKIESTATUS']._serialized_start=1605
+  _globals['_BOOKIESTATUS']._serialized_end=2304
+  _globals['_BOOKIE']._serialized_start=2581
+  _globals['_BOOKIE']._serialized_end=2872
+  _globals['_BOOKIEADMIN']._serialized_start=2874
+  _globals['_BOOKIEADMIN']._serialized_end=2954
 # @@protoc_insertion_point(module_scope)

@@ -235,6 +235,7 @@ class ReadRequest(_message.Message):
     LAST_ENTRY_ID_FIELD_NUMBER: _builtins.int
     MAX_ENTRIES_FIELD_NUMBER: _builtins.int
     MAX_BYTES_FIELD_NUMBER: _builtins.int
+    ENTRY_IDS_FIELD_NUMBER: _builtins.int
     ledger_id: _builtins.int
     first_entry_id: _builtins.int
     last_entry_id: _builtins.int
@@ -243,6 +244,12 @@ class ReadRequest(_message.Message):
     """0: the bookie's limit"""
     max_bytes: _builtins.int
     """0: the bookie's limit; at least one entry is always returned"""
+    @_builtins.property
+    def entry_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """When set, read exactly these entries instead of the range (a striped ledger's entries on one bookie are
+        not consecutive); each gets its own code, a failure does not stop the others. Limits still apply.
+        """
+
     def __init__(
         self,
         *,
@@ -251,10 +258,11 @@ class ReadRequest(_message.Message):
         last_entry_id: _builtins.int = ...,
         max_entries: _builtins.int = ...,
         max_bytes: _builtins.int = ...,
+        entry_ids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_entry_id", b"first_entry_id", "last_entry_id", b"last_entry_id", "ledger_id", b"ledger_id", "max_bytes", b"max_bytes", "max_entries", b"max_entries"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_ids", b"entry_ids", "first_entry_id", b"first_entry_id", "last_entry_id", b"last_entry_id", "ledger_id", b"ledger_id", "max_bytes", b"max_bytes", "max_entries", b"max_entries"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -563,6 +571,7 @@ class BookieStatus(_message.Message):
     CLUSTER_FIELD_NUMBER: _builtins.int
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
     REGISTERED_FIELD_NUMBER: _builtins.int
+    TAIL_MAYBE_LOST_FIELD_NUMBER: _builtins.int
     bookie_id: _builtins.str
     address: _builtins.str
     version: _builtins.str
@@ -586,6 +595,10 @@ class BookieStatus(_message.Message):
     """Cluster membership: empty cluster when the bookie runs standalone."""
     instance_id: _builtins.str
     registered: _builtins.bool
+    tail_maybe_lost: _builtins.bool
+    """The last unclean stop crossed a reboot (or power loss): entries of the unsynced tail may be lost here,
+    so "no such entry" is answered UNKNOWN.
+    """
     @_builtins.property
     def directories(self) -> _containers.RepeatedCompositeFieldContainer[Global___DirectoryUsage]: ...
     @_builtins.property
@@ -618,10 +631,11 @@ class BookieStatus(_message.Message):
         cluster: _builtins.str = ...,
         instance_id: _builtins.str = ...,
         registered: _builtins.bool = ...,
+        tail_maybe_lost: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["write_cache", b"write_cache"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_log_id", b"active_log_id", "address", b"address", "bookie_id", b"bookie_id", "cluster", b"cluster", "directories", b"directories", "entry_log_count", b"entry_log_count", "entry_logs", b"entry_logs", "fsync_policy", b"fsync_policy", "instance_id", b"instance_id", "last_start_was_unclean", b"last_start_was_unclean", "last_unclean_restart_unix_ms", b"last_unclean_restart_unix_ms", "ledger_count", b"ledger_count", "mode", b"mode", "mode_reason", b"mode_reason", "recovery_bytes_truncated", b"recovery_bytes_truncated", "recovery_logs_scanned", b"recovery_logs_scanned", "recovery_point_log_id", b"recovery_point_log_id", "recovery_records_replayed", b"recovery_records_replayed", "registered", b"registered", "started_unix_ms", b"started_unix_ms", "unclean_restart_count", b"unclean_restart_count", "version", b"version", "write_cache", b"write_cache"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_log_id", b"active_log_id", "address", b"address", "bookie_id", b"bookie_id", "cluster", b"cluster", "directories", b"directories", "entry_log_count", b"entry_log_count", "entry_logs", b"entry_logs", "fsync_policy", b"fsync_policy", "instance_id", b"instance_id", "last_start_was_unclean", b"last_start_was_unclean", "last_unclean_restart_unix_ms", b"last_unclean_restart_unix_ms", "ledger_count", b"ledger_count", "mode", b"mode", "mode_reason", b"mode_reason", "recovery_bytes_truncated", b"recovery_bytes_truncated", "recovery_logs_scanned", b"recovery_logs_scanned", "recovery_point_log_id", b"recovery_point_log_id", "recovery_records_replayed", b"recovery_records_replayed", "registered", b"registered", "started_unix_ms", b"started_unix_ms", "tail_maybe_lost", b"tail_maybe_lost", "unclean_restart_count", b"unclean_restart_count", "version", b"version", "write_cache", b"write_cache"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
