@@ -1,0 +1,297 @@
+"""The Octavo client: `Client` (asyncio) and `SyncClient` (the same names, blocking, for programs that are
+not async).
+
+    async with Client(etcd="127.0.0.1:2379") as client:
+        writer = await client.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2, password=b"pw")
+        ids = await asyncio.gather(*(writer.append(b"entry %d" % i) for i in range(1000)))
+        await writer.close()
+        reader = await client.open_ledger(writer.ledger_id, password=b"pw")
+        async for entry in reader.read(0, reader.last_entry_id):
+            ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import Awaitable, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+from octavo.client.bookie_client import BookieClient
+from octavo.client.errors import (
+    BookieUnavailableError,
+    NotEnoughBookiesError,
+    WrongPasswordError,
+)
+from octavo.client.etcd import EtcdClient
+from octavo.client.layout import DEFAULT_CLUSTER, Layout
+from octavo.client.ledger_metadata import (
+    CUSTOM_METADATA_BYTES_MAX,
+    PASSWORD_BYTES_MAX,
+    LedgerMetadata,
+    MetadataError,
+    check_quorums,
+    master_key,
+    password_digest,
+)
+from octavo.client.metadata import BookieInfo, MetadataStore
+from octavo.client.reader import Entry, ReadHandle
+from octavo.client.recovery import recover_ledger
+from octavo.client.writer import WriteHandle
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    entry_size_bytes_max: int = 4 * 1024 * 1024
+    # Bytes of appended but not yet acknowledged entries per write handle; append() waits beyond this.
+    inflight_bytes_max: int = 64 * 1024 * 1024
+    add_timeout_s: float = 10.0
+    read_timeout_s: float = 10.0
+    speculative_read_delay_s: float = 0.2
+    # How long the client trusts its list of bookie registrations before asking etcd again.
+    bookie_list_ttl_s: float = 2.0
+
+
+class Client:
+    def __init__(self, etcd: str, cluster: str = DEFAULT_CLUSTER, options: ClientOptions | None = None) -> None:
+        self.options = options or ClientOptions()
+        self.etcd = EtcdClient(etcd)
+        self.metadata_store = MetadataStore(self.etcd, Layout(cluster))
+        self._bookie_clients: dict[str, BookieClient] = {}
+        self._registrations: dict[str, BookieInfo] = {}
+        self._registrations_at = -1e9
+        self._closing: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        clients, self._bookie_clients = self._bookie_clients, {}
+        await asyncio.gather(*(c.close() for c in clients.values()), return_exceptions=True)
+        await self.etcd.close()
+
+    # -- bookies ---------------------------------------------------------------------------------------
+    async def bookies(self, refresh: bool = False) -> dict[str, BookieInfo]:
+        """Registered bookies (writable and read-only), cached for bookie_list_ttl_s."""
+        loop = asyncio.get_running_loop()
+        if refresh or loop.time() - self._registrations_at > self.options.bookie_list_ttl_s:
+            self._registrations = await self.metadata_store.bookies()
+            self._registrations_at = loop.time()
+            for bookie_id, info in self._registrations.items():
+                known = self._bookie_clients.get(bookie_id)
+                if known is not None and known.address != info.address:  # it moved (restarted elsewhere)
+                    self._bookie_clients.pop(bookie_id)
+                    self._closing.add(task := loop.create_task(known.close()))
+                    task.add_done_callback(self._closing.discard)
+        return self._registrations
+
+    async def writable_bookies(self) -> list[str]:
+        return sorted(b for b, info in (await self.bookies(refresh=True)).items() if not info.readonly)
+
+    def bookie_client(self, bookie_id: str) -> BookieClient:
+        client = self._bookie_clients.get(bookie_id)
+        if client is None:
+            info = self._registrations.get(bookie_id)
+            if info is None:
+                raise BookieUnavailableError(f"bookie {bookie_id} is not registered (down, or unknown)")
+            client = self._bookie_clients[bookie_id] = BookieClient(bookie_id, info.address)
+        return client
+
+    # -- ledgers ---------------------------------------------------------------------------------------
+    async def create_ledger(self, ensemble_size: int = 3, write_quorum: int = 3, ack_quorum: int = 2,
+                            password: bytes = b"", metadata: dict[str, str] | None = None) -> WriteHandle:
+        """Create a ledger on `ensemble_size` writable bookies; returns its write handle."""
+        try:
+            check_quorums(ensemble_size, write_quorum, ack_quorum)
+        except MetadataError as e:
+            raise ValueError(str(e)) from None
+        _check_password(password)
+        custom = dict(metadata or {})
+        if sum(len(k) + len(v) for k, v in custom.items()) > CUSTOM_METADATA_BYTES_MAX:
+            raise ValueError(f"custom metadata is over {CUSTOM_METADATA_BYTES_MAX} bytes")
+        writable = await self.writable_bookies()
+        if len(writable) < ensemble_size:
+            raise NotEnoughBookiesError(f"an ensemble of {ensemble_size} needs {ensemble_size} writable bookies; "
+                                        f"{len(writable)} are registered ({', '.join(writable) or 'none'})")
+        ensemble = tuple(random.sample(writable, ensemble_size))
+        meta, revision = await self.metadata_store.create_ledger(
+            ensemble_size=ensemble_size, write_quorum=write_quorum, ack_quorum=ack_quorum,
+            ensembles=((0, ensemble),), password_digest=password_digest(password), custom_metadata=custom)
+        return WriteHandle(self, meta, revision, master_key(password))
+
+    async def open_ledger(self, ledger_id: int, password: bytes = b"", recovery: bool = True) -> ReadHandle:
+        """Open a ledger to read it. With recovery (the default), a ledger that is not closed is fenced,
+        its last entry found and re-replicated, and it is closed: its writer can never add to it again.
+        Without recovery an open ledger is read up to its last-add-confirmed, and the writer goes on."""
+        meta, _ = await self.metadata_store.read_ledger(ledger_id)
+        if meta.password_digest != password_digest(password):
+            raise WrongPasswordError(f"wrong password for ledger {ledger_id}")
+        await self.bookies()
+        if meta.closed:
+            return ReadHandle(self, meta, meta.last_entry_id)
+        if recovery:
+            meta = await recover_ledger(self, ledger_id, master_key(password))
+            return ReadHandle(self, meta, meta.last_entry_id)
+        handle = ReadHandle(self, meta, -1)
+        await handle.read_last_add_confirmed()
+        return handle
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        await self.metadata_store.delete_ledger(ledger_id)
+
+    async def list_ledgers(self) -> list[int]:
+        return await self.metadata_store.list_ledgers()
+
+    async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        return (await self.metadata_store.read_ledger(ledger_id))[0]
+
+
+def _check_password(password: bytes) -> None:
+    if not isinstance(password, bytes):
+        raise TypeError("password must be bytes")
+    if len(password) > PASSWORD_BYTES_MAX:
+        raise ValueError(f"password is over {PASSWORD_BYTES_MAX} bytes")
+
+
+# -- the synchronous facade ----------------------------------------------------------------------------
+class _Loop:
+    """An event loop in a daemon thread; the facade runs the async client on it."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="octavo-client", daemon=True)
+        self.thread.start()
+
+    def run(self, awaitable: Awaitable[T]) -> T:
+        async def wrapper() -> T:
+            return await awaitable
+        return asyncio.run_coroutine_threadsafe(wrapper(), self.loop).result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+
+class SyncWriteHandle:
+    def __init__(self, loop: _Loop, handle: WriteHandle) -> None:
+        self._loop = loop
+        self._handle = handle
+
+    @property
+    def ledger_id(self) -> int:
+        return self._handle.ledger_id
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._handle.last_add_confirmed
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._handle.metadata
+
+    def append(self, data: bytes) -> int:
+        return self._loop.run(self._handle.append(data))
+
+    def append_many(self, entries: list[bytes]) -> list[int]:
+        """Append entries pipelined (all in flight at once); returns their ids in order."""
+        async def run() -> list[int]:
+            return list(await asyncio.gather(*(self._handle.append(e) for e in entries)))
+        return self._loop.run(run())
+
+    def close(self) -> None:
+        self._loop.run(self._handle.close())
+
+    def __enter__(self) -> SyncWriteHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SyncReadHandle:
+    def __init__(self, loop: _Loop, handle: ReadHandle) -> None:
+        self._loop = loop
+        self._handle = handle
+
+    @property
+    def ledger_id(self) -> int:
+        return self._handle.ledger_id
+
+    @property
+    def last_entry_id(self) -> int:
+        return self._handle.last_entry_id
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._handle.metadata
+
+    def read(self, first: int, last: int) -> Iterator[Entry]:
+        iterator = self._handle.read(first, last).__aiter__()
+        while True:
+            try:
+                yield self._loop.run(iterator.__anext__())
+            except StopAsyncIteration:
+                return
+
+    def read_last_add_confirmed(self) -> int:
+        return self._loop.run(self._handle.read_last_add_confirmed())
+
+    def close(self) -> None:
+        self._loop.run(self._handle.close())
+
+    def __enter__(self) -> SyncReadHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SyncClient:
+    """The blocking facade of Client: same methods, same arguments."""
+
+    def __init__(self, etcd: str, cluster: str = DEFAULT_CLUSTER, options: ClientOptions | None = None) -> None:
+        self._loop = _Loop()
+        self._client: Client = self._loop.run(_make_client(etcd, cluster, options))
+
+    def close(self) -> None:
+        self._loop.run(self._client.close())
+        self._loop.stop()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def create_ledger(self, ensemble_size: int = 3, write_quorum: int = 3, ack_quorum: int = 2,
+                      password: bytes = b"", metadata: dict[str, str] | None = None) -> SyncWriteHandle:
+        return SyncWriteHandle(self._loop, self._loop.run(self._client.create_ledger(
+            ensemble_size, write_quorum, ack_quorum, password, metadata)))
+
+    def open_ledger(self, ledger_id: int, password: bytes = b"", recovery: bool = True) -> SyncReadHandle:
+        return SyncReadHandle(self._loop, self._loop.run(self._client.open_ledger(ledger_id, password, recovery)))
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        self._loop.run(self._client.delete_ledger(ledger_id))
+
+    def list_ledgers(self) -> list[int]:
+        return self._loop.run(self._client.list_ledgers())
+
+    def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        return self._loop.run(self._client.ledger_metadata(ledger_id))
+
+    def bookies(self) -> dict[str, BookieInfo]:
+        return self._loop.run(self._client.bookies(refresh=True))
+
+
+async def _make_client(etcd: str, cluster: str, options: ClientOptions | None) -> Client:
+    return Client(etcd, cluster, options)
+

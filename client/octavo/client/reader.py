@@ -1,0 +1,140 @@
+"""The read handle: reads entries from their write quorum, in batches, with failover and speculative reads.
+
+Entries are read in chunks. Each entry's replicas are its write set, in order; a chunk's entries are grouped
+by their first untried replica and read with one request per bookie. A bookie that has not answered after
+speculative_read_delay_s gets a second request to the next replica for the same entries, and the first good
+answer wins. Entries a replica could not give (missing, UNKNOWN, corrupt, unreachable) are tried on the next
+replica; an entry no replica can give is a ReadError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from octavo.client.errors import BookieUnavailableError, ReadError
+from octavo.client.ledger_metadata import LedgerMetadata
+from octavo.v1 import bookie_pb2 as pb
+
+if TYPE_CHECKING:
+    from octavo.client.client import Client
+
+READ_CHUNK_ENTRIES = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    ledger_id: int
+    entry_id: int
+    data: bytes
+
+
+class ReadHandle:
+    def __init__(self, client: Client, metadata: LedgerMetadata, last_add_confirmed: int) -> None:
+        self._client = client
+        self.metadata = metadata
+        self._lac = last_add_confirmed
+
+    @property
+    def ledger_id(self) -> int:
+        return self.metadata.ledger_id
+
+    @property
+    def last_entry_id(self) -> int:
+        """The last entry readers may read: the closed ledger's last entry, or the LAC of an open one."""
+        return self.metadata.last_entry_id if self.metadata.closed else self._lac
+
+    async def read_last_add_confirmed(self) -> int:
+        """Ask the last ensemble's bookies for their LAC (the maximum of the answers) and remember it."""
+        if self.metadata.closed:
+            return self.metadata.last_entry_id
+        answers = await asyncio.gather(*(self._client.bookie_client(b).read_lac(self.ledger_id)
+                                         for b in self.metadata.last_ensemble), return_exceptions=True)
+        lacs = [a.last_add_confirmed for a in answers if not isinstance(a, BaseException) and a.code == pb.OK]
+        if lacs:
+            self._lac = max(self._lac, *lacs)
+        return self._lac
+
+    async def read(self, first: int, last: int) -> AsyncIterator[Entry]:
+        """Entries first..last inclusive, in order. `last` may not pass last_entry_id."""
+        if first < 0 or last < first:
+            raise ValueError(f"invalid range [{first}, {last}]: need 0 <= first <= last")
+        if last > self.last_entry_id:
+            raise ReadError(f"ledger {self.ledger_id}: entry {last} is past the last readable entry "
+                            f"{self.last_entry_id}")
+        for start in range(first, last + 1, READ_CHUNK_ENTRIES):
+            ids = list(range(start, min(last, start + READ_CHUNK_ENTRIES - 1) + 1))
+            found = await self._read_chunk(ids)
+            for entry_id in ids:
+                yield Entry(self.ledger_id, entry_id, found[entry_id])
+
+    async def _read_chunk(self, ids: list[int]) -> dict[int, bytes]:
+        found: dict[int, bytes] = {}
+        tried: dict[int, set[str]] = {e: set() for e in ids}
+        errors: dict[int, str] = {}
+        while True:
+            remaining = [e for e in ids if e not in found]
+            if not remaining:
+                return found
+            groups = self._group(remaining, tried)
+            if not groups:
+                missing = remaining[0]
+                raise ReadError(f"ledger {self.ledger_id}: entry {missing} could not be read from any replica "
+                                f"({errors.get(missing, 'no replica left')})")
+            await self._read_groups(groups, tried, found, errors)
+
+    def _group(self, entries: list[int], tried: dict[int, set[str]]) -> dict[str, list[int]]:
+        groups: dict[str, list[int]] = {}
+        for e in entries:
+            for bookie in self.metadata.write_set_bookies(e):
+                if bookie not in tried[e]:
+                    groups.setdefault(bookie, []).append(e)
+                    break
+        return groups
+
+    async def _read_groups(self, groups: dict[str, list[int]], tried: dict[int, set[str]], found: dict[int, bytes],
+                           errors: dict[int, str]) -> None:
+        tasks: dict[asyncio.Task[None], str] = {}
+        for bookie, entries in groups.items():
+            for e in entries:
+                tried[e].add(bookie)
+            tasks[asyncio.create_task(self._read_from(bookie, entries, found, errors))] = bookie
+        _, pending = await asyncio.wait(tasks, timeout=self._client.options.speculative_read_delay_s)
+        if pending:
+            # Speculative reads: the slow bookies' entries go to their next replica too.
+            slow = [e for task in pending for e in groups[tasks[task]] if e not in found]
+            for bookie, entries in self._group(slow, tried).items():
+                for e in entries:
+                    tried[e].add(bookie)
+                tasks[asyncio.create_task(self._read_from(bookie, entries, found, errors))] = bookie
+            await asyncio.wait(tasks)
+
+    async def _read_from(self, bookie_id: str, entries: list[int], found: dict[int, bytes],
+                         errors: dict[int, str]) -> None:
+        try:
+            client = self._client.bookie_client(bookie_id)
+            response = await client.read(self.ledger_id, entries, timeout_s=self._client.options.read_timeout_s)
+        except BookieUnavailableError as e:
+            for entry in entries:
+                errors[entry] = str(e)
+            return
+        if response.error:
+            for entry in entries:
+                errors[entry] = f"bookie {bookie_id}: {response.error_message}"
+            return
+        for item in response.entries:
+            if item.code == pb.OK:
+                found.setdefault(item.entry_id, item.payload)
+            else:
+                errors[item.entry_id] = f"bookie {bookie_id}: {item.message}"
+
+    async def close(self) -> None:
+        """Nothing to release today; kept so read and write handles are used the same way."""
+
+    async def __aenter__(self) -> ReadHandle:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

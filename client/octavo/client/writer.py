@@ -1,0 +1,298 @@
+"""The write handle: pipelined, batched appends to a write quorum, acknowledged in order.
+
+Every append gets the next entry id and goes to the Qw bookies of its write set (entry e: positions starting
+at e mod E of the last ensemble). Appends made in the same event-loop turn go out together, one batch per
+bookie. An entry is acknowledged once Qa bookies of its write set have it *and* every entry before it is
+acknowledged; the last-add-confirmed (LAC) is the highest such entry and rides on every add.
+
+A bookie that fails, refuses (READ_ONLY, INTERNAL, ...) or does not answer within add_timeout_s is replaced:
+a new ensemble segment starting at the first unacknowledged entry (LAC + 1) is written to etcd with a CAS, and
+every unacknowledged entry whose write set now includes the replacement is sent to it. A FENCED answer means
+a recovery open took the ledger over: every pending and later append fails with LedgerFencedError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from octavo.client.errors import (
+    BookieUnavailableError,
+    EntryTooLargeError,
+    LedgerClosedError,
+    LedgerFencedError,
+    MetadataUnavailableError,
+    NotEnoughBookiesError,
+    OctavoError,
+    WrongPasswordError,
+)
+from octavo.client.ledger_metadata import CLOSED, OPEN, LedgerMetadata, write_set
+from octavo.v1 import bookie_pb2 as pb
+
+if TYPE_CHECKING:
+    from octavo.client.client import Client
+
+log = logging.getLogger(__name__)
+
+ENSEMBLE_CHANGE_ATTEMPTS_MAX = 10
+
+
+@dataclass(eq=False)
+class _Pending:
+    entry_id: int
+    data: bytes
+    future: asyncio.Future[int] = field(repr=False)
+    acked: set[str] = field(default_factory=set)
+
+
+class WriteHandle:
+    def __init__(self, client: Client, metadata: LedgerMetadata, revision: int, master_key: bytes) -> None:
+        self._client = client
+        self.metadata = metadata
+        self._revision = revision
+        self._master_key = master_key
+        self._options = client.options
+        self._next_entry = 0
+        self._lac = -1
+        self._length = 0
+        self._pending: dict[int, _Pending] = {}
+        self._unsent: list[_Pending] = []
+        self._flush_scheduled = False
+        self._inflight_bytes = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        self._error: OctavoError | None = None
+        self._closing = False
+        self._closed = False
+        self._failed_bookies: set[str] = set()
+        self._change_lock = asyncio.Lock()
+        self._changing: set[str] = set()
+        self.ensemble_changes = 0
+
+    @property
+    def ledger_id(self) -> int:
+        return self.metadata.ledger_id
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._lac
+
+    # -- appends ---------------------------------------------------------------------------------------
+    async def append(self, data: bytes) -> int:
+        """Append one entry; returns its entry id once it is acknowledged. Many appends may be in flight
+        (gather them); they are acknowledged in entry-id order."""
+        if self._error is not None:
+            raise self._error
+        if self._closing:
+            raise LedgerClosedError(f"ledger {self.ledger_id} is closed to appends")
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"append takes bytes, got {type(data).__name__}")
+        data = bytes(data)
+        limit = self._options.entry_size_bytes_max
+        if len(data) > limit:
+            raise EntryTooLargeError(f"entry of {len(data)} bytes is over entry_size_bytes_max={limit}")
+        while self._inflight_bytes and self._inflight_bytes + len(data) > self._options.inflight_bytes_max:
+            self._room.clear()
+            await self._room.wait()
+            if self._error is not None:
+                raise self._error
+        loop = asyncio.get_running_loop()
+        pending = _Pending(self._next_entry, data, loop.create_future())
+        self._next_entry += 1
+        self._pending[pending.entry_id] = pending
+        self._unsent.append(pending)
+        self._inflight_bytes += len(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+        return await pending.future
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        batch, self._unsent = self._unsent, []
+        batch = [p for p in batch if not p.future.done()]
+        if not batch or self._error is not None:
+            return
+        meta = self.metadata
+        ensemble = meta.last_ensemble
+        if meta.write_quorum == meta.ensemble_size:
+            for bookie in ensemble:
+                self._send(bookie, batch)
+            return
+        groups: dict[str, list[_Pending]] = {}
+        for p in batch:
+            for position in write_set(p.entry_id, meta.ensemble_size, meta.write_quorum):
+                groups.setdefault(ensemble[position], []).append(p)
+        for bookie, entries in groups.items():
+            self._send(bookie, entries)
+
+    def _send(self, bookie_id: str, entries: list[_Pending]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            bookie = self._client.bookie_client(bookie_id)
+        except BookieUnavailableError as e:
+            loop.call_soon(self._bookie_failed, bookie_id, str(e))
+            return
+        future = bookie.add(self.ledger_id, self._master_key, [p.entry_id for p in entries],
+                            [p.data for p in entries], self._lac)
+        timer = loop.call_later(self._options.add_timeout_s, self._timed_out, bookie_id, future)
+        future.add_done_callback(lambda f: self._on_result(bookie_id, entries, f, timer))
+
+    def _timed_out(self, bookie_id: str, future: asyncio.Future[list[int]]) -> None:
+        if not future.done():
+            self._bookie_failed(bookie_id, f"no answer within {self._options.add_timeout_s}s")
+
+    def _on_result(self, bookie_id: str, entries: list[_Pending], future: asyncio.Future[list[int]],
+                   timer: asyncio.TimerHandle) -> None:
+        timer.cancel()
+        if future.cancelled():
+            return
+        error = future.exception()
+        if error is not None:
+            self._bookie_failed(bookie_id, str(error))
+            return
+        refused = ""
+        for p, code in zip(entries, future.result(), strict=False):
+            if code == pb.OK:
+                if p.entry_id in self._pending and bookie_id in self.metadata.write_set_bookies(p.entry_id):
+                    p.acked.add(bookie_id)
+            elif code == pb.FENCED:
+                self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced by a recovery open: no more "
+                                             "appends can be acknowledged"))
+                return
+            elif code == pb.UNAUTHORIZED:
+                self._fail(WrongPasswordError(f"bookie {bookie_id} refused the master key of ledger "
+                                              f"{self.ledger_id}"))
+                return
+            else:
+                refused = pb.ResultCode.Name(code)  # type: ignore[arg-type]
+        if refused:
+            self._bookie_failed(bookie_id, f"refused adds: {refused}")
+        self._advance()
+
+    def _advance(self) -> None:
+        qa = self.metadata.ack_quorum
+        pending = self._pending
+        while True:
+            p = pending.get(self._lac + 1)
+            if p is None or len(p.acked) < qa:
+                break
+            del pending[p.entry_id]
+            self._lac = p.entry_id
+            self._length += len(p.data)
+            self._inflight_bytes -= len(p.data)
+            if not p.future.done():
+                p.future.set_result(p.entry_id)
+        self._room.set()
+
+    def _fail(self, error: OctavoError) -> None:
+        if self._error is None:
+            self._error = error
+            log.warning("ledger %d: %s", self.ledger_id, error)
+        for p in self._pending.values():
+            if not p.future.done():
+                p.future.set_exception(error)
+        self._pending.clear()
+        self._unsent.clear()
+        self._room.set()
+
+    # -- ensemble change -------------------------------------------------------------------------------
+    def _bookie_failed(self, bookie_id: str, reason: str) -> None:
+        if self._error is not None or bookie_id in self._changing:
+            return
+        if bookie_id not in self.metadata.last_ensemble:
+            return  # already replaced
+        log.info("ledger %d: bookie %s failed (%s); changing the ensemble", self.ledger_id, bookie_id, reason)
+        self._changing.add(bookie_id)
+        task = asyncio.get_running_loop().create_task(self._change_ensemble(bookie_id))
+        task.add_done_callback(lambda _: self._changing.discard(bookie_id))
+
+    async def _change_ensemble(self, failed: str) -> None:
+        async with self._change_lock:
+            if self._error is not None or failed not in self.metadata.last_ensemble:
+                return
+            self._failed_bookies.add(failed)
+            try:
+                replacement = await self._write_new_segment(failed)
+            except OctavoError as e:
+                self._fail(e)
+                return
+            self.ensemble_changes += 1
+            resend = []
+            for p in self._pending.values():
+                p.acked.discard(failed)
+                if replacement in self.metadata.write_set_bookies(p.entry_id) and p not in self._unsent:
+                    resend.append(p)
+            if resend:
+                self._send(replacement, resend)
+            self._advance()
+
+    async def _write_new_segment(self, failed: str) -> str:
+        store = self._client.metadata_store
+        for _ in range(ENSEMBLE_CHANGE_ATTEMPTS_MAX):
+            ensemble = list(self.metadata.last_ensemble)
+            writable = await self._client.writable_bookies()
+            candidates = [b for b in writable if b not in ensemble and b not in self._failed_bookies]
+            if not candidates:
+                raise NotEnoughBookiesError(
+                    f"ledger {self.ledger_id}: no writable bookie to replace {failed} (ensemble {ensemble}, "
+                    f"writable {sorted(writable)})")
+            replacement = random.choice(candidates)
+            ensemble[ensemble.index(failed)] = replacement
+            first = self._lac + 1
+            changed = self.metadata.with_segment(first, tuple(ensemble))
+            revision = await store.update_ledger(changed, self._revision)
+            if revision is not None:
+                self.metadata, self._revision = changed, revision
+                log.info("ledger %d: bookie %s replaced by %s from entry %d", self.ledger_id, failed, replacement,
+                         first)
+                return replacement
+            current, current_revision = await store.read_ledger(self.ledger_id)
+            if current.state != OPEN:
+                raise LedgerFencedError(f"ledger {self.ledger_id} is {current.state} in etcd: a recovery open "
+                                        "took it over")
+            self.metadata, self._revision = current, current_revision
+        raise MetadataUnavailableError(f"ledger {self.ledger_id}: the ensemble change kept losing its CAS")
+
+    # -- close -----------------------------------------------------------------------------------------
+    async def close(self) -> None:
+        """Wait for every append in flight, close the ledger in etcd (CAS to CLOSED with its last entry),
+        then send the advisory write-close to the bookies. Raises LedgerFencedError if a recovery open took
+        the ledger over first."""
+        if self._closed:
+            return
+        self._closing = True
+        waiting = [p.future for p in self._pending.values()]
+        if waiting:
+            await asyncio.gather(*waiting, return_exceptions=True)
+        if self._error is not None and not isinstance(self._error, (LedgerClosedError,)):
+            self._closed = True
+            raise self._error
+        store = self._client.metadata_store
+        closed = self.metadata.with_state(CLOSED, last_entry_id=self._lac, length=self._length)
+        revision = await store.update_ledger(closed, self._revision)
+        if revision is None:
+            current, _ = await store.read_ledger(self.ledger_id)
+            self._closed = True
+            if not (current.state == CLOSED and current.last_entry_id == self._lac):
+                raise LedgerFencedError(f"ledger {self.ledger_id} is {current.state} in etcd (last entry "
+                                        f"{current.last_entry_id}): a recovery open took it over")
+        else:
+            self.metadata, self._revision = closed, revision
+        self._closed = True
+        await asyncio.gather(*(self._write_close(b) for b in self.metadata.last_ensemble), return_exceptions=True)
+
+    async def _write_close(self, bookie_id: str) -> None:
+        try:
+            await self._client.bookie_client(bookie_id).write_close(self.ledger_id, self._master_key, self._lac)
+        except OctavoError as e:
+            log.info("ledger %d: write-close to bookie %s failed: %s", self.ledger_id, bookie_id, e)
+
+    async def __aenter__(self) -> WriteHandle:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
