@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 
 from octavo.client.errors import BookieUnavailableError
+from octavo.client.etcd import CHANNEL_OPTIONS
 from octavo.v1 import bookie_pb2 as pb
 from octavo.v1 import bookie_pb2_grpc as pb_grpc
 
@@ -53,6 +54,7 @@ class BookieClient:
         self._channel = grpc.aio.insecure_channel(address, options=[
             ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
             ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
+            *CHANNEL_OPTIONS,
         ])
         self._stub = pb_grpc.BookieStub(self._channel)
         self._queue: list[_Add] = []

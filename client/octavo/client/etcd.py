@@ -27,6 +27,15 @@ from octavo.client.errors import MetadataUnavailableError
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 5.0
+# A restarted server must be reachable again within about a second: gRPC's default reconnect backoff grows to
+# minutes and, through the process-wide subchannel pool, is shared even by a freshly created channel.
+# (min_reconnect_backoff_ms is also the deadline of one connection attempt, so it stays at 2 s.)
+CHANNEL_OPTIONS = [
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 2000),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
@@ -120,7 +129,7 @@ class EtcdClient:
 
     def _stubs(self) -> tuple[Any, Any]:
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self.endpoint)
+            self._channel = grpc.aio.insecure_channel(self.endpoint, options=CHANNEL_OPTIONS)
             self._kv = rpc.KVStub(self._channel)
             self._lease = rpc.LeaseStub(self._channel)
         return self._kv, self._lease

@@ -62,18 +62,24 @@ class EtcdProcess:
                  "--initial-cluster", f"{self.name}={peer_url}", "--log-level", "warn"],
                 stdout=log_file, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
-        while True:
+        while not self._serving():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"etcd exited with {self.proc.returncode}; see {self.log_path}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.client_port), timeout=0.2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"etcd did not listen within {timeout_s}s; see {self.log_path}") from None
-                time.sleep(0.05)
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"etcd did not serve within {timeout_s}s; see {self.log_path}")
+            time.sleep(0.05)
         return self.endpoint
+
+    def _serving(self) -> bool:
+        """etcd answers its health endpoint (it is up and has a leader)."""
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.client_port}/health", timeout=0.5) as r:
+                return b'"health":"true"' in r.read()
+        except OSError:
+            return False
 
     def stop(self, kill: bool = False) -> None:
         if self.proc is None:

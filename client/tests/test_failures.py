@@ -1,0 +1,244 @@
+"""Failures on a real local cluster: bookies killed mid-write, two writers, recovery in every awkward state,
+a bookie that lost its unsynced tail in a "power loss", etcd stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from octavo.client import Client, ClientOptions, LedgerFencedError, MetadataUnavailableError, RecoveryError
+from octavo.client.ledger_metadata import CLOSED, master_key
+from octavo.client.localcluster import LocalCluster
+from octavo.node.storage import BOOT_ID_ENV, LOGS_DIR
+from octavo.node.testing import BookieConnection
+from octavo.v1 import bookie_pb2 as pb
+
+PW = b"pw"
+FAST = ClientOptions(add_timeout_s=3.0, read_timeout_s=3.0, speculative_read_delay_s=0.1, bookie_list_ttl_s=0.2)
+BOOKIE_ARGS = ["--log-size-bytes-max", str(16 << 20), "--batch-bytes-max", str(8 << 20)]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(str(tmp_path_factory.mktemp("cluster")), bookies=5, bookie_args=BOOKIE_ARGS) as c:
+        yield c
+
+
+@pytest.fixture(autouse=True)
+def all_bookies_up(cluster: LocalCluster) -> Iterator[None]:
+    """Each test starts (and leaves the next one) with every bookie serving, same ids, same data."""
+    yield
+    for bookie in cluster.bookies.values():
+        bookie.env = {}
+        if not bookie.alive():
+            bookie.start()
+
+
+def data(ledger: int, entry: int) -> bytes:
+    return f"ledger {ledger} entry {entry} ".encode() * 10
+
+
+async def read_back(client: Client, ledger: int) -> list[bytes]:
+    reader = await client.open_ledger(ledger, password=PW)
+    return [e.data async for e in reader.read(0, reader.last_entry_id)] if reader.last_entry_id >= 0 else []
+
+
+async def test_bookie_sigkilled_mid_write_loses_nothing(cluster: LocalCluster) -> None:
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        writer = await client.create_ledger(3, 3, 2, password=PW)
+        victim = writer.metadata.last_ensemble[1]
+        appends = []
+        for i in range(6000):
+            appends.append(asyncio.ensure_future(writer.append(data(writer.ledger_id, i))))
+            if i % 200 == 0:
+                await asyncio.sleep(0.001)
+            if i == 2000:
+                cluster.bookies[victim].kill()
+        ids = await asyncio.gather(*appends)
+        assert ids == list(range(6000))
+        assert writer.ensemble_changes >= 1 and victim not in writer.metadata.last_ensemble
+        assert len(writer.metadata.ensembles) >= 2
+        await writer.close()
+        assert await read_back(client, writer.ledger_id) == [data(writer.ledger_id, i) for i in range(6000)]
+
+
+async def test_striped_ledger_survives_a_killed_bookie(cluster: LocalCluster) -> None:
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        writer = await client.create_ledger(4, 2, 2, password=PW)
+        first = await asyncio.gather(*(writer.append(data(writer.ledger_id, i)) for i in range(500)))
+        cluster.bookies[writer.metadata.last_ensemble[0]].kill()
+        rest = await asyncio.gather(*(writer.append(data(writer.ledger_id, i)) for i in range(500, 1000)))
+        assert list(first) + list(rest) == list(range(1000))
+        await writer.close()
+        # entries of the first segment that lived on the dead bookie are read from their other replica
+        assert await read_back(client, writer.ledger_id) == [data(writer.ledger_id, i) for i in range(1000)]
+
+
+@pytest.mark.parametrize("round_no", range(12))
+async def test_first_writer_cannot_commit_after_second_closes(cluster: LocalCluster, round_no: int) -> None:
+    """BookKeeper's testFirstWriterCannotCommitWriteAfter2ndWriterCloses, at a random moment each round."""
+    rng = random.Random(round_no)
+    async with Client(cluster.etcd_endpoint, options=FAST) as first, \
+            Client(cluster.etcd_endpoint, options=FAST) as second:
+        writer = await first.create_ledger(*rng.choice([(3, 3, 2), (3, 2, 2), (5, 3, 2)]), password=PW)
+        acked: list[int] = []
+        stop = asyncio.Event()
+
+        async def keep_writing() -> None:
+            i = 0
+            while not stop.is_set():
+                batch = [asyncio.ensure_future(writer.append(data(writer.ledger_id, i + k))) for k in range(20)]
+                i += 20
+                for done in await asyncio.gather(*batch, return_exceptions=True):
+                    if isinstance(done, LedgerFencedError):
+                        return
+                    assert not isinstance(done, BaseException), done
+                    acked.append(done)
+
+        task = asyncio.create_task(keep_writing())
+        await asyncio.sleep(rng.uniform(0.01, 0.3))
+        acked_before = len(acked)
+        reader = await second.open_ledger(writer.ledger_id, password=PW)
+        closed_at = reader.last_entry_id
+        await asyncio.sleep(0.1)
+        stop.set()
+        await task
+        assert closed_at >= acked_before - 1, "recovery closed short of an entry acknowledged before it began"
+        assert all(entry_id <= closed_at for entry_id in acked), (
+            f"the first writer got entry {max(acked)} acknowledged after the ledger was closed at {closed_at}")
+        with pytest.raises(LedgerFencedError):
+            await writer.append(b"never")
+        assert await read_back(second, writer.ledger_id) == [data(writer.ledger_id, i) for i in range(closed_at + 1)]
+
+
+async def test_recovery_finds_tail_entries_present_on_one_bookie_only(cluster: LocalCluster) -> None:
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        writer = await client.create_ledger(3, 3, 2, password=PW)
+        await asyncio.gather(*(writer.append(data(writer.ledger_id, i)) for i in range(10)))
+        lone = writer.metadata.last_ensemble[2]
+        # A writer that crashed after sending entries 10 and 11 to one bookie only.
+        with BookieConnection(cluster.bookies[lone].address) as conn:
+            resp = conn.add(writer.ledger_id, master_key(PW), [10, 11],
+                            [data(writer.ledger_id, 10), data(writer.ledger_id, 11)], last_add_confirmed=9)
+            assert list(resp.results[0].codes) == [pb.OK, pb.OK]
+        async with Client(cluster.etcd_endpoint, options=FAST) as other:
+            reader = await other.open_ledger(writer.ledger_id, password=PW)
+            assert reader.last_entry_id == 11
+            assert await read_back(other, writer.ledger_id) == [data(writer.ledger_id, i) for i in range(12)]
+        for bookie in writer.metadata.last_ensemble:  # re-replicated to the whole write quorum
+            with BookieConnection(cluster.bookies[bookie].address) as conn:
+                assert conn.read_all(writer.ledger_id, 10, 11)[11] == (pb.OK, data(writer.ledger_id, 11))
+
+
+async def test_two_recoveries_racing_converge(cluster: LocalCluster) -> None:
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        writer = await client.create_ledger(3, 3, 2, password=PW)
+        await asyncio.gather(*(writer.append(data(writer.ledger_id, i)) for i in range(300)))
+        clients = [Client(cluster.etcd_endpoint, options=FAST) for _ in range(3)]
+        try:
+            readers = await asyncio.gather(*(c.open_ledger(writer.ledger_id, password=PW) for c in clients))
+        finally:
+            await asyncio.gather(*(c.close() for c in clients))
+        assert {r.last_entry_id for r in readers} == {299}
+        meta = await client.ledger_metadata(writer.ledger_id)
+        assert meta.state == CLOSED and meta.last_entry_id == 299
+
+
+async def test_recovery_while_a_bookie_of_the_last_ensemble_is_down(cluster: LocalCluster) -> None:
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        writer = await client.create_ledger(3, 3, 2, password=PW)
+        await asyncio.gather(*(writer.append(data(writer.ledger_id, i)) for i in range(200)))
+        cluster.bookies[writer.metadata.last_ensemble[0]].kill()
+        async with Client(cluster.etcd_endpoint, options=FAST) as other:
+            reader = await other.open_ledger(writer.ledger_id, password=PW)
+            assert reader.last_entry_id == 199
+            assert await read_back(other, writer.ledger_id) == [data(writer.ledger_id, i) for i in range(200)]
+
+
+async def test_fenced_bookie_restarted_with_sigkill_still_refuses_the_old_writer(cluster: LocalCluster) -> None:
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        writer = await client.create_ledger(3, 3, 2, password=PW)
+        await asyncio.gather(*(writer.append(data(writer.ledger_id, i)) for i in range(20)))
+        async with Client(cluster.etcd_endpoint, options=FAST) as other:
+            await other.open_ledger(writer.ledger_id, password=PW)
+        for bookie_id in writer.metadata.last_ensemble:
+            bookie = cluster.bookies[bookie_id]
+            bookie.kill()
+            bookie.start()
+            with BookieConnection(bookie.address) as conn:
+                resp = conn.add(writer.ledger_id, master_key(PW), [20], [b"late write"], last_add_confirmed=19)
+                assert list(resp.results[0].codes) == [pb.FENCED]
+        with pytest.raises(LedgerFencedError):
+            await writer.append(b"late write")
+
+
+def cut_tail(data_dir: str, keep_bytes: int) -> int:
+    """Simulate losing the unsynced tail: truncate the newest entry log to `keep_bytes` fewer... returns cut."""
+    logs = sorted(p for p in Path(data_dir, LOGS_DIR).iterdir() if p.name.endswith(".log"))
+    newest = max((p for p in logs if p.stat().st_size > 32), key=lambda p: p.name)
+    size = newest.stat().st_size
+    with open(newest, "r+b") as f:
+        f.truncate(max(32, size - keep_bytes))
+    return size - max(32, size - keep_bytes)
+
+
+async def test_bookie_that_lost_its_tail_in_a_power_loss(cluster: LocalCluster) -> None:
+    """A bookie loses its unsynced tail across a 'reboot': no acknowledged entry is lost cluster-wide, and
+    recovery finds the true last entry instead of closing short on that bookie's word."""
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        writer = await client.create_ledger(3, 3, 2, password=PW)
+        await asyncio.gather(*(writer.append(data(writer.ledger_id, i)) for i in range(100)))
+        lost_id, down_id, good_id = writer.metadata.last_ensemble
+        lost = cluster.bookies[lost_id]
+        lost.kill()
+        assert cut_tail(lost.data_dir, 20 * len(data(writer.ledger_id, 0)) + 500) > 0
+        lost.env = {BOOT_ID_ENV: "after-power-loss"}
+        lost.start()
+        with BookieConnection(lost.address) as conn:
+            assert conn.status().tail_maybe_lost
+            missing = conn.read_all(writer.ledger_id, 99, 99)[99]
+            assert missing[0] in (pb.UNKNOWN, pb.OK)
+        # With one bookie of the write quorum down as well, the one bookie that is sure is not enough: recovery
+        # must refuse to decide rather than take the lost tail's word for it.
+        cluster.bookies[down_id].kill()
+        async with Client(cluster.etcd_endpoint, options=FAST) as other:
+            with pytest.raises(RecoveryError):
+                await other.open_ledger(writer.ledger_id, password=PW)
+            assert (await other.ledger_metadata(writer.ledger_id)).state != CLOSED
+            cluster.bookies[down_id].start()
+            reader = await other.open_ledger(writer.ledger_id, password=PW)
+            assert reader.last_entry_id == 99
+            assert await read_back(other, writer.ledger_id) == [data(writer.ledger_id, i) for i in range(100)]
+        assert good_id in writer.metadata.last_ensemble
+
+
+def test_etcd_stopped(tmp_path: Path) -> None:
+    async def scenario(cluster: LocalCluster) -> None:
+        async with Client(cluster.etcd_endpoint, options=FAST) as client:
+            writer = await client.create_ledger(3, 3, 2, password=PW)
+            await asyncio.gather(*(writer.append(data(writer.ledger_id, i)) for i in range(100)))
+            assert cluster.etcd is not None
+            cluster.etcd.stop()
+            # Appends to an open ledger with a healthy ensemble go on without etcd.
+            ids = await asyncio.gather(*(writer.append(data(writer.ledger_id, i)) for i in range(100, 200)))
+            assert list(ids) == list(range(100, 200))
+            with pytest.raises(MetadataUnavailableError, match="etcd unavailable"):
+                await client.create_ledger(3, 3, 2, password=PW)
+            with pytest.raises(MetadataUnavailableError):
+                await client.list_ledgers()
+            with pytest.raises(MetadataUnavailableError):
+                await writer.close()  # closing needs the metadata store
+            cluster.etcd.start()
+            await writer.close()
+            assert (await client.ledger_metadata(writer.ledger_id)).last_entry_id == 199
+
+    with LocalCluster(str(tmp_path / "c"), bookies=3, bookie_args=BOOKIE_ARGS) as cluster:
+        assert cluster.etcd is not None
+        port = cluster.etcd.client_port
+        asyncio.run(scenario(cluster))
+        assert cluster.etcd.client_port == port and os.path.isdir(cluster.etcd.data_dir)
