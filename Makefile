@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup demo test lint typecheck pytest bench proto clean
+.PHONY: setup demo demo-bookie test lint typecheck pytest bench proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,7 +16,10 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	$(BIN)/python examples/crash_demo.py
+	$(BIN)/python examples/cluster_demo.py
+
+demo-bookie: setup
+	$(BIN)/python examples/bookie_crash_demo.py
 
 test: setup lint typecheck pytest
 

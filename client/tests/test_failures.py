@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +20,8 @@ from octavo.node.testing import BookieConnection
 from octavo.v1 import bookie_pb2 as pb
 
 PW = b"pw"
-FAST = ClientOptions(add_timeout_s=3.0, read_timeout_s=3.0, speculative_read_delay_s=0.1, bookie_list_ttl_s=0.2)
+FAST = ClientOptions(add_timeout_s=3.0, read_timeout_s=3.0, speculative_read_delay_s=0.1, bookie_list_ttl_s=0.2,
+                     metadata_timeout_s=2.0)
 BOOKIE_ARGS = ["--log-size-bytes-max", str(16 << 20), "--batch-bytes-max", str(8 << 20)]
 
 
@@ -194,6 +196,12 @@ async def test_bookie_that_lost_its_tail_in_a_power_loss(cluster: LocalCluster) 
         writer = await client.create_ledger(3, 3, 2, password=PW)
         await asyncio.gather(*(writer.append(data(writer.ledger_id, i)) for i in range(100)))
         lost_id, down_id, good_id = writer.metadata.last_ensemble
+        # Qa=2 acknowledged each entry; let the third answers arrive too, so the old writer is quiet (an answer
+        # lost to the coming SIGKILL would make it change its ensemble, a different scenario).
+        deadline = time.monotonic() + 10
+        while writer.outstanding_requests:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
         lost = cluster.bookies[lost_id]
         lost.kill()
         assert cut_tail(lost.data_dir, 20 * len(data(writer.ledger_id, 0)) + 500) > 0
@@ -207,6 +215,7 @@ async def test_bookie_that_lost_its_tail_in_a_power_loss(cluster: LocalCluster) 
         # must refuse to decide rather than take the lost tail's word for it.
         cluster.bookies[down_id].kill()
         async with Client(cluster.etcd_endpoint, options=FAST) as other:
+            assert len((await other.ledger_metadata(writer.ledger_id)).ensembles) == 1
             with pytest.raises(RecoveryError):
                 await other.open_ledger(writer.ledger_id, password=PW)
             assert (await other.ledger_metadata(writer.ledger_id)).state != CLOSED

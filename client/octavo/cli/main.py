@@ -2,6 +2,8 @@
 
     octavo node --data-dir DIR [--port PORT] [--config FILE] [...]   run a bookie
     octavo bookie status --bookie HOST:PORT [--json]                  show a bookie's status
+    octavo dev up --data-dir DIR [--bookies N] [--detach] [--json]    run a local cluster (etcd + bookies)
+    octavo dev down --data-dir DIR                                    stop a detached local cluster
 
 Exit codes: 0 success, 1 the operation failed, 2 bad usage or configuration.
 """
@@ -182,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_node_parser(sub)
     _add_bookie_parser(sub)
+    from octavo.cli import dev
+
+    dev.add_parser(sub)
     return parser
 
 
@@ -193,6 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_node(args)
         if args.command == "bookie" and args.bookie_cmd == "status":
             return cmd_bookie_status(args)
+        if args.command == "dev":
+            from octavo.cli import dev
+
+            return dev.cmd_up(args) if args.dev_cmd == "up" else dev.cmd_down(args)
     except UsageError as e:
         print(f"octavo {args.command}: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -27,7 +27,7 @@ from octavo.v1 import bookie_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 # One AddRequest carries at most this much; a bookie's batch limits must be at least as large (its defaults
-# are 10,000 entries and 64 MiB). One entry may be as large as the bookie's entry_size_bytes_max.
+# are 10,000 entries and 16 MiB). One entry may be as large as the bookie's entry_size_bytes_max.
 REQUEST_ENTRIES_MAX = 4_096
 REQUEST_BYTES_MAX = 4 * 1024 * 1024
 REQUESTS_IN_FLIGHT_MAX = 16

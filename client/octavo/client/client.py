@@ -54,12 +54,14 @@ class ClientOptions:
     speculative_read_delay_s: float = 0.2
     # How long the client trusts its list of bookie registrations before asking etcd again.
     bookie_list_ttl_s: float = 2.0
+    # How long one etcd call may wait (for etcd to be reachable, and for its answer).
+    metadata_timeout_s: float = 5.0
 
 
 class Client:
     def __init__(self, etcd: str, cluster: str = DEFAULT_CLUSTER, options: ClientOptions | None = None) -> None:
         self.options = options or ClientOptions()
-        self.etcd = EtcdClient(etcd)
+        self.etcd = EtcdClient(etcd, timeout_s=self.options.metadata_timeout_s)
         self.metadata_store = MetadataStore(self.etcd, Layout(cluster))
         self._bookie_clients: dict[str, BookieClient] = {}
         self._registrations: dict[str, BookieInfo] = {}
@@ -94,6 +96,13 @@ class Client:
 
     async def writable_bookies(self) -> list[str]:
         return sorted(b for b, info in (await self.bookies(refresh=True)).items() if not info.readonly)
+
+    async def moved(self, bookie_id: str) -> bool:
+        """After a call to a bookie failed: re-read the registrations and say whether the bookie now has
+        another address (it restarted elsewhere), in which case bookie_client() gives the new connection."""
+        old = self._bookie_clients.get(bookie_id)
+        info = (await self.bookies(refresh=True)).get(bookie_id)
+        return info is not None and (old is None or old.address != info.address)
 
     def bookie_client(self, bookie_id: str) -> BookieClient:
         client = self._bookie_clients.get(bookie_id)
@@ -133,7 +142,7 @@ class Client:
         meta, _ = await self.metadata_store.read_ledger(ledger_id)
         if meta.password_digest != password_digest(password):
             raise WrongPasswordError(f"wrong password for ledger {ledger_id}")
-        await self.bookies()
+        await self.bookies(refresh=True)
         if meta.closed:
             return ReadHandle(self, meta, meta.last_entry_id)
         if recovery:
@@ -202,9 +211,7 @@ class SyncWriteHandle:
 
     def append_many(self, entries: list[bytes]) -> list[int]:
         """Append entries pipelined (all in flight at once); returns their ids in order."""
-        async def run() -> list[int]:
-            return list(await asyncio.gather(*(self._handle.append(e) for e in entries)))
-        return self._loop.run(run())
+        return self._loop.run(self._handle.append_many(entries))
 
     def close(self) -> None:
         self._loop.run(self._handle.close())

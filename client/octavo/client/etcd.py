@@ -4,8 +4,9 @@ and failover across several endpoints.
 Built on the etcd protocol stubs that `aetcd` ships (`aetcd.rpc`), over our own grpc.aio channel, so
 timeouts, retries and failover are ours. (The older `etcd3` package fails on current protobuf.)
 
-Failover: every call goes to the current endpoint; on UNAVAILABLE or a deadline it moves to the next one and,
-for reads, retries there (up to one pass over the endpoints). A failed transaction is not retried here:
+Every call waits for its channel to be ready, up to its timeout: a call made while etcd restarts succeeds once
+it is back instead of failing at once. Failover: on UNAVAILABLE or a deadline the client moves to the next
+endpoint and, for reads, retries there (up to one pass over the endpoints). A failed transaction is not retried here:
 whether it applied is unknown, so the caller re-reads and decides (every metadata update is a CAS, so a
 repeated one cannot overwrite anything).
 """
@@ -111,6 +112,9 @@ class EtcdClient:
         self._channel: grpc.aio.Channel | None = None
         self._kv: Any = None
         self._lease: Any = None
+        self._closing: set[asyncio.Task[None]] = set()
+        # Every call waits for its channel to be ready (etcd restarting) up to the timeout.
+        self._opts: dict[str, Any] = {"timeout": timeout_s, "wait_for_ready": True}
 
     async def __aenter__(self) -> EtcdClient:
         return self
@@ -135,11 +139,23 @@ class EtcdClient:
         return self._kv, self._lease
 
     async def _fail_over(self) -> None:
-        old = self.endpoint
-        await self.close()
+        """Move to the next endpoint. The old channel may still carry other calls: it is closed only after
+        the call timeout, never under them (closing it would cancel them). With one endpoint the channel
+        stays: it reconnects by itself, with the short backoff of CHANNEL_OPTIONS."""
+        if len(self.endpoints) == 1:
+            return
+        old_endpoint, old_channel = self.endpoint, self._channel
+        self._channel = None
         self._index = (self._index + 1) % len(self.endpoints)
-        if len(self.endpoints) > 1:
-            log.warning("etcd endpoint %s failed; switching to %s", old, self.endpoint)
+        log.warning("etcd endpoint %s failed; switching to %s", old_endpoint, self.endpoint)
+        if old_channel is not None:
+            loop = asyncio.get_running_loop()
+            loop.call_later(self.timeout_s + 1, self._close_later, old_channel)
+
+    def _close_later(self, channel: grpc.aio.Channel) -> None:
+        task = asyncio.ensure_future(channel.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def _call(self, what: str, fn: Any, retry: bool) -> Any:
         attempts = len(self.endpoints) if retry else 1
@@ -160,8 +176,7 @@ class EtcdClient:
 
     # -- key-value -----------------------------------------------------------------------------------
     async def get(self, key: bytes) -> KeyValue | None:
-        resp = await self._call("get", lambda kv, _: kv.Range(rpc.RangeRequest(key=key), timeout=self.timeout_s),
-                                retry=True)
+        resp = await self._call("get", lambda kv, _: kv.Range(rpc.RangeRequest(key=key), **self._opts), retry=True)
         if not resp.kvs:
             return None
         return _kv(resp.kvs[0])
@@ -169,13 +184,13 @@ class EtcdClient:
     async def get_prefix(self, prefix: bytes, limit: int = 0) -> list[KeyValue]:
         request = rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix), limit=limit,
                                    sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.KEY)
-        resp = await self._call("get prefix", lambda kv, _: kv.Range(request, timeout=self.timeout_s), retry=True)
+        resp = await self._call("get prefix", lambda kv, _: kv.Range(request, **self._opts), retry=True)
         return [_kv(item) for item in resp.kvs]
 
     async def txn(self, txn: Txn) -> tuple[bool, Any]:
         """Run a transaction; returns (succeeded, raw response)."""
         request = rpc.TxnRequest(compare=txn.compare, success=txn.success, failure=txn.failure)
-        resp = await self._call("transaction", lambda kv, _: kv.Txn(request, timeout=self.timeout_s), retry=False)
+        resp = await self._call("transaction", lambda kv, _: kv.Txn(request, **self._opts), retry=False)
         return bool(resp.succeeded), resp
 
     async def cas_put(self, key: bytes, value: bytes, expected_mod_revision: int, lease: int = 0) -> bool:
@@ -190,16 +205,16 @@ class EtcdClient:
     async def put(self, key: bytes, value: bytes, lease: int = 0) -> None:
         """An unconditional put: only for keys a single owner writes (a bookie's own registration)."""
         await self._call("put", lambda kv, _: kv.Put(rpc.PutRequest(key=key, value=value, lease=lease),
-                                                     timeout=self.timeout_s), retry=True)
+                                                     **self._opts), retry=True)
 
     async def delete(self, key: bytes) -> None:
         await self._call("delete", lambda kv, _: kv.DeleteRange(rpc.DeleteRangeRequest(key=key),
-                                                                timeout=self.timeout_s), retry=True)
+                                                                **self._opts), retry=True)
 
     # -- leases --------------------------------------------------------------------------------------
     async def grant_lease(self, ttl_s: int) -> int:
         resp = await self._call("lease grant", lambda _, lease: lease.LeaseGrant(
-            rpc.LeaseGrantRequest(TTL=ttl_s), timeout=self.timeout_s), retry=True)
+            rpc.LeaseGrantRequest(TTL=ttl_s), **self._opts), retry=True)
         if resp.error:
             raise MetadataUnavailableError(f"etcd lease grant failed: {resp.error}")
         return int(resp.ID)
@@ -207,7 +222,7 @@ class EtcdClient:
     async def keep_alive_once(self, lease_id: int) -> int:
         """Refresh a lease; returns its new TTL in seconds, 0 if the lease is gone (expired or revoked)."""
         async def refresh(_: Any, lease: Any) -> Any:
-            call = lease.LeaseKeepAlive(timeout=self.timeout_s)
+            call = lease.LeaseKeepAlive(**self._opts)
             await call.write(rpc.LeaseKeepAliveRequest(ID=lease_id))
             await call.done_writing()
             async for reply in call:
@@ -220,7 +235,7 @@ class EtcdClient:
     async def revoke_lease(self, lease_id: int) -> None:
         with contextlib.suppress(MetadataUnavailableError):
             await self._call("lease revoke", lambda _, lease: lease.LeaseRevoke(
-                rpc.LeaseRevokeRequest(ID=lease_id), timeout=self.timeout_s), retry=True)
+                rpc.LeaseRevokeRequest(ID=lease_id), **self._opts), retry=True)
 
 
 def _kv(item: Any) -> KeyValue:

@@ -38,8 +38,10 @@ def free_port() -> int:
 class EtcdProcess:
     """One etcd member on 127.0.0.1 with its data in `data_dir`."""
 
-    def __init__(self, data_dir: str, client_port: int = 0, peer_port: int = 0, name: str = "octavo-etcd") -> None:
+    def __init__(self, data_dir: str, client_port: int = 0, peer_port: int = 0, name: str = "octavo-etcd",
+                 new_session: bool = False) -> None:
         self.data_dir = data_dir
+        self.new_session = new_session
         self.client_port = client_port or free_port()
         self.peer_port = peer_port or free_port()
         self.name = name
@@ -60,7 +62,7 @@ class EtcdProcess:
                  "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
                  "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
                  "--initial-cluster", f"{self.name}={peer_url}", "--log-level", "warn"],
-                stdout=log_file, stderr=subprocess.STDOUT)
+                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=self.new_session)
         deadline = time.monotonic() + timeout_s
         while not self._serving():
             if self.proc.poll() is not None:
@@ -98,18 +100,20 @@ class LocalCluster:
     (`bookie-<i>`) so a restart keeps its identity and data."""
 
     def __init__(self, root: str, bookies: int = 4, cluster: str = "default", bookie_args: list[str] | None = None,
-                 etcd_endpoint: str = "") -> None:
+                 etcd_endpoint: str = "", etcd_ports: tuple[int, int] = (0, 0), new_session: bool = False) -> None:
         from octavo.node.testing import BookieProcess
 
         self.root = root
         self.cluster = cluster
         self.external_etcd = etcd_endpoint
-        self.etcd = None if etcd_endpoint else EtcdProcess(os.path.join(root, "etcd"))
+        self.etcd = None if etcd_endpoint else EtcdProcess(os.path.join(root, "etcd"), *etcd_ports,
+                                                           new_session=new_session)
         self.bookie_args = list(bookie_args or [])
         self.bookies: dict[str, BookieProcess] = {}
         for i in range(bookies):
             bookie_id = f"bookie-{i}"
-            self.bookies[bookie_id] = BookieProcess(os.path.join(root, bookie_id), args=self._args(bookie_id))
+            self.bookies[bookie_id] = BookieProcess(os.path.join(root, bookie_id), args=self._args(bookie_id),
+                                                    new_session=new_session)
 
     @property
     def etcd_endpoint(self) -> str:
@@ -134,6 +138,12 @@ class LocalCluster:
                 bookie.stop()
         if self.etcd is not None:
             self.etcd.stop()
+
+    def describe(self) -> dict[str, object]:
+        """What `octavo dev up --json` prints."""
+        return {"etcd": self.etcd_endpoint, "cluster": self.cluster, "bookies": [
+            {"id": bookie_id, "address": b.address, "pid": b.proc.pid if b.proc else None,
+             "data_dir": os.path.abspath(b.data_dir)} for bookie_id, b in self.bookies.items()]}
 
     def __enter__(self) -> LocalCluster:
         return self.start()

@@ -114,8 +114,14 @@ class ReadHandle:
     async def _read_from(self, bookie_id: str, entries: list[int], found: dict[int, bytes],
                          errors: dict[int, str]) -> None:
         try:
-            client = self._client.bookie_client(bookie_id)
-            response = await client.read(self.ledger_id, entries, timeout_s=self._client.options.read_timeout_s)
+            try:
+                response = await self._client.bookie_client(bookie_id).read(
+                    self.ledger_id, entries, timeout_s=self._client.options.read_timeout_s)
+            except BookieUnavailableError:
+                if not await self._client.moved(bookie_id):
+                    raise
+                response = await self._client.bookie_client(bookie_id).read(
+                    self.ledger_id, entries, timeout_s=self._client.options.read_timeout_s)
         except BookieUnavailableError as e:
             for entry in entries:
                 errors[entry] = str(e)

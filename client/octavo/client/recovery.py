@@ -102,60 +102,115 @@ async def _fence(client: Client, meta: LedgerMetadata, master_key: bytes) -> tup
     return lac, suspect
 
 
+async def _with_moved_retry(client: Client, bookie: str, call: Any) -> Any:
+    """Run call(bookie client); if it fails because the bookie restarted at another address, once more there."""
+    try:
+        return await call(client.bookie_client(bookie))
+    except BookieUnavailableError:
+        if not await client.moved(bookie):
+            raise
+        return await call(client.bookie_client(bookie))
+
+
 async def _fence_one(client: Client, bookie: str, ledger_id: int, master_key: bytes) -> Any:
     try:
-        return await client.bookie_client(bookie).read_lac(ledger_id, fence=True, master_key=master_key,
-                                                          timeout_s=client.options.read_timeout_s)
+        return await _with_moved_retry(client, bookie, lambda c: c.read_lac(
+            ledger_id, fence=True, master_key=master_key, timeout_s=client.options.read_timeout_s))
     except BookieUnavailableError as e:
         log.info("ledger %d: fencing bookie %s failed: %s", ledger_id, bookie, e)
         return None
 
 
+RECOVERY_WINDOW_ENTRIES = 1000
+
+
 async def _read_forward(client: Client, meta: LedgerMetadata, master_key: bytes, lac: int,
                         suspect: set[str]) -> int:
-    """Find and re-replicate the entries after the LAC; returns the last entry id."""
+    """Find and re-replicate the entries after the LAC, a window of entries at a time (one read request and
+    one recovery add per bookie per window); returns the last entry id."""
     need_negative = meta.write_quorum - meta.ack_quorum + 1
     entry = lac + 1
     while True:
-        bookies = meta.write_set_bookies(entry)
-        answers = await asyncio.gather(*(_read_one(client, b, meta.ledger_id, entry) for b in bookies))
-        payload = next((a.payload for a in answers if a is not None and a.code == pb.OK), None)
-        if payload is not None:
-            await _replicate(client, meta, master_key, entry, payload, bookies)
-            entry += 1
-            continue
-        negatives = sum(1 for b, a in zip(bookies, answers, strict=True)
-                        if a is not None and a.code in (pb.NO_SUCH_ENTRY, pb.NO_SUCH_LEDGER) and b not in suspect)
-        if negatives >= need_negative:
-            return entry - 1
-        raise RecoveryError(
-            f"ledger {meta.ledger_id}: cannot tell whether entry {entry} exists: {negatives} bookies of "
-            f"{bookies} said it does not, {need_negative} must (others were unreachable or may have lost their tail)")
+        ids = list(range(entry, entry + RECOVERY_WINDOW_ENTRIES))
+        answers = await _read_window(client, meta, ids)
+        found: list[tuple[int, bytes]] = []
+        decided_last: int | None = None
+        for e in ids:
+            bookies = meta.write_set_bookies(e)
+            replies = [answers.get((b, e), _UNREACHABLE) for b in bookies]
+            payload = next((r.payload for r in replies if r is not _UNREACHABLE and r is not _NOT_RETURNED
+                            and r.code == pb.OK), None)
+            if payload is not None:
+                found.append((e, payload))
+                continue
+            if any(r is _NOT_RETURNED for r in replies):
+                break  # a read limit cut a reply short: continue from this entry in the next window
+            negatives = sum(1 for b, r in zip(bookies, replies, strict=True)
+                            if r is not _UNREACHABLE and r.code in (pb.NO_SUCH_ENTRY, pb.NO_SUCH_LEDGER)
+                            and b not in suspect)
+            if negatives >= need_negative:
+                decided_last = e - 1
+                break
+            raise RecoveryError(
+                f"ledger {meta.ledger_id}: cannot tell whether entry {e} exists: {negatives} bookies of {bookies} "
+                f"said it does not, {need_negative} must (others were unreachable or may have lost their tail)")
+        if found:
+            await _replicate(client, meta, master_key, found, lac)
+        if decided_last is not None:
+            return decided_last
+        entry = found[-1][0] + 1 if found else entry
 
 
-async def _read_one(client: Client, bookie: str, ledger_id: int, entry: int) -> Any:
-    try:
-        response = await client.bookie_client(bookie).read(ledger_id, [entry],
-                                                           timeout_s=client.options.read_timeout_s)
-    except BookieUnavailableError:
-        return None
-    if response.error:
-        return pb.ReadEntry(entry_id=entry, code=response.error, message=response.error_message)
-    return response.entries[0] if response.entries else None
+_UNREACHABLE: Any = object()
+_NOT_RETURNED: Any = object()
 
 
-async def _replicate(client: Client, meta: LedgerMetadata, master_key: bytes, entry: int, payload: bytes,
-                     bookies: list[str]) -> None:
-    async def one(bookie: str) -> bool:
+async def _read_window(client: Client, meta: LedgerMetadata, ids: list[int]) -> dict[tuple[str, int], Any]:
+    per_bookie: dict[str, list[int]] = {}
+    for e in ids:
+        for bookie in meta.write_set_bookies(e):
+            per_bookie.setdefault(bookie, []).append(e)
+
+    async def one(bookie: str, entries: list[int]) -> dict[tuple[str, int], Any]:
         try:
-            codes = await client.bookie_client(bookie).add(meta.ledger_id, master_key, [entry], [payload],
-                                                           entry - 1, recovery=True)
+            response = await _with_moved_retry(client, bookie, lambda c: c.read(
+                meta.ledger_id, entries, timeout_s=client.options.read_timeout_s))
         except BookieUnavailableError:
-            return False
-        return codes == [pb.OK]
+            return {}
+        if response.error:
+            reply = pb.ReadEntry(code=response.error, message=response.error_message)
+            return {(bookie, e): reply for e in entries}
+        got: dict[tuple[str, int], Any] = {(bookie, e): _NOT_RETURNED for e in entries}
+        got.update({(bookie, item.entry_id): item for item in response.entries})
+        return got
 
-    oks = await asyncio.gather(*(one(b) for b in bookies))
-    if sum(oks) < meta.ack_quorum:
-        raise RecoveryError(f"ledger {meta.ledger_id}: entry {entry} could be re-replicated to only {sum(oks)} of "
-                            f"{bookies}; {meta.ack_quorum} needed")
+    answers: dict[tuple[str, int], Any] = {}
+    for part in await asyncio.gather(*(one(b, es) for b, es in per_bookie.items())):
+        answers.update(part)
+    return answers
 
+
+async def _replicate(client: Client, meta: LedgerMetadata, master_key: bytes, found: list[tuple[int, bytes]],
+                     lac: int) -> None:
+    """Recovery adds of the found entries to their whole write set; each entry needs Qa of them to succeed."""
+    per_bookie: dict[str, list[tuple[int, bytes]]] = {}
+    for e, payload in found:
+        for bookie in meta.write_set_bookies(e):
+            per_bookie.setdefault(bookie, []).append((e, payload))
+
+    async def one(bookie: str, entries: list[tuple[int, bytes]]) -> list[int]:
+        try:
+            codes = await _with_moved_retry(client, bookie, lambda c: c.add(
+                meta.ledger_id, master_key, [e for e, _ in entries], [p for _, p in entries], lac, recovery=True))
+        except BookieUnavailableError:
+            return []
+        return [e for (e, _), code in zip(entries, codes, strict=True) if code == pb.OK]
+
+    oks: dict[int, int] = {}
+    for done in await asyncio.gather(*(one(b, es) for b, es in per_bookie.items())):
+        for e in done:
+            oks[e] = oks.get(e, 0) + 1
+    short = [e for e, _ in found if oks.get(e, 0) < meta.ack_quorum]
+    if short:
+        raise RecoveryError(f"ledger {meta.ledger_id}: entry {short[0]} could be re-replicated to fewer than "
+                            f"{meta.ack_quorum} bookies of {meta.write_set_bookies(short[0])}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ENSEMBLE_CHANGE_ATTEMPTS_MAX = 10
+ENSEMBLE_CHANGE_METADATA_WAIT_S = 30.0
 
 
 @dataclass(eq=False)
@@ -71,6 +73,7 @@ class WriteHandle:
         self._change_lock = asyncio.Lock()
         self._changing: set[str] = set()
         self.ensemble_changes = 0
+        self.outstanding_requests = 0  # bookie add calls sent and not yet answered
 
     @property
     def ledger_id(self) -> int:
@@ -83,22 +86,39 @@ class WriteHandle:
     # -- appends ---------------------------------------------------------------------------------------
     async def append(self, data: bytes) -> int:
         """Append one entry; returns its entry id once it is acknowledged. Many appends may be in flight
-        (gather them); they are acknowledged in entry-id order."""
+        (gather them); they are acknowledged in entry-id order. For many entries, append_many is cheaper."""
+        await self._wait_for_room(len(data))
+        return await self._enqueue(data)
+
+    async def append_many(self, entries: Sequence[bytes]) -> list[int]:
+        """Append entries in order, all pipelined; returns their ids once all are acknowledged. Cheaper than
+        gathering append() calls: no task per entry."""
+        futures = []
+        for data in entries:
+            if self._inflight_bytes and self._inflight_bytes + len(data) > self._options.inflight_bytes_max:
+                await self._wait_for_room(len(data))
+            futures.append(self._enqueue(data))
+        return list(await asyncio.gather(*futures))
+
+    async def _wait_for_room(self, size: int) -> None:
+        while self._inflight_bytes and self._inflight_bytes + size > self._options.inflight_bytes_max:
+            if self._error is not None:
+                raise self._error
+            self._room.clear()
+            await self._room.wait()
+
+    def _enqueue(self, data: bytes) -> asyncio.Future[int]:
         if self._error is not None:
             raise self._error
         if self._closing:
             raise LedgerClosedError(f"ledger {self.ledger_id} is closed to appends")
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(f"append takes bytes, got {type(data).__name__}")
-        data = bytes(data)
+        if not isinstance(data, bytes):
+            if not isinstance(data, (bytearray, memoryview)):
+                raise TypeError(f"append takes bytes, got {type(data).__name__}")
+            data = bytes(data)
         limit = self._options.entry_size_bytes_max
         if len(data) > limit:
             raise EntryTooLargeError(f"entry of {len(data)} bytes is over entry_size_bytes_max={limit}")
-        while self._inflight_bytes and self._inflight_bytes + len(data) > self._options.inflight_bytes_max:
-            self._room.clear()
-            await self._room.wait()
-            if self._error is not None:
-                raise self._error
         loop = asyncio.get_running_loop()
         pending = _Pending(self._next_entry, data, loop.create_future())
         self._next_entry += 1
@@ -108,7 +128,7 @@ class WriteHandle:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
-        return await pending.future
+        return pending.future
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -138,6 +158,7 @@ class WriteHandle:
             return
         future = bookie.add(self.ledger_id, self._master_key, [p.entry_id for p in entries],
                             [p.data for p in entries], self._lac)
+        self.outstanding_requests += 1
         timer = loop.call_later(self._options.add_timeout_s, self._timed_out, bookie_id, future)
         future.add_done_callback(lambda f: self._on_result(bookie_id, entries, f, timer))
 
@@ -148,6 +169,7 @@ class WriteHandle:
     def _on_result(self, bookie_id: str, entries: list[_Pending], future: asyncio.Future[list[int]],
                    timer: asyncio.TimerHandle) -> None:
         timer.cancel()
+        self.outstanding_requests -= 1
         if future.cancelled():
             return
         error = future.exception()
@@ -155,11 +177,22 @@ class WriteHandle:
             self._bookie_failed(bookie_id, str(error))
             return
         refused = ""
-        for p, code in zip(entries, future.result(), strict=False):
+        codes = future.result()
+        meta = self.metadata
+        if (codes.count(pb.OK) == len(entries) and meta.write_quorum == meta.ensemble_size
+                and bookie_id in meta.last_ensemble and entries[0].entry_id >= meta.ensembles[-1][0]):
+            # The common case: every entry stored, and this bookie is in every write set of the last segment.
+            for p in entries:
+                p.acked.add(bookie_id)
+            self._advance()
+            return
+        for p, code in zip(entries, codes, strict=False):
             if code == pb.OK:
-                if p.entry_id in self._pending and bookie_id in self.metadata.write_set_bookies(p.entry_id):
+                if p.entry_id in self._pending and bookie_id in meta.write_set_bookies(p.entry_id):
                     p.acked.add(bookie_id)
             elif code == pb.FENCED:
+                if self._closed or p.entry_id <= self._lac:
+                    continue  # a late copy of an acknowledged entry, refused after the close: nothing is lost
                 self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced by a recovery open: no more "
                                              "appends can be acknowledged"))
                 return
@@ -191,7 +224,7 @@ class WriteHandle:
     def _fail(self, error: OctavoError) -> None:
         if self._error is None:
             self._error = error
-            log.warning("ledger %d: %s", self.ledger_id, error)
+            log.info("ledger %d: %s", self.ledger_id, error)
         for p in self._pending.values():
             if not p.future.done():
                 p.future.set_exception(error)
@@ -231,6 +264,20 @@ class WriteHandle:
             self._advance()
 
     async def _write_new_segment(self, failed: str) -> str:
+        """Replace `failed` in a new segment; an etcd outage is waited out for up to
+        ENSEMBLE_CHANGE_METADATA_WAIT_S (appends stay pending meanwhile) before the handle fails."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ENSEMBLE_CHANGE_METADATA_WAIT_S
+        while True:
+            try:
+                return await self._try_new_segment(failed)
+            except MetadataUnavailableError as e:
+                if loop.time() > deadline:
+                    raise
+                log.info("ledger %d: ensemble change waits for etcd: %s", self.ledger_id, e)
+                await asyncio.sleep(0.5)
+
+    async def _try_new_segment(self, failed: str) -> str:
         store = self._client.metadata_store
         for _ in range(ENSEMBLE_CHANGE_ATTEMPTS_MAX):
             ensemble = list(self.metadata.last_ensemble)
@@ -262,14 +309,15 @@ class WriteHandle:
         """Wait for every append in flight, close the ledger in etcd (CAS to CLOSED with its last entry),
         then send the advisory write-close to the bookies. Raises LedgerFencedError if a recovery open took
         the ledger over first."""
+        if self._error is not None:
+            raise self._error  # a failed handle never closes the ledger: recovery does, from etcd's record
         if self._closed:
             return
         self._closing = True
         waiting = [p.future for p in self._pending.values()]
         if waiting:
             await asyncio.gather(*waiting, return_exceptions=True)
-        if self._error is not None and not isinstance(self._error, (LedgerClosedError,)):
-            self._closed = True
+        if self._error is not None:
             raise self._error
         store = self._client.metadata_store
         closed = self.metadata.with_state(CLOSED, last_entry_id=self._lac, length=self._length)

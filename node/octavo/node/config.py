@@ -52,7 +52,7 @@ class NodeConfig:
 
     entry_size_bytes_max: int = 4 * MIB
     batch_entries_max: int = 10_000
-    batch_bytes_max: int = 64 * MIB
+    batch_bytes_max: int = 16 * MIB
     read_entries_max: int = 10_000
     read_bytes_max: int = 16 * MIB
     open_log_files_max: int = 256

@@ -1,4 +1,4 @@
-"""The crash demo (`make demo`): a bookie keeps every acknowledged entry through a SIGKILL.
+"""The single-bookie crash demo (`make demo-bookie`): a bookie keeps every acknowledged entry through a SIGKILL.
 
 1. Start a bookie on 127.0.0.1 with a fresh data directory under .demo/.
 2. Append to four ledgers on one pipelined stream, 8 requests in flight.
@@ -7,8 +7,8 @@
 5. Read back every acknowledged entry and compare it byte for byte.
 6. Stop it gracefully (SIGTERM) and start it once more: nothing to replay.
 
-Run it from the repository with the project's virtual environment: `make demo`, or
-`.venv/bin/python examples/crash_demo.py [--data-dir DIR] [--seconds S]`.
+Run it from the repository with the project's virtual environment: `make demo-bookie`, or
+`.venv/bin/python examples/bookie_crash_demo.py [--data-dir DIR] [--seconds S]`.
 """
 
 from __future__ import annotations

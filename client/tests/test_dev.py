@@ -1,0 +1,76 @@
+"""`octavo dev up|down`: the local cluster as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from octavo.client import SyncClient
+
+OCTAVO = [sys.executable, "-m", "octavo.cli.main"]
+
+
+def test_detached_cluster_up_write_down_up_read(tmp_path: Path) -> None:
+    root = tmp_path / "dev"
+    up = subprocess.run([*OCTAVO, "dev", "up", "--data-dir", str(root), "--bookies", "3", "--detach", "--json"],
+                        capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stderr
+    info = json.loads(up.stdout)
+    assert [b["id"] for b in info["bookies"]] == ["bookie-0", "bookie-1", "bookie-2"]
+    assert all(b["address"].startswith("127.0.0.1:") and b["pid"] for b in info["bookies"])
+    try:
+        again = subprocess.run([*OCTAVO, "dev", "up", "--data-dir", str(root), "--detach"], capture_output=True,
+                               text=True, timeout=60)
+        assert again.returncode == 1 and "already runs" in again.stderr
+        with SyncClient(info["etcd"]) as client, client.create_ledger(3, 3, 2, password=b"p") as writer:
+            writer.append_many([b"kept across restarts %d" % i for i in range(100)])
+            ledger = writer.ledger_id
+    finally:
+        down = subprocess.run([*OCTAVO, "dev", "down", "--data-dir", str(root)], capture_output=True, text=True,
+                              timeout=120)
+    assert down.returncode == 0 and "stopped" in down.stdout
+    up = subprocess.run([*OCTAVO, "dev", "up", "--data-dir", str(root), "--bookies", "3", "--detach", "--json"],
+                        capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stderr
+    try:
+        info2 = json.loads(up.stdout)
+        assert info2["etcd"] == info["etcd"]  # the same etcd, its data reused
+        with SyncClient(info2["etcd"]) as client:
+            reader = client.open_ledger(ledger, password=b"p")
+            assert [e.data for e in reader.read(0, reader.last_entry_id)] == [
+                b"kept across restarts %d" % i for i in range(100)]
+    finally:
+        subprocess.run([*OCTAVO, "dev", "down", "--data-dir", str(root)], capture_output=True, timeout=120)
+
+
+def test_foreground_cluster_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    root = tmp_path / "dev"
+    proc = subprocess.Popen([*OCTAVO, "dev", "up", "--data-dir", str(root), "--bookies", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    lines = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if "running:" in line:
+            break
+    assert any(line.startswith("etcd ") for line in lines) and sum(line.startswith("bookie ") for line in lines) == 2
+    state = json.loads((root / "cluster.json").read_text())
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "stopped" in out, err
+    for pid in state["pids"]:
+        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    log = (root / "bookie-0.log").read_text()
+    assert "stopped cleanly" in log
+
+
+def test_down_without_a_cluster_says_so(tmp_path: Path) -> None:
+    run = subprocess.run([*OCTAVO, "dev", "down", "--data-dir", str(tmp_path)], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 1 and "nothing to stop" in run.stderr
