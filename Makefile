@@ -33,6 +33,8 @@ pytest: setup
 	$(BIN)/pytest
 
 bench: setup
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	@command -v nats-server >/dev/null || echo "bench: nats-server missing (apt-get install nats-server): the cluster bench will stop"
 	$(BIN)/python bench/run_all.py
 
 proto: setup
