@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from octavo.client import Client, ClientOptions, LedgerFencedError, MetadataUnavailableError, RecoveryError
-from octavo.client.ledger_metadata import CLOSED, master_key
+from octavo.client.ledger_metadata import CLOSED, master_key, write_set
 from octavo.client.localcluster import LocalCluster
 from octavo.node.storage import BOOT_ID_ENV, LOGS_DIR
 from octavo.node.testing import BookieConnection
@@ -35,8 +35,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 def all_bookies_up(cluster: LocalCluster) -> Iterator[None]:
     """Each test starts (and leaves the next one) with every bookie serving, same ids, same data."""
     yield
-    for bookie in cluster.bookies.values():
+    for bookie_id, bookie in cluster.bookies.items():
         bookie.env = {}
+        bookie.args = cluster._args(bookie_id)
         if not bookie.alive():
             bookie.start()
 
@@ -206,6 +207,7 @@ async def test_bookie_that_lost_its_tail_in_a_power_loss(cluster: LocalCluster) 
         lost.kill()
         assert cut_tail(lost.data_dir, 20 * len(data(writer.ledger_id, 0)) + 500) > 0
         lost.env = {BOOT_ID_ENV: "after-power-loss"}
+        lost.args = [*lost.args, "--tail-repair", "false"]  # keep its doubt: the repair is tested below
         lost.start()
         with BookieConnection(lost.address) as conn:
             assert conn.status().tail_maybe_lost
@@ -224,6 +226,51 @@ async def test_bookie_that_lost_its_tail_in_a_power_loss(cluster: LocalCluster) 
             assert reader.last_entry_id == 99
             assert await read_back(other, writer.ledger_id) == [data(writer.ledger_id, i) for i in range(100)]
         assert good_id in writer.metadata.last_ensemble
+
+
+async def test_bookie_copies_back_the_tail_it_lost(cluster: LocalCluster) -> None:
+    """BP-46: a bookie that lost everything unsynced in a 'power loss' takes its entries back from its peers,
+    including a whole ledger it no longer knows, and then stops answering UNKNOWN."""
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        plain = await client.create_ledger(3, 3, 2, password=PW)
+        victim = plain.metadata.last_ensemble[0]
+        await plain.append_many([data(plain.ledger_id, i) for i in range(300)])
+        striped = None
+        for _ in range(20):  # a striped ledger that also lives on the victim
+            candidate = await client.create_ledger(4, 2, 2, password=PW)
+            if victim in candidate.metadata.last_ensemble:
+                striped = candidate
+                break
+            await candidate.close()
+        assert striped is not None
+        await striped.append_many([data(striped.ledger_id, i) for i in range(200)])
+        await plain.close()  # one closed ledger, one still open
+        for writer in (plain, striped):
+            deadline = time.monotonic() + 10
+            while writer.outstanding_requests:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+        bookie = cluster.bookies[victim]
+        bookie.kill()
+        logs = sorted(p for p in Path(bookie.data_dir, LOGS_DIR).iterdir() if p.name.endswith(".log"))
+        for log_path in logs:  # nothing was flushed yet: losing the unsynced tail loses everything
+            with open(log_path, "r+b") as f:
+                f.truncate(32)
+        bookie.env = {BOOT_ID_ENV: "after-a-second-power-loss"}
+        bookie.start()
+        with BookieConnection(bookie.address) as conn:
+            deadline = time.monotonic() + 30
+            while conn.status().tail_maybe_lost:
+                assert time.monotonic() < deadline, "the tail repair did not finish"
+                time.sleep(0.1)
+            got = conn.read_all(plain.ledger_id, 0, 299)
+            assert all(got[e] == (pb.OK, data(plain.ledger_id, e)) for e in range(300))
+            position = striped.metadata.last_ensemble.index(victim)
+            mine = [e for e in range(200) if position in write_set(e, 4, 2)]
+            assert mine
+            for e in mine:
+                assert conn.read_all(striped.ledger_id, e, e)[e] == (pb.OK, data(striped.ledger_id, e))
+        await striped.close()
 
 
 def test_etcd_stopped(tmp_path: Path) -> None:

@@ -96,7 +96,11 @@ def cmd_up(args: Namespace) -> int:
         return 1
     description = cluster.describe()
     assert cluster.etcd is not None
-    pids = [b["pid"] for b in description["bookies"]] + [cluster.etcd.proc.pid if cluster.etcd.proc else None]  # type: ignore[union-attr,index]
+    bookies: list[dict[str, Any]] = [
+        {"id": bookie_id, "address": b.address, "pid": b.proc.pid if b.proc else None,
+         "data_dir": os.path.abspath(b.data_dir)}
+        for bookie_id, b in cluster.bookies.items()]
+    pids = [b["pid"] for b in bookies] + [cluster.etcd.proc.pid if cluster.etcd.proc else None]
     state_path.write_text(json.dumps({**description, "pids": [p for p in pids if p],
                                       "etcd_ports": [cluster.etcd.client_port, cluster.etcd.peer_port],
                                       "etcd_pid": cluster.etcd.proc.pid if cluster.etcd.proc else None}, indent=2))
@@ -104,7 +108,7 @@ def cmd_up(args: Namespace) -> int:
         print(json.dumps(description))
     else:
         print(f"etcd     {cluster.etcd_endpoint}   (data {cluster.etcd.data_dir}, log {cluster.etcd.log_path})")
-        for b in description["bookies"]:  # type: ignore[attr-defined]
+        for b in bookies:
             print(f"bookie   {b['id']:10} {b['address']:21} pid {b['pid']:<8} data {b['data_dir']}")
         print(f"cluster  {args.cluster}: client with Client(etcd=\"{cluster.etcd_endpoint}\")")
     sys.stdout.flush()

@@ -36,6 +36,7 @@ NODE_SETTING_HELP: dict[str, str] = {
     "cluster": "cluster name: the key prefix in etcd",
     "bookie_id": "this bookie's identity in the cluster (default: its advertised address); keep it stable",
     "registration_ttl_s": "lease of the bookie's registration in etcd, in seconds",
+    "tail_repair": "after an unclean stop across a reboot, copy lost entries back from peers (true/false)",
     "log_size_bytes_max": "roll the active entry log at this size",
     "log_roll_interval_ms": "roll an active log whose oldest unsynced record is older than this",
     "log_rotate_on_close_bytes_min": "a fence or write-close rotates the active log only if it is at least this big",
@@ -98,7 +99,11 @@ def resolve_node_config(args: argparse.Namespace, environ: dict[str, str] | None
         if flag is not None:
             values[name] = flag
     for name, value in list(values.items()):
-        if isinstance(known[name].default, int) and not isinstance(value, int):
+        if isinstance(known[name].default, bool) and not isinstance(value, bool):
+            if str(value).lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise UsageError(f"setting {name} must be true or false, got {value!r}")
+            values[name] = str(value).lower() in ("true", "1", "yes")
+        elif isinstance(known[name].default, int) and not isinstance(value, int):
             try:
                 values[name] = int(value)
             except ValueError:

@@ -132,7 +132,8 @@ class Client:
         ensemble = tuple(random.sample(writable, ensemble_size))
         meta, revision = await self.metadata_store.create_ledger(
             ensemble_size=ensemble_size, write_quorum=write_quorum, ack_quorum=ack_quorum,
-            ensembles=((0, ensemble),), password_digest=password_digest(password), custom_metadata=custom)
+            ensembles=((0, ensemble),), password_digest=password_digest(password), custom_metadata=custom,
+            master_key_hex=master_key(password).hex())
         return WriteHandle(self, meta, revision, master_key(password))
 
     async def open_ledger(self, ledger_id: int, password: bytes = b"", recovery: bool = True) -> ReadHandle:

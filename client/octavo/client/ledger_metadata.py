@@ -63,6 +63,9 @@ class LedgerMetadata:
     length: int = 0
     custom_metadata: dict[str, str] = field(default_factory=dict)
     created_unix_ms: int = 0
+    # The bookies' master key (hex), so a bookie that lost a ledger's entries can take its copies back from
+    # its peers (BP-46). etcd is the trusted authority of a ledger anyway; the password stays a digest.
+    master_key_hex: str = ""
 
     def __post_init__(self) -> None:
         check_quorums(self.ensemble_size, self.write_quorum, self.ack_quorum)
@@ -129,7 +132,7 @@ class LedgerMetadata:
             "state": self.state, "last_entry_id": self.last_entry_id, "length": self.length,
             "ensembles": [[first, list(bookies)] for first, bookies in self.ensembles],
             "password_digest": self.password_digest, "custom_metadata": self.custom_metadata,
-            "created_unix_ms": self.created_unix_ms,
+            "created_unix_ms": self.created_unix_ms, "master_key_hex": self.master_key_hex,
         }, sort_keys=True).encode()
 
     @staticmethod
@@ -144,6 +147,6 @@ class LedgerMetadata:
                 last_entry_id=int(d["last_entry_id"]), length=int(d["length"]),
                 ensembles=tuple((int(first), tuple(bookies)) for first, bookies in d["ensembles"]),
                 password_digest=d["password_digest"], custom_metadata=dict(d.get("custom_metadata") or {}),
-                created_unix_ms=int(d.get("created_unix_ms", 0)))
+                created_unix_ms=int(d.get("created_unix_ms", 0)), master_key_hex=str(d.get("master_key_hex", "")))
         except (ValueError, KeyError, TypeError) as e:
             raise MetadataError(f"ledger metadata is not valid: {e}") from e

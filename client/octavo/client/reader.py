@@ -70,6 +70,14 @@ class ReadHandle:
             for entry_id in ids:
                 yield Entry(self.ledger_id, entry_id, found[entry_id])
 
+    async def read_entries(self, ids: list[int]) -> dict[int, bytes]:
+        """The payloads of the given entries, each from its write set (failover and speculation as read());
+        ReadError if one cannot be read from any replica."""
+        found: dict[int, bytes] = {}
+        for start in range(0, len(ids), READ_CHUNK_ENTRIES):
+            found.update(await self._read_chunk(ids[start:start + READ_CHUNK_ENTRIES]))
+        return found
+
     async def _read_chunk(self, ids: list[int]) -> dict[int, bytes]:
         found: dict[int, bytes] = {}
         tried: dict[int, set[str]] = {e: set() for e in ids}

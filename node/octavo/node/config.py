@@ -34,6 +34,9 @@ class NodeConfig:
     bookie_id: str = ""
     # The registration lease: a bookie that stops refreshing it drops out of the cluster after this long.
     registration_ttl_s: int = 10
+    # After an unclean stop across a reboot, copy back from the peers the entries this bookie should hold
+    # but lost (BP-46). Off only for tests of what happens before the repair.
+    tail_repair: bool = True
 
     # Entry logs: rolled when they reach this size (KAFKA-615's segment size).
     log_size_bytes_max: int = 1 * GIB

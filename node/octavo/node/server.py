@@ -8,6 +8,7 @@ the default executor so the loop keeps serving other streams.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -25,6 +26,7 @@ from octavo.client.errors import MetadataUnavailableError
 from octavo.node.config import NodeConfig
 from octavo.node.errors import Code, StorageError
 from octavo.node.registration import Registration
+from octavo.node.repair import TailRepair
 from octavo.node.storage import Storage, WriteCacheFull
 from octavo.v1 import bookie_pb2 as pb
 from octavo.v1 import bookie_pb2_grpc as pb_grpc
@@ -299,6 +301,8 @@ class BookieServer:
         self.port = 0
         self.bookie_id = ""
         self.registration: Registration | None = None
+        self.repair: TailRepair | None = None
+        self._repair_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -329,6 +333,9 @@ class BookieServer:
             await self._set_health(name, health_pb2.HealthCheckResponse.SERVING)
         if self.registration is not None:
             await self.registration.start()
+            if self.storage.tail_maybe_lost and self.config.tail_repair:
+                self.repair = TailRepair(self.storage, self.bookie_id)
+                self._repair_task = asyncio.create_task(self.repair.run(), name="octavo-tail-repair")
         log.info("bookie %s serving on %s:%d (data dir %s, recovery %.2fs, %d logs replayed)",
                  self.bookie_id, self.config.host, self.port, self.storage.data_dir,
                  time.monotonic() - t0, self.storage.recovery.logs_scanned)
@@ -341,6 +348,11 @@ class BookieServer:
     async def stop(self) -> None:
         """Graceful: leave the cluster (writers stop choosing this bookie), report NOT_SERVING, finish in-flight
         calls (bounded grace), then close storage cleanly."""
+        if self._repair_task is not None:
+            self._repair_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._repair_task
+            self._repair_task = None
         if self.registration is not None:
             await self.registration.stop()
             self.registration = None
