@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,11 @@ CALL_TIMEOUT_S = 10.0
 MESSAGE_BYTES_MAX = 128 * 1024 * 1024
 
 
-@dataclass
+# Called once per add with the per-entry codes, or with the exception that failed it.
+AddCallback = Callable[[list[int] | BaseException], None]
+
+
+@dataclass(slots=True)
 class _Add:
     ledger_id: int
     master_key: bytes
@@ -43,14 +47,43 @@ class _Add:
     recovery: bool
     entry_ids: list[int]
     payloads: list[bytes]
-    future: asyncio.Future[list[int]] = field(repr=False)
+    callback: AddCallback = field(repr=False)
     size: int = 0
+    done: bool = False
+
+    def finish(self, result: list[int] | BaseException) -> None:
+        if not self.done:
+            self.done = True
+            self.callback(result)
+
+
+class _Joined:
+    """Joins the results of an add split over several requests into one callback, in order."""
+
+    def __init__(self, pieces: int, callback: AddCallback) -> None:
+        self.parts: list[list[int] | None] = [None] * pieces
+        self.callback = callback
+        self.failed = False
+
+    def piece(self, k: int) -> AddCallback:
+        def done(result: list[int] | BaseException) -> None:
+            if self.failed:
+                return
+            if isinstance(result, BaseException):
+                self.failed = True
+                self.callback(result)
+                return
+            self.parts[k] = result
+            if all(part is not None for part in self.parts):
+                self.callback([code for part in self.parts for code in part or []])
+        return done
 
 
 class BookieClient:
-    def __init__(self, bookie_id: str, address: str) -> None:
+    def __init__(self, bookie_id: str, address: str, add_timeout_s: float = CALL_TIMEOUT_S) -> None:
         self.bookie_id = bookie_id
         self.address = address
+        self.add_timeout_s = add_timeout_s
         self._channel = grpc.aio.insecure_channel(address, options=[
             ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
             ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
@@ -81,45 +114,45 @@ class BookieClient:
     def add(self, ledger_id: int, master_key: bytes, entry_ids: list[int], payloads: list[bytes],
             last_add_confirmed: int, recovery: bool = False) -> asyncio.Future[list[int]]:
         """Queue entries of one ledger; the future gets one ResultCode per entry, or BookieUnavailableError."""
-        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+
+        def settle(result: list[int] | BaseException) -> None:
+            if future.done():
+                return
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+        self.add_with_callback(ledger_id, master_key, entry_ids, payloads, last_add_confirmed, recovery, settle)
+        return future
+
+    def add_with_callback(self, ledger_id: int, master_key: bytes, entry_ids: list[int], payloads: list[bytes],
+                          last_add_confirmed: int, recovery: bool, callback: AddCallback) -> None:
+        """Queue entries of one ledger; `callback` gets the codes (or the exception) exactly once. The cheap
+        path for writers: no future and no timer per add (a request that goes unanswered fails the stream)."""
         if self._closed:
-            future: asyncio.Future[list[int]] = loop.create_future()
-            future.set_exception(BookieUnavailableError(f"bookie {self.bookie_id}: client closed"))
-            return future
-        pieces = []
+            callback(BookieUnavailableError(f"bookie {self.bookie_id}: client closed"))
+            return
+        pieces: list[tuple[int, int, int]] = []
         start = size = 0
         for i, payload in enumerate(payloads):
             if i > start and (i - start >= REQUEST_ENTRIES_MAX or size + len(payload) > REQUEST_BYTES_MAX):
-                pieces.append(self._queue_add(ledger_id, master_key, last_add_confirmed, recovery,
-                                              entry_ids[start:i], payloads[start:i], size))
+                pieces.append((start, i, size))
                 start, size = i, 0
             size += len(payload)
-        pieces.append(self._queue_add(ledger_id, master_key, last_add_confirmed, recovery, entry_ids[start:],
-                                      payloads[start:], size))
+        pieces.append((start, len(payloads), size))
+        if len(pieces) == 1:
+            self._queue.append(_Add(ledger_id, master_key, last_add_confirmed, recovery, entry_ids, payloads,
+                                    callback, size))
+        else:
+            joined = _Joined(len(pieces), callback)
+            for k, (a, b, piece_size) in enumerate(pieces):
+                self._queue.append(_Add(ledger_id, master_key, last_add_confirmed, recovery, entry_ids[a:b],
+                                        payloads[a:b], joined.piece(k), piece_size))
         self._wake.set()
         if self._sender is None or self._sender.done():
             self._start_stream()
-        if len(pieces) == 1:
-            return pieces[0]
-        combined: asyncio.Future[list[int]] = loop.create_future()
-
-        def done(gathered: asyncio.Future[list[list[int]]]) -> None:
-            if combined.done():
-                return
-            if gathered.exception() is not None:
-                combined.set_exception(gathered.exception())  # type: ignore[arg-type]
-            else:
-                combined.set_result([code for part in gathered.result() for code in part])
-
-        asyncio.gather(*pieces).add_done_callback(done)
-        return combined
-
-    def _queue_add(self, ledger_id: int, master_key: bytes, last_add_confirmed: int, recovery: bool,
-                   entry_ids: list[int], payloads: list[bytes], size: int) -> asyncio.Future[list[int]]:
-        future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Add(ledger_id, master_key, last_add_confirmed, recovery, entry_ids, payloads, future,
-                                size))
-        return future
 
     def _start_stream(self) -> None:
         self._call = self._stub.AddEntries(timeout=None)
@@ -155,11 +188,19 @@ class BookieClient:
                     continue
                 request, taken = self._take_request()
                 self._pending[request.request_id] = taken
+                asyncio.get_running_loop().call_later(self.add_timeout_s, self._check_timeout, call,
+                                                      request.request_id)
                 await call.write(request)
         except asyncio.CancelledError:
             raise
         except Exception as e:
             self._stream_failed(call, e)
+
+    def _check_timeout(self, call: Any, request_id: int) -> None:
+        """A request still unanswered after add_timeout_s fails the stream, and every add in flight on it."""
+        if call is self._call and request_id in self._pending:
+            self._stream_failed(call, BookieUnavailableError(
+                f"bookie {self.bookie_id} at {self.address}: no answer within {self.add_timeout_s}s"))
 
     async def _receive_loop(self, call: Any) -> None:
         try:
@@ -169,12 +210,10 @@ class BookieClient:
                 if response.error:
                     err = BookieUnavailableError(f"bookie {self.bookie_id} refused a request: {response.error_message}")
                     for add in taken:
-                        if not add.future.done():
-                            add.future.set_exception(err)
+                        add.finish(err)
                     continue
                 for add, result in zip(taken, response.results, strict=False):
-                    if not add.future.done():
-                        add.future.set_result(list(result.codes) or [pb.OK] * len(add.entry_ids))
+                    add.finish(list(result.codes) or [pb.OK] * len(add.entry_ids))
             raise BookieUnavailableError(f"bookie {self.bookie_id} closed the add stream")
         except asyncio.CancelledError:
             raise
@@ -197,15 +236,13 @@ class BookieClient:
         self._window = asyncio.Semaphore(REQUESTS_IN_FLIGHT_MAX)
 
     def _fail_all(self, error: Exception) -> None:
-        for taken in self._pending.values():
+        pending, self._pending = self._pending, {}
+        queued, self._queue = self._queue, []
+        for taken in pending.values():
             for add in taken:
-                if not add.future.done():
-                    add.future.set_exception(error)
-        self._pending.clear()
-        for add in self._queue:
-            if not add.future.done():
-                add.future.set_exception(error)
-        self._queue.clear()
+                add.finish(error)
+        for add in queued:
+            add.finish(error)
 
     # -- reads and ledger calls ------------------------------------------------------------------------
     async def read(self, ledger_id: int, entry_ids: Sequence[int], timeout_s: float = CALL_TIMEOUT_S) -> Any:

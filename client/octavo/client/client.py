@@ -110,7 +110,8 @@ class Client:
             info = self._registrations.get(bookie_id)
             if info is None:
                 raise BookieUnavailableError(f"bookie {bookie_id} is not registered (down, or unknown)")
-            client = self._bookie_clients[bookie_id] = BookieClient(bookie_id, info.address)
+            client = self._bookie_clients[bookie_id] = BookieClient(bookie_id, info.address,
+                                                                    self.options.add_timeout_s)
         return client
 
     # -- ledgers ---------------------------------------------------------------------------------------

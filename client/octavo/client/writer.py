@@ -5,7 +5,8 @@ at e mod E of the last ensemble). Appends made in the same event-loop turn go ou
 bookie. An entry is acknowledged once Qa bookies of its write set have it *and* every entry before it is
 acknowledged; the last-add-confirmed (LAC) is the highest such entry and rides on every add.
 
-A bookie that fails, refuses (READ_ONLY, INTERNAL, ...) or does not answer within add_timeout_s is replaced:
+A bookie that fails, refuses (READ_ONLY, INTERNAL, ...) or leaves a request unanswered for add_timeout_s (its
+stream then fails) is replaced:
 a new ensemble segment starting at the first unacknowledged entry (LAC + 1) is written to etcd with a CAS, and
 every unacknowledged entry whose write set now includes the replacement is sent to it. A FENCED answer means
 a recovery open took the ledger over: every pending and later append fails with LedgerFencedError.
@@ -46,7 +47,9 @@ ENSEMBLE_CHANGE_METADATA_WAIT_S = 30.0
 class _Pending:
     entry_id: int
     data: bytes
-    future: asyncio.Future[int] = field(repr=False)
+    # Only entries someone waits for have a future: acknowledgement is in order, so append_many waits for
+    # its last entry alone, and every failure fails all pending entries, that one included.
+    future: asyncio.Future[int] | None = field(repr=False)
     acked: set[str] = field(default_factory=set)
 
 
@@ -88,17 +91,24 @@ class WriteHandle:
         """Append one entry; returns its entry id once it is acknowledged. Many appends may be in flight
         (gather them); they are acknowledged in entry-id order. For many entries, append_many is cheaper."""
         await self._wait_for_room(len(data))
-        return await self._enqueue(data)
+        future = self._enqueue(data)
+        assert future is not None
+        return await future
 
     async def append_many(self, entries: Sequence[bytes]) -> list[int]:
-        """Append entries in order, all pipelined; returns their ids once all are acknowledged. Cheaper than
-        gathering append() calls: no task per entry."""
-        futures = []
-        for data in entries:
+        """Append entries in order, all pipelined; returns their ids once all are acknowledged. Much cheaper
+        per entry than gathering append() calls: one future for the whole batch."""
+        if not entries:
+            return []
+        first = self._next_entry
+        last: asyncio.Future[int] | None = None
+        for i, data in enumerate(entries):
             if self._inflight_bytes and self._inflight_bytes + len(data) > self._options.inflight_bytes_max:
                 await self._wait_for_room(len(data))
-            futures.append(self._enqueue(data))
-        return list(await asyncio.gather(*futures))
+            last = self._enqueue(data, want_future=i == len(entries) - 1) or last
+        assert last is not None
+        end = await last
+        return list(range(first, end + 1))
 
     async def _wait_for_room(self, size: int) -> None:
         while self._inflight_bytes and self._inflight_bytes + size > self._options.inflight_bytes_max:
@@ -107,7 +117,7 @@ class WriteHandle:
             self._room.clear()
             await self._room.wait()
 
-    def _enqueue(self, data: bytes) -> asyncio.Future[int]:
+    def _enqueue(self, data: bytes, want_future: bool = True) -> asyncio.Future[int] | None:
         if self._error is not None:
             raise self._error
         if self._closing:
@@ -120,7 +130,7 @@ class WriteHandle:
         if len(data) > limit:
             raise EntryTooLargeError(f"entry of {len(data)} bytes is over entry_size_bytes_max={limit}")
         loop = asyncio.get_running_loop()
-        pending = _Pending(self._next_entry, data, loop.create_future())
+        pending = _Pending(self._next_entry, data, loop.create_future() if want_future else None)
         self._next_entry += 1
         self._pending[pending.entry_id] = pending
         self._unsent.append(pending)
@@ -133,7 +143,7 @@ class WriteHandle:
     def _flush(self) -> None:
         self._flush_scheduled = False
         batch, self._unsent = self._unsent, []
-        batch = [p for p in batch if not p.future.done()]
+        batch = [p for p in batch if p.entry_id in self._pending]
         if not batch or self._error is not None:
             return
         meta = self.metadata
@@ -150,34 +160,23 @@ class WriteHandle:
             self._send(bookie, entries)
 
     def _send(self, bookie_id: str, entries: list[_Pending]) -> None:
-        loop = asyncio.get_running_loop()
         try:
             bookie = self._client.bookie_client(bookie_id)
         except BookieUnavailableError as e:
-            loop.call_soon(self._bookie_failed, bookie_id, str(e))
+            asyncio.get_running_loop().call_soon(self._bookie_failed, bookie_id, str(e))
             return
-        future = bookie.add(self.ledger_id, self._master_key, [p.entry_id for p in entries],
-                            [p.data for p in entries], self._lac)
         self.outstanding_requests += 1
-        timer = loop.call_later(self._options.add_timeout_s, self._timed_out, bookie_id, future)
-        future.add_done_callback(lambda f: self._on_result(bookie_id, entries, f, timer))
+        bookie.add_with_callback(self.ledger_id, self._master_key, [p.entry_id for p in entries],
+                                 [p.data for p in entries], self._lac, False,
+                                 lambda result: self._on_result(bookie_id, entries, result))
 
-    def _timed_out(self, bookie_id: str, future: asyncio.Future[list[int]]) -> None:
-        if not future.done():
-            self._bookie_failed(bookie_id, f"no answer within {self._options.add_timeout_s}s")
-
-    def _on_result(self, bookie_id: str, entries: list[_Pending], future: asyncio.Future[list[int]],
-                   timer: asyncio.TimerHandle) -> None:
-        timer.cancel()
+    def _on_result(self, bookie_id: str, entries: list[_Pending], result: list[int] | BaseException) -> None:
         self.outstanding_requests -= 1
-        if future.cancelled():
-            return
-        error = future.exception()
-        if error is not None:
-            self._bookie_failed(bookie_id, str(error))
+        if isinstance(result, BaseException):
+            self._bookie_failed(bookie_id, str(result))
             return
         refused = ""
-        codes = future.result()
+        codes = result
         meta = self.metadata
         if (codes.count(pb.OK) == len(entries) and meta.write_quorum == meta.ensemble_size
                 and bookie_id in meta.last_ensemble and entries[0].entry_id >= meta.ensembles[-1][0]):
@@ -217,7 +216,7 @@ class WriteHandle:
             self._lac = p.entry_id
             self._length += len(p.data)
             self._inflight_bytes -= len(p.data)
-            if not p.future.done():
+            if p.future is not None and not p.future.done():
                 p.future.set_result(p.entry_id)
         self._room.set()
 
@@ -226,7 +225,7 @@ class WriteHandle:
             self._error = error
             log.info("ledger %d: %s", self.ledger_id, error)
         for p in self._pending.values():
-            if not p.future.done():
+            if p.future is not None and not p.future.done():
                 p.future.set_exception(error)
         self._pending.clear()
         self._unsent.clear()
@@ -314,9 +313,9 @@ class WriteHandle:
         if self._closed:
             return
         self._closing = True
-        waiting = [p.future for p in self._pending.values()]
-        if waiting:
-            await asyncio.gather(*waiting, return_exceptions=True)
+        while self._pending and self._error is None:  # every entry appended is acknowledged, or the handle failed
+            self._room.clear()
+            await self._room.wait()
         if self._error is not None:
             raise self._error
         store = self._client.metadata_store

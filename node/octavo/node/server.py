@@ -27,7 +27,7 @@ from octavo.node.config import NodeConfig
 from octavo.node.errors import Code, StorageError
 from octavo.node.registration import Registration
 from octavo.node.repair import TailRepair
-from octavo.node.storage import Storage, WriteCacheFull
+from octavo.node.storage import LedgerBatch, Storage, WriteCacheFull
 from octavo.v1 import bookie_pb2 as pb
 from octavo.v1 import bookie_pb2_grpc as pb_grpc
 
@@ -65,11 +65,44 @@ class BookieService(pb_grpc.BookieServicer):
         if total_bytes > cfg.batch_bytes_max:
             return pb.AddResponse(request_id=request.request_id, error=pb.TOO_LARGE, error_message=(
                 f"request carries {total_bytes} payload bytes, over batch_bytes_max={cfg.batch_bytes_max}"))
-        results = []
-        for adds, ids, payloads in batches:
-            codes, message = await self._add_ledger(adds, ids, payloads)
-            results.append(pb.LedgerAddResult(ledger_id=adds.ledger_id, codes=codes, message=message))
-        return pb.AddResponse(request_id=request.request_id, results=results)
+        results: list[tuple[list[Code], str] | None] = [None] * len(batches)
+        todo: list[int] = []
+        for i, (adds, ids, _) in enumerate(batches):
+            refused = await self._check_unknown_ledger(adds)
+            if refused is not None:
+                results[i] = ([refused[0]] * len(ids), refused[1])
+            else:
+                todo.append(i)
+        if todo:
+            written = await self._add_batch([LedgerBatch(batches[i][0].ledger_id, batches[i][0].master_key,
+                                                         batches[i][1], batches[i][2],
+                                                         batches[i][0].last_add_confirmed, batches[i][0].recovery)
+                                             for i in todo], total_entries)
+            for i, result in zip(todo, written, strict=True):
+                results[i] = result
+        return pb.AddResponse(request_id=request.request_id, results=[
+            pb.LedgerAddResult(ledger_id=adds.ledger_id, codes=result[0], message=result[1])
+            for (adds, _, _), result in zip(batches, results, strict=True) if result is not None])
+
+    async def _add_batch(self, batches: list[LedgerBatch], total_entries: int) -> list[tuple[list[Code], str]]:
+        storage = self.storage
+        while True:
+            try:
+                return storage.add_batch(batches)
+            except WriteCacheFull:
+                wait_s = self.config.add_wait_ms_max / 1000
+                loop = asyncio.get_running_loop()
+                if not await loop.run_in_executor(None, storage.wait_for_room, total_entries, wait_s):
+                    return [([pb.INTERNAL] * len(b.entry_ids), (
+                        f"write cache full (write_cache_entries_max={self.config.write_cache_entries_max}) for "
+                        f"{self.config.add_wait_ms_max} ms: the background flush is not keeping up"))
+                        for b in batches]
+            except StorageError as e:
+                return [([e.code] * len(b.entry_ids), e.message) for b in batches]
+            except Exception as e:  # an add must never take the stream down with it
+                log.exception("add request failed")
+                return [([pb.INTERNAL] * len(b.entry_ids), f"internal error: {type(e).__name__}: {e}")
+                        for b in batches]
 
     async def _check_unknown_ledger(self, adds: pb.LedgerAdds) -> tuple[Code, str] | None:
         """A ledger this bookie holds no state for (new, or forgotten after a lost disk) is looked up in etcd
@@ -93,29 +126,6 @@ class BookieService(pb_grpc.BookieServicer):
         if adds.recovery:
             return None
         return pb.FENCED, f"ledger {ledger_id} is being recovered or is closed (etcd): adds from its writer are refused"
-
-    async def _add_ledger(self, adds: pb.LedgerAdds, ids: list[int], payloads: list[bytes]) -> tuple[list[Code], str]:
-        storage = self.storage
-        n = len(ids)
-        refused = await self._check_unknown_ledger(adds)
-        if refused is not None:
-            return [refused[0]] * n, refused[1]
-        while True:
-            try:
-                return storage.add_entries(adds.ledger_id, adds.master_key, ids, payloads,
-                                           adds.last_add_confirmed, adds.recovery)
-            except WriteCacheFull:
-                wait_s = self.config.add_wait_ms_max / 1000
-                loop = asyncio.get_running_loop()
-                if not await loop.run_in_executor(None, storage.wait_for_room, n, wait_s):
-                    return [pb.INTERNAL] * n, (
-                        f"write cache full (write_cache_entries_max={self.config.write_cache_entries_max}) for "
-                        f"{self.config.add_wait_ms_max} ms: the background flush is not keeping up")
-            except StorageError as e:
-                return [e.code] * n, e.message
-            except Exception as e:  # an add must never take the stream down with it
-                log.exception("add to ledger %d failed", adds.ledger_id)
-                return [pb.INTERNAL] * n, f"internal error: {type(e).__name__}: {e}"
 
     async def ReadEntries(self, request: pb.ReadRequest, context: grpc.aio.ServicerContext) -> pb.ReadResponse:
         cfg = self.config

@@ -112,6 +112,18 @@ def current_boot_id() -> str:
         return ""
 
 
+@dataclass(slots=True)
+class LedgerBatch:
+    """One ledger's part of an add request."""
+
+    ledger_id: int
+    master_key: bytes
+    entry_ids: list[int] | Any
+    payloads: list[bytes] | Any
+    last_add_confirmed: int = -1
+    recovery: bool = False
+
+
 class WriteCacheFull(Exception):
     """The write cache has no room for this batch: the caller waits (wait_for_room) and retries."""
 
@@ -402,92 +414,139 @@ class Storage:
         An entry already stored with the same bytes is OK without a second copy (a resend); with other bytes
         it is DUPLICATE_MISMATCH.
         """
-        n = len(entry_ids)
-        cfg = self.config
-        if ledger_id < 0:
-            return [pb.INVALID] * n, f"ledger id must be non-negative, got {ledger_id}"
-        if len(payloads) != n:
-            return [pb.INVALID] * n, f"{n} entry ids but {len(payloads)} payloads"
-        if n > cfg.batch_entries_max:
-            return [pb.TOO_LARGE] * n, f"batch of {n} entries is over batch_entries_max={cfg.batch_entries_max}"
-        if not master_key or len(master_key) > MASTER_KEY_BYTES_MAX:
-            return [pb.INVALID] * n, f"master key must be 1 to {MASTER_KEY_BYTES_MAX} bytes, got {len(master_key)}"
+        return self.add_batch([LedgerBatch(ledger_id, master_key, entry_ids, payloads, last_add_confirmed,
+                                           recovery)])[0]
+
+    def add_batch(self, batches: list[LedgerBatch]) -> list[tuple[list[Code], str]]:
+        """Append the batches of several ledgers (one add request) with one lock and one write: a request with
+        many small per-ledger batches costs one syscall, not one per ledger. Results are per batch, in order.
+        Raises WriteCacheFull before anything is written."""
+        results: list[tuple[list[Code], str]] = [([], "")] * len(batches)
         with self._lock:
             if self._closed or self._active is None:
-                return [pb.INTERNAL] * n, "bookie is shutting down"
-            if not self.has_room(n):
+                return [([pb.INTERNAL] * len(b.entry_ids), "bookie is shutting down") for b in batches]
+            if not self.has_room(sum(len(b.entry_ids) for b in batches)):
                 raise WriteCacheFull()
-            state = self._ledgers.get(ledger_id)
-            if state is not None:
-                if state.master_key != master_key:
-                    return [pb.UNAUTHORIZED] * n, unauthorized(ledger_id).message
-                if state.fenced and not recovery:
-                    return [pb.FENCED] * n, fenced(ledger_id).message
-            return self._append_locked(ledger_id, master_key, state, entry_ids, payloads, last_add_confirmed)
+            group: list[int] = []
+            seen: set[int] = set()
+            for i, batch in enumerate(batches):
+                if batch.ledger_id in seen:  # a ledger twice in one request: write what came before first
+                    self._append_group_locked(batches, group, results)
+                    group, seen = [], set()
+                group.append(i)
+                seen.add(batch.ledger_id)
+            self._append_group_locked(batches, group, results)
+        return results
 
-    def _append_locked(self, ledger_id: int, master_key: bytes, state: LedgerState | None, entry_ids: Any,
-                       payloads: Any, last_add_confirmed: int) -> tuple[list[Code], str]:
+    def _refusal(self, batch: LedgerBatch) -> tuple[list[Code], str] | None:
+        """Why a batch is refused as a whole, or None."""
         cfg = self.config
-        n = len(entry_ids)
-        codes: list[Code] = [OK] * n
-        message = ""
-        batch_bytes = sum(map(len, payloads)) + n * RECORD_HEADER_BYTES
+        n = len(batch.entry_ids)
+        ledger_id = batch.ledger_id
+        if ledger_id < 0:
+            return [pb.INVALID] * n, f"ledger id must be non-negative, got {ledger_id}"
+        if len(batch.payloads) != n:
+            return [pb.INVALID] * n, f"{n} entry ids but {len(batch.payloads)} payloads"
+        if n > cfg.batch_entries_max:
+            return [pb.TOO_LARGE] * n, f"batch of {n} entries is over batch_entries_max={cfg.batch_entries_max}"
+        if not batch.master_key or len(batch.master_key) > MASTER_KEY_BYTES_MAX:
+            return [pb.INVALID] * n, (f"master key must be 1 to {MASTER_KEY_BYTES_MAX} bytes, got "
+                                      f"{len(batch.master_key)}")
+        state = self._ledgers.get(ledger_id)
+        if state is not None:
+            if state.master_key != batch.master_key:
+                return [pb.UNAUTHORIZED] * n, unauthorized(ledger_id).message
+            if state.fenced and not batch.recovery:
+                return [pb.FENCED] * n, fenced(ledger_id).message
+        return None
+
+    def _append_group_locked(self, batches: list[LedgerBatch], group: list[int],
+                             results: list[tuple[list[Code], str]]) -> None:
+        """Encode the batches of `group` (each ledger at most once) into one buffer, write it, then account
+        for each. On a failed write nothing of the group is kept and every written entry gets INTERNAL."""
+        cfg = self.config
+        accepted = []
+        for i in group:
+            refused = self._refusal(batches[i])
+            if refused is not None:
+                results[i] = refused
+            else:
+                accepted.append(i)
+        if not accepted:
+            return
+        group_bytes = sum(sum(map(len, batches[i].payloads)) + len(batches[i].entry_ids) * RECORD_HEADER_BYTES
+                          + len(batches[i].master_key) + RECORD_HEADER_BYTES for i in accepted)
+        group_entries = sum(len(batches[i].entry_ids) for i in accepted)
         active = self._active
         assert active is not None  # checked by the caller under the lock
         if active.size > LOG_HEADER_BYTES and (
-            active.size + batch_bytes > cfg.log_size_bytes_max
-            or active.cache_entries + n > cfg.write_cache_entries_max // 2
+            active.size + group_bytes > cfg.log_size_bytes_max
+            or active.cache_entries + group_entries > cfg.write_cache_entries_max // 2
         ):
             active = self._roll_locked()
-        if state is None:
-            state = LedgerState(master_key)
-            self._ledgers[ledger_id] = state
-            self._dirty_ledgers.add(ledger_id)
         parts: list[bytes] = []
         offset = active.size
-        cache = active.cache.get(ledger_id)
-        new_cache = cache is None
-        if cache is None:
-            cache = {}
-            header, length = encode_record(ledger_id, ENTRY_ID_LEDGER_KEY, master_key)
-            parts.append(header)
-            parts.append(master_key)
-            offset += length
-        if n and entry_ids[0] > state.last_entry_id and max(map(len, payloads)) <= cfg.entry_size_bytes_max \
-                and all(map(operator.lt, entry_ids, islice(entry_ids, 1, None))):
-            # The writer's normal case: new ids, increasing, within limits; no per-entry checks needed.
-            offset = _encode_records(ledger_id, entry_ids, payloads, parts, cache, offset)
-            written = list(entry_ids)
-        else:
-            offset, written, message = self._encode_checked_locked(ledger_id, state.last_entry_id, entry_ids,
-                                                                   payloads, codes, parts, cache, offset)
+        staged = []
+        for i in accepted:
+            batch = batches[i]
+            state = self._ledgers.get(batch.ledger_id)
+            if state is None:
+                state = LedgerState(batch.master_key)
+                self._ledgers[batch.ledger_id] = state
+                self._dirty_ledgers.add(batch.ledger_id)
+            codes: list[Code] = [OK] * len(batch.entry_ids)
+            cache = active.cache.get(batch.ledger_id)
+            new_cache = cache is None
+            if cache is None:
+                cache = {}
+                header, length = encode_record(batch.ledger_id, ENTRY_ID_LEDGER_KEY, batch.master_key)
+                parts += (header, batch.master_key)
+                offset += length
+            ids, payloads = batch.entry_ids, batch.payloads
+            message = ""
+            if ids and ids[0] > state.last_entry_id and max(map(len, payloads)) <= cfg.entry_size_bytes_max \
+                    and all(map(operator.lt, ids, islice(ids, 1, None))):
+                # The writer's normal case: new ids, increasing, within limits; no per-entry checks needed.
+                offset = _encode_records(batch.ledger_id, ids, payloads, parts, cache, offset)
+                written = list(ids)
+            else:
+                offset, written, message = self._encode_checked_locked(batch.ledger_id, state.last_entry_id, ids,
+                                                                       payloads, codes, parts, cache, offset)
+            results[i] = (codes, message)
+            staged.append((batch, state, cache, new_cache, written))
         if not parts:
-            return codes, message
+            return
         try:
             self.io.write_parts(active.fd, parts, offset - active.size)
             if cfg.fsync_policy == FSYNC_POLICY_BATCH:
                 self.io.fdatasync(active.fd)
         except OSError as e:
-            for eid in written:
-                cache.pop(eid, None)
+            for _, _, cache, new_cache, written in staged:
+                if not new_cache:
+                    for eid in written:
+                        cache.pop(eid, None)
             self._undo_partial_write_locked(active, e)
-            return [pb.INTERNAL if c == OK else c for c in codes], f"write to entry log {active.log_id} failed: {e}"
+            for i in accepted:
+                codes, _ = results[i]
+                results[i] = ([pb.INTERNAL if c == OK else c for c in codes],
+                              f"write to entry log {active.log_id} failed: {e}")
+            return
         faults.hit(faults.ADD_AFTER_WRITE)
-        if new_cache:
-            active.cache[ledger_id] = cache
         if active.size == LOG_HEADER_BYTES:
             active.first_write_monotonic = time.monotonic()
         active.size = offset
-        active.cache_entries += len(written)
-        self._cache_entries += len(written)
-        if written:
-            top = max(written)
-            if top > state.last_entry_id:
-                state.last_entry_id = top
-        if last_add_confirmed > state.last_add_confirmed:
-            state.last_add_confirmed = last_add_confirmed
-            self._dirty_ledgers.add(ledger_id)
-        return codes, message
+        for batch, state, cache, new_cache, written in staged:
+            if new_cache:
+                active.cache[batch.ledger_id] = cache
+            active.cache_entries += len(written)
+            self._cache_entries += len(written)
+            if written:
+                top = max(written)
+                if top > state.last_entry_id:
+                    state.last_entry_id = top
+            if batch.last_add_confirmed > state.last_add_confirmed:
+                state.last_add_confirmed = batch.last_add_confirmed
+                self._dirty_ledgers.add(batch.ledger_id)
 
     def _encode_checked_locked(self, ledger_id: int, last: int, entry_ids: Any, payloads: Any, codes: list[Code],
                                parts: list[bytes], cache: dict[int, int], offset: int) -> tuple[int, list[int], str]:
