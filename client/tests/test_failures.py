@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from octavo.client import Client, ClientOptions, LedgerFencedError, MetadataUnavailableError, RecoveryError
+from octavo.client import (
+    Client,
+    ClientOptions,
+    LedgerFencedError,
+    MetadataUnavailableError,
+    RecoveryError,
+    WriteHandle,
+)
 from octavo.client.ledger_metadata import CLOSED, master_key, write_set
 from octavo.client.localcluster import LocalCluster
 from octavo.node.storage import BOOT_ID_ENV, LOGS_DIR
@@ -44,6 +51,14 @@ def all_bookies_up(cluster: LocalCluster) -> Iterator[None]:
 
 def data(ledger: int, entry: int) -> bytes:
     return f"ledger {ledger} entry {entry} ".encode() * 10
+
+
+async def quiet(writer: WriteHandle, timeout_s: float = 10) -> None:
+    """Wait until every bookie has answered the writer (not only the ack quorum)."""
+    deadline = time.monotonic() + timeout_s
+    while writer.outstanding_requests:
+        assert time.monotonic() < deadline, "the writer's requests were never all answered"
+        await asyncio.sleep(0.01)
 
 
 async def read_back(client: Client, ledger: int) -> list[bytes]:
@@ -199,10 +214,7 @@ async def test_bookie_that_lost_its_tail_in_a_power_loss(cluster: LocalCluster) 
         lost_id, down_id, good_id = writer.metadata.last_ensemble
         # Qa=2 acknowledged each entry; let the third answers arrive too, so the old writer is quiet (an answer
         # lost to the coming SIGKILL would make it change its ensemble, a different scenario).
-        deadline = time.monotonic() + 10
-        while writer.outstanding_requests:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
+        await quiet(writer)
         lost = cluster.bookies[lost_id]
         lost.kill()
         assert cut_tail(lost.data_dir, 20 * len(data(writer.ledger_id, 0)) + 500) > 0
@@ -246,10 +258,7 @@ async def test_bookie_copies_back_the_tail_it_lost(cluster: LocalCluster) -> Non
         await striped.append_many([data(striped.ledger_id, i) for i in range(200)])
         await plain.close()  # one closed ledger, one still open
         for writer in (plain, striped):
-            deadline = time.monotonic() + 10
-            while writer.outstanding_requests:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.01)
+            await quiet(writer)
         bookie = cluster.bookies[victim]
         bookie.kill()
         logs = sorted(p for p in Path(bookie.data_dir, LOGS_DIR).iterdir() if p.name.endswith(".log"))

@@ -191,22 +191,39 @@ class _Loop:
         self.loop.close()
 
 
-class SyncWriteHandle:
-    def __init__(self, loop: _Loop, handle: WriteHandle) -> None:
+class _SyncHandle:
+    """What both synchronous handles share: the loop, the async handle, its ids and metadata, close."""
+
+    def __init__(self, loop: _Loop, handle: WriteHandle | ReadHandle) -> None:
         self._loop = loop
-        self._handle = handle
+        self._async = handle
 
     @property
     def ledger_id(self) -> int:
-        return self._handle.ledger_id
+        return self._async.ledger_id
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._async.metadata
+
+    def close(self) -> None:
+        self._loop.run(self._async.close())
+
+    def __enter__(self) -> _SyncHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SyncWriteHandle(_SyncHandle):
+    def __init__(self, loop: _Loop, handle: WriteHandle) -> None:
+        super().__init__(loop, handle)
+        self._handle = handle
 
     @property
     def last_add_confirmed(self) -> int:
         return self._handle.last_add_confirmed
-
-    @property
-    def metadata(self) -> LedgerMetadata:
-        return self._handle.metadata
 
     def append(self, data: bytes) -> int:
         return self._loop.run(self._handle.append(data))
@@ -215,32 +232,18 @@ class SyncWriteHandle:
         """Append entries pipelined (all in flight at once); returns their ids in order."""
         return self._loop.run(self._handle.append_many(entries))
 
-    def close(self) -> None:
-        self._loop.run(self._handle.close())
-
     def __enter__(self) -> SyncWriteHandle:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
-
-class SyncReadHandle:
+class SyncReadHandle(_SyncHandle):
     def __init__(self, loop: _Loop, handle: ReadHandle) -> None:
-        self._loop = loop
+        super().__init__(loop, handle)
         self._handle = handle
-
-    @property
-    def ledger_id(self) -> int:
-        return self._handle.ledger_id
 
     @property
     def last_entry_id(self) -> int:
         return self._handle.last_entry_id
-
-    @property
-    def metadata(self) -> LedgerMetadata:
-        return self._handle.metadata
 
     def read(self, first: int, last: int) -> Iterator[Entry]:
         iterator = self._handle.read(first, last).__aiter__()
@@ -253,14 +256,8 @@ class SyncReadHandle:
     def read_last_add_confirmed(self) -> int:
         return self._loop.run(self._handle.read_last_add_confirmed())
 
-    def close(self) -> None:
-        self._loop.run(self._handle.close())
-
     def __enter__(self) -> SyncReadHandle:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class SyncClient:
