@@ -120,6 +120,34 @@ async def test_recovery_open_fences_the_writer(cluster: LocalCluster) -> None:
         assert (await other.ledger_metadata(writer.ledger_id)).last_entry_id == 49
 
 
+async def test_an_idle_writer_tells_the_bookies_its_lac(cluster: LocalCluster) -> None:
+    """One batch carries the LAC from before it; once the writer is idle it sends the new LAC by itself, so a
+    reader of the open ledger sees every acknowledged entry."""
+    async with Client(cluster.etcd_endpoint, options=FAST) as client, \
+            Client(cluster.etcd_endpoint, options=FAST) as other:
+        writer = await client.create_ledger(3, 3, 2, password=PW)
+        await writer.append_many([data(writer.ledger_id, i) for i in range(100)])  # one batch, LAC -1 on it
+        reader = None
+        for _ in range(100):
+            reader = await other.open_ledger(writer.ledger_id, password=PW, recovery=False)
+            if reader.last_entry_id == 99:
+                break
+            await asyncio.sleep(0.05)
+        assert reader is not None and reader.last_entry_id == 99
+        assert [e.data async for e in reader.read(0, 99)] == [data(writer.ledger_id, i) for i in range(100)]
+        await writer.close()
+
+
+async def test_closing_the_client_fails_appends_in_flight(cluster: LocalCluster) -> None:
+    client = Client(cluster.etcd_endpoint, options=FAST)
+    writer = await client.create_ledger(3, 3, 2, password=PW)
+    task = asyncio.create_task(writer.append_many([b"x" * 1000] * 5000))
+    await asyncio.sleep(0)  # the batch is queued and waiting for its acknowledgements
+    await client.close()
+    with pytest.raises(LedgerClosedError, match="client was closed"):
+        await asyncio.wait_for(task, 10)
+
+
 def test_sync_client(cluster: LocalCluster) -> None:
     with SyncClient(cluster.etcd_endpoint, options=FAST) as client:
         with client.create_ledger(3, 3, 2, password=PW) as writer:

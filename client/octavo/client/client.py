@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+import weakref
 from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
@@ -22,6 +23,7 @@ from typing import TypeVar
 from octavo.client.bookie_client import BookieClient
 from octavo.client.errors import (
     BookieUnavailableError,
+    LedgerClosedError,
     NotEnoughBookiesError,
     WrongPasswordError,
 )
@@ -67,6 +69,8 @@ class Client:
         self._registrations: dict[str, BookieInfo] = {}
         self._registrations_at = -1e9
         self._closing: set[asyncio.Task[None]] = set()
+        self._writers: weakref.WeakSet[WriteHandle] = weakref.WeakSet()
+        self.closed = False
 
     async def __aenter__(self) -> Client:
         return self
@@ -75,6 +79,11 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
+        """Close the client. Appends still in flight on its write handles fail with LedgerClosedError (the
+        ledgers stay open in etcd: a recovery open closes them)."""
+        self.closed = True
+        for writer in list(self._writers):
+            writer.abandon(LedgerClosedError("the client was closed with this append in flight"))
         clients, self._bookie_clients = self._bookie_clients, {}
         await asyncio.gather(*(c.close() for c in clients.values()), return_exceptions=True)
         await self.etcd.close()
@@ -135,7 +144,9 @@ class Client:
             ensemble_size=ensemble_size, write_quorum=write_quorum, ack_quorum=ack_quorum,
             ensembles=((0, ensemble),), password_digest=password_digest(password), custom_metadata=custom,
             master_key_hex=master_key(password).hex())
-        return WriteHandle(self, meta, revision, master_key(password))
+        writer = WriteHandle(self, meta, revision, master_key(password))
+        self._writers.add(writer)
+        return writer
 
     async def open_ledger(self, ledger_id: int, password: bytes = b"", recovery: bool = True) -> ReadHandle:
         """Open a ledger to read it. With recovery (the default), a ledger that is not closed is fenced,

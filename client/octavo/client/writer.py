@@ -41,6 +41,12 @@ log = logging.getLogger(__name__)
 
 ENSEMBLE_CHANGE_ATTEMPTS_MAX = 10
 ENSEMBLE_CHANGE_METADATA_WAIT_S = 30.0
+# How long a writer must be idle before it sends its LAC on its own.
+LAC_UPDATE_DELAY_S = 0.05
+
+
+def _ignore(_: object) -> None:
+    """Answers to LAC-only adds change nothing: a lost one only leaves readers one batch behind."""
 
 
 @dataclass(eq=False)
@@ -77,6 +83,8 @@ class WriteHandle:
         self._changing: set[str] = set()
         self.ensemble_changes = 0
         self.outstanding_requests = 0  # bookie add calls sent and not yet answered
+        self._lac_sent = -1
+        self._lac_timer_armed = False
 
     @property
     def ledger_id(self) -> int:
@@ -166,6 +174,7 @@ class WriteHandle:
             asyncio.get_running_loop().call_soon(self._bookie_failed, bookie_id, str(e))
             return
         self.outstanding_requests += 1
+        self._lac_sent = max(self._lac_sent, self._lac)
         bookie.add_with_callback(self.ledger_id, self._master_key, [p.entry_id for p in entries],
                                  [p.data for p in entries], self._lac, False,
                                  lambda result: self._on_result(bookie_id, entries, result))
@@ -219,6 +228,28 @@ class WriteHandle:
             if p.future is not None and not p.future.done():
                 p.future.set_result(p.entry_id)
         self._room.set()
+        if not pending and self._lac > self._lac_sent and not self._lac_timer_armed and not self._closing:
+            self._lac_timer_armed = True
+            asyncio.get_running_loop().call_later(LAC_UPDATE_DELAY_S, self._send_lac_if_idle)
+
+    def _send_lac_if_idle(self) -> None:
+        """Explicit LAC (BookKeeper's explicitLac): adds carry the LAC of when they were sent, so after the
+        last batch the bookies know one batch less than the writer. Once idle, tell them with a LAC-only add
+        (no entries), so readers of the open ledger see everything acknowledged."""
+        self._lac_timer_armed = False
+        if self._pending or self._error is not None or self._closed or self._client.closed:
+            return
+        self._lac_sent = self._lac
+        for bookie_id in self.metadata.last_ensemble:
+            try:
+                bookie = self._client.bookie_client(bookie_id)
+            except BookieUnavailableError:
+                continue
+            bookie.add_with_callback(self.ledger_id, self._master_key, [], [], self._lac, False, _ignore)
+
+    def abandon(self, error: OctavoError) -> None:
+        """The client is going away: fail what is pending, change nothing in etcd."""
+        self._fail(error)
 
     def _fail(self, error: OctavoError) -> None:
         if self._error is None:
@@ -233,7 +264,7 @@ class WriteHandle:
 
     # -- ensemble change -------------------------------------------------------------------------------
     def _bookie_failed(self, bookie_id: str, reason: str) -> None:
-        if self._error is not None or bookie_id in self._changing:
+        if self._error is not None or bookie_id in self._changing or self._client.closed:
             return
         if bookie_id not in self.metadata.last_ensemble:
             return  # already replaced

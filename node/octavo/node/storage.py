@@ -490,6 +490,12 @@ class Storage:
         for i in accepted:
             batch = batches[i]
             state = self._ledgers.get(batch.ledger_id)
+            if not batch.entry_ids:  # a LAC-only add (the writer went idle): nothing to write
+                if state is not None and batch.last_add_confirmed > state.last_add_confirmed:
+                    state.last_add_confirmed = batch.last_add_confirmed
+                    self._dirty_ledgers.add(batch.ledger_id)
+                results[i] = ([], "")
+                continue
             if state is None:
                 state = LedgerState(batch.master_key)
                 self._ledgers[batch.ledger_id] = state
