@@ -602,3 +602,32 @@ def test_unclean_stop_across_a_reboot_answers_unknown(cfg: NodeConfig, monkeypat
         assert not s.tail_maybe_lost
     finally:
         s.close()
+
+
+def test_entries_lost_in_a_reboot_can_be_written_back(cfg: NodeConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bookie in doubt after a reboot-crash answers UNKNOWN for what it lacks, but must still accept the
+    lost entries back (tail repair, recovery adds, a writer's resend): the duplicate check may not trip on
+    its own doubt."""
+    s = Storage.open(cfg)
+    s._flusher.stop()
+    add(s, 1, 0, 10, size=1000)
+    active = s.status()["active_log_id"]
+    s.abandon()
+    path = Path(cfg.data_dir) / LOGS_DIR / log_file_name(active)
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size - 5 * 1024)  # entries 5..9 lost
+    monkeypatch.setenv("OCTAVO_BOOT_ID", "rebooted")
+    s = Storage.open(cfg)
+    try:
+        assert s.tail_maybe_lost
+        with pytest.raises(StorageError) as e:
+            s.read_entry(1, 7)
+        assert e.value.code == pb.UNKNOWN
+        add(s, 1, 9, 1, size=1000, recovery=True)  # a later entry first: 5..8 are now holes below it
+        codes, msg = s.add_entries(1, KEY, [5, 6, 7], [payload_for(1, e, 1000) for e in (5, 6, 7)], recovery=True)
+        assert codes == [pb.OK] * 3, msg
+        assert s.read_entry(1, 7) == payload_for(1, 7, 1000)
+        codes, _ = s.add_entries(1, KEY, [7], [b"other bytes"], recovery=True)
+        assert codes == [pb.DUPLICATE_MISMATCH]
+    finally:
+        s.close()

@@ -44,7 +44,6 @@ from octavo.node.checkpoint import (
 )
 from octavo.node.config import FSYNC_POLICY_BATCH, NodeConfig
 from octavo.node.entrylog import (
-    ACTIVE,
     CACHE_ENTRY_BYTES_ESTIMATE,
     FLUSHED,
     LOCATION_LENGTH_BITS,
@@ -598,12 +597,12 @@ class Storage:
             self._roll_locked()
 
     def _read_existing_locked(self, ledger_id: int, entry_id: int) -> bytes | None:
-        try:
-            return self.read_entry(ledger_id, entry_id)
-        except StorageError as e:
-            if e.code in (pb.NO_SUCH_ENTRY, pb.NO_SUCH_LEDGER):
-                return None
-            raise
+        """The stored payload of an entry, None if this bookie does not hold it. Looks the location up
+        directly: read_entry's UNKNOWN (a bookie in doubt after a reboot) is for readers, and must not stop
+        the lost entry from being written back."""
+        if self._locate(ledger_id, entry_id) is None:
+            return None
+        return self.read_entry(ledger_id, entry_id)
 
     def _roll_locked(self) -> EntryLog:
         """Seal the active log, queue it for the flusher and start the next one. Returns the new active log."""
@@ -880,5 +879,3 @@ class Storage:
             "last_flush_error": self.last_flush_error,
         }
 
-
-ACTIVE_STATE = ACTIVE  # re-exported for status readers
