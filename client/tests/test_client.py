@@ -22,7 +22,7 @@ from octavo.client.ledger_metadata import CLOSED
 from octavo.client.localcluster import LocalCluster
 
 PW = b"secret"
-FAST = ClientOptions(add_timeout_s=3.0, read_timeout_s=3.0, speculative_read_delay_s=0.1, metadata_timeout_s=2.0)
+FAST = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, speculative_read_delay_s=0.1, metadata_timeout_s=2.0)
 BOOKIE_ARGS = ["--log-size-bytes-max", str(16 << 20), "--batch-bytes-max", str(8 << 20)]
 
 

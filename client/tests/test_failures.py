@@ -27,7 +27,7 @@ from octavo.node.testing import BookieConnection
 from octavo.v1 import bookie_pb2 as pb
 
 PW = b"pw"
-FAST = ClientOptions(add_timeout_s=3.0, read_timeout_s=3.0, speculative_read_delay_s=0.1, bookie_list_ttl_s=0.2,
+FAST = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, speculative_read_delay_s=0.1, bookie_list_ttl_s=0.2,
                      metadata_timeout_s=2.0)
 BOOKIE_ARGS = ["--log-size-bytes-max", str(16 << 20), "--batch-bytes-max", str(8 << 20)]
 
