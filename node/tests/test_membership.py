@@ -53,16 +53,21 @@ def test_register_deregister_and_expire(etcd: EtcdProcess, cluster_name: str, tm
 def test_lost_lease_is_replaced_without_exiting(etcd: EtcdProcess, cluster_name: str, tmp_path: Path) -> None:
     bookie = BookieProcess(str(tmp_path / "b1"), args=cluster_args(etcd, cluster_name, "bookie-1"))
     bookie.start()
+    key = Layout(cluster_name).bookie("bookie-1", False)
 
-    async def revoke_all() -> None:
+    async def lease() -> int:
         async with EtcdClient(etcd.endpoint) as client:
-            kv = await client.get(Layout(cluster_name).bookie("bookie-1", False))
-            assert kv is not None and kv.lease
-            await client.revoke_lease(kv.lease)
+            kv = await client.get(key)
+            return kv.lease if kv else 0
 
-    asyncio.run(revoke_all())
-    assert asyncio.run(registered(etcd, cluster_name)) == {}
-    wait_for(lambda: "bookie-1" in asyncio.run(registered(etcd, cluster_name)))
+    async def revoke(lease_id: int) -> None:
+        async with EtcdClient(etcd.endpoint) as client:
+            await client.revoke_lease(lease_id)
+
+    old = asyncio.run(lease())
+    assert old
+    asyncio.run(revoke(old))  # the registration goes with the lease; the bookie must notice and come back
+    wait_for(lambda: asyncio.run(lease()) not in (0, old))
     assert bookie.alive()
     bookie.stop()
 

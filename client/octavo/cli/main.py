@@ -37,6 +37,7 @@ NODE_SETTING_HELP: dict[str, str] = {
     "bookie_id": "this bookie's identity in the cluster (default: its advertised address); keep it stable",
     "registration_ttl_s": "lease of the bookie's registration in etcd, in seconds",
     "tail_repair": "after an unclean stop across a reboot, copy lost entries back from peers (true/false)",
+    "gc_interval_ms": "how often to collect ledgers deleted from etcd and logs with nothing alive (cluster only)",
     "log_size_bytes_max": "roll the active entry log at this size",
     "log_roll_interval_ms": "roll an active log whose oldest unsynced record is older than this",
     "log_rotate_on_close_bytes_min": "a fence or write-close rotates the active log only if it is at least this big",
@@ -177,6 +178,9 @@ def cmd_bookie_status(args: argparse.Namespace) -> int:
     wc = status.write_cache
     print(f"write cache {wc.entries} of {wc.entries_max} entries (~{wc.estimated_bytes / 2**20:.1f} MiB)")
     print(f"ledgers     {status.ledger_count}; fsync policy {status.fsync_policy}")
+    if status.gc_last_run_unix_ms:
+        print(f"gc          last pass: {status.gc_ledgers_dropped} deleted ledgers dropped, {status.gc_logs_deleted} "
+              f"logs deleted, {status.gc_bytes_reclaimed / 2**20:.1f} MiB reclaimed in {status.gc_duration_s:.2f}s")
     last = "unclean" if status.last_start_was_unclean else "clean"
     print(f"restarts    last start {last}; {status.unclean_restart_count} unclean so far; last recovery scanned "
           f"{status.recovery_logs_scanned} logs, replayed {status.recovery_records_replayed} records, cut "

@@ -37,6 +37,8 @@ class NodeConfig:
     # After an unclean stop across a reboot, copy back from the peers the entries this bookie should hold
     # but lost (BP-46). Off only for tests of what happens before the repair.
     tail_repair: bool = True
+    # How often a bookie in a cluster looks for ledgers deleted from etcd and deletes logs with nothing alive.
+    gc_interval_ms: int = 60_000
 
     # Entry logs: rolled when they reach this size (KAFKA-615's segment size).
     log_size_bytes_max: int = 1 * GIB
@@ -90,6 +92,7 @@ class NodeConfig:
         need(self.add_wait_ms_max >= 1, "add_wait_ms_max must be >= 1")
         need(8 <= self.open_log_files_max <= 65536, "open_log_files_max must be in [8, 65536]")
         need(2 <= self.registration_ttl_s <= 300, "registration_ttl_s must be in [2, 300]")
+        need(self.gc_interval_ms >= 100, f"gc_interval_ms must be >= 100, got {self.gc_interval_ms}")
         need(bool(self.cluster) and "/" not in self.cluster, "cluster must be non-empty without '/'")
         need("/" not in self.bookie_id, "bookie_id must not contain '/'")
         need(self.index_map_size_bytes >= 64 * MIB, "index_map_size_bytes must be >= 64 MiB")

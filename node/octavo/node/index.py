@@ -1,9 +1,11 @@
 """The durable index and ledger table, in LMDB (bench/index_choice.py and docs/architecture.md say why).
 
-Two named databases in one environment under `<data_dir>/index/`:
+Named databases in one environment under `<data_dir>/index/`:
 - `index`: (ledger id, entry id) -> (log id, offset, record length). Keys are big-endian so one ledger's
-  entries are contiguous and ordered (range scans for a ledger's last entry and, later, for GC).
+  entries are contiguous and ordered (range scans for a ledger's last entry and for GC).
 - `ledgers`: ledger id -> LedgerRow (master key, fenced, last-add-confirmed, last durable entry id).
+- `logs`: log id -> the ids of the ledgers with records in that log, written with the log's index entries:
+  garbage collection deletes a flushed log once none of its ledgers is alive.
 
 Written only (a) by the flusher, one transaction per rolled entry log, and (b) by a fence, which must be on
 disk before the bookie answers it. Every write transaction is synced before it returns.
@@ -52,7 +54,15 @@ class LedgerRow:
         return LedgerRow(key, bool(flags & LEDGER_FLAG_FENCED), lac, last)
 
 
-IndexEntry = tuple[int, int, int, int, int]  # ledger id, entry id, log id, offset, record length
+IndexEntry = tuple[int, int, int, int, int]
+
+
+def _pack_ids(ids: list[int]) -> bytes:
+    return struct.pack(f"<{len(ids)}Q", *ids)
+
+
+def _unpack_ids(data: bytes) -> list[int]:
+    return list(struct.unpack(f"<{len(data) // 8}Q", data))  # ledger id, entry id, log id, offset, record length
 
 
 class Index:
@@ -64,6 +74,7 @@ class Index:
                               max_readers=512, readahead=False)
         self._index = self._env.open_db(b"index")
         self._ledgers = self._env.open_db(b"ledgers")
+        self._logs = self._env.open_db(b"logs")
 
     def close(self) -> None:
         self._env.close()
@@ -110,9 +121,44 @@ class Index:
                 written += len(entries)
             for lid, row in ledger_rows.items():
                 txn.put(LEDGER_KEY.pack(lid), row.encode(), db=self._ledgers)
+            txn.put(LEDGER_KEY.pack(log_id), _pack_ids(sorted(cache)), db=self._logs)
         self._env.sync(True)
         self._io.index_synced(self.path)
         return written
+
+    def log_ledgers(self) -> dict[int, list[int]]:
+        """Every flushed log's ledger ids (logs flushed before this table existed are missing: callers scan)."""
+        with self._env.begin(db=self._logs) as txn:
+            return {LEDGER_KEY.unpack(k)[0]: _unpack_ids(v) for k, v in txn.cursor()}
+
+    def put_log_ledgers(self, log_id: int, ledger_ids: list[int]) -> None:
+        with self._env.begin(write=True, db=self._logs) as txn:
+            txn.put(LEDGER_KEY.pack(log_id), _pack_ids(sorted(ledger_ids)))
+        self._env.sync(True)
+        self._io.index_synced(self.path)
+
+    def drop_ledgers(self, ledger_ids: list[int]) -> int:
+        """Delete the ledgers' rows and index entries in one synced transaction; returns entries removed."""
+        removed = 0
+        with self._env.begin(write=True) as txn:
+            cursor = txn.cursor(db=self._index)
+            for lid in ledger_ids:
+                txn.delete(LEDGER_KEY.pack(lid), db=self._ledgers)
+                prefix = LEDGER_KEY.pack(lid)
+                if cursor.set_range(INDEX_KEY.pack(lid, 0)):
+                    while cursor.key()[:8] == prefix:
+                        removed += 1
+                        if not cursor.delete():
+                            break
+        self._env.sync(True)
+        self._io.index_synced(self.path)
+        return removed
+
+    def forget_log(self, log_id: int) -> None:
+        with self._env.begin(write=True, db=self._logs) as txn:
+            txn.delete(LEDGER_KEY.pack(log_id))
+        self._env.sync(True)
+        self._io.index_synced(self.path)
 
     def put_ledger(self, ledger_id: int, row: LedgerRow) -> None:
         """Persist one ledger row and sync it (used by fencing: the fence is durable when this returns)."""

@@ -111,6 +111,18 @@ def current_boot_id() -> str:
         return ""
 
 
+@dataclass
+class GcReport:
+    """What one garbage-collection pass did."""
+
+    logs_checked: int = 0
+    logs_deleted: int = 0
+    bytes_reclaimed: int = 0
+    ledgers_dropped: int = 0
+    duration_s: float = 0.0
+    finished_unix_ms: int = 0
+
+
 @dataclass(slots=True)
 class LedgerBatch:
     """One ledger's part of an add request."""
@@ -189,6 +201,7 @@ class Storage:
         self.started_unix_ms = int(time.time() * 1000)
         self.last_flush_error = ""
         self.flushes = 0
+        self.last_gc: GcReport | None = None
         self._flusher: Any = None
         self._index: Index | None = None
 
@@ -843,6 +856,74 @@ class Storage:
             if active is None or ledger_id not in active.cache:
                 return
         self.roll(self.config.log_rotate_on_close_bytes_min)
+
+    # ------------------------------------------------------------------------------------------------
+    # Garbage collection (docs/durability.md, "Garbage collection")
+
+    def ledger_ids(self) -> set[int]:
+        with self._lock:
+            return set(self._ledgers)
+
+    def drop_ledgers(self, ledger_ids: list[int]) -> int:
+        """Forget ledgers deleted from the cluster: their state, their cached locations in logs not yet
+        flushed, their index entries and rows (one synced transaction). Returns index entries removed.
+        Their records stay in the entry logs until collect_garbage deletes logs with nothing alive."""
+        with self._index_write_lock:
+            with self._room:
+                ids = [lid for lid in ledger_ids if lid in self._ledgers]
+                for lid in ids:
+                    del self._ledgers[lid]
+                    self._dirty_ledgers.discard(lid)
+                    for entry_log in [*self._rolled, *([self._active] if self._active else [])]:
+                        entries = entry_log.cache.pop(lid, None)
+                        if entries:
+                            entry_log.cache_entries -= len(entries)
+                            self._cache_entries -= len(entries)
+                self._room.notify_all()
+            removed = self.index.drop_ledgers(ids) if ids else 0
+        if ids:
+            log.info("dropped %d deleted ledgers (%d index entries)", len(ids), removed)
+        return removed
+
+    def collect_garbage(self) -> GcReport:
+        """Delete the flushed logs (below the recovery point) none of whose ledgers is alive. The active log
+        and logs not yet flushed are never candidates."""
+        t0 = time.monotonic()
+        report = GcReport()
+        known = self.index.log_ledgers()
+        with self._lock:
+            point = self._recovery_point.log_id
+            live = set(self._ledgers)
+            unflushed = {entry_log.log_id for entry_log in [*self._rolled, *([self._active] if self._active else [])]}
+        for name in sorted(self.io.listdir(self.logs_dir)):
+            log_id = parse_log_file_name(name)
+            if log_id is None or log_id >= point or log_id in unflushed:
+                continue
+            report.logs_checked += 1
+            ledgers = known.get(log_id)
+            if ledgers is None:  # flushed before the table existed, or the table was lost: rebuild it
+                scan = scan_log(self.io, os.path.join(self.logs_dir, name), log_id)
+                ledgers = sorted({rec.ledger_id for rec in scan.records})
+                self.index.put_log_ledgers(log_id, ledgers)
+            if any(lid in live for lid in ledgers):
+                continue
+            path = os.path.join(self.logs_dir, name)
+            size = self.io.file_size(path)
+            with self._fd_lock:
+                fd = self._read_fds.pop(log_id, None)
+                if fd is not None:
+                    self.io.close(fd)
+                self.io.unlink(path)
+            self.index.forget_log(log_id)
+            report.logs_deleted += 1
+            report.bytes_reclaimed += size
+        if report.logs_deleted:
+            self.io.fsync_dir(self.logs_dir)
+            log.info("GC deleted %d entry logs, %d bytes", report.logs_deleted, report.bytes_reclaimed)
+        report.duration_s = time.monotonic() - t0
+        report.finished_unix_ms = int(time.time() * 1000)
+        self.last_gc = report
+        return report
 
     # ------------------------------------------------------------------------------------------------
     # Status

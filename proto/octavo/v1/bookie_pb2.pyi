@@ -572,6 +572,11 @@ class BookieStatus(_message.Message):
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
     REGISTERED_FIELD_NUMBER: _builtins.int
     TAIL_MAYBE_LOST_FIELD_NUMBER: _builtins.int
+    GC_LAST_RUN_UNIX_MS_FIELD_NUMBER: _builtins.int
+    GC_LEDGERS_DROPPED_FIELD_NUMBER: _builtins.int
+    GC_LOGS_DELETED_FIELD_NUMBER: _builtins.int
+    GC_BYTES_RECLAIMED_FIELD_NUMBER: _builtins.int
+    GC_DURATION_S_FIELD_NUMBER: _builtins.int
     bookie_id: _builtins.str
     address: _builtins.str
     version: _builtins.str
@@ -599,6 +604,12 @@ class BookieStatus(_message.Message):
     """The last unclean stop crossed a reboot (or power loss): entries of the unsynced tail may be lost here,
     so "no such entry" is answered UNKNOWN.
     """
+    gc_last_run_unix_ms: _builtins.int
+    """The last garbage-collection pass (0 / empty before the first one)."""
+    gc_ledgers_dropped: _builtins.int
+    gc_logs_deleted: _builtins.int
+    gc_bytes_reclaimed: _builtins.int
+    gc_duration_s: _builtins.float
     @_builtins.property
     def directories(self) -> _containers.RepeatedCompositeFieldContainer[Global___DirectoryUsage]: ...
     @_builtins.property
@@ -632,10 +643,15 @@ class BookieStatus(_message.Message):
         instance_id: _builtins.str = ...,
         registered: _builtins.bool = ...,
         tail_maybe_lost: _builtins.bool = ...,
+        gc_last_run_unix_ms: _builtins.int = ...,
+        gc_ledgers_dropped: _builtins.int = ...,
+        gc_logs_deleted: _builtins.int = ...,
+        gc_bytes_reclaimed: _builtins.int = ...,
+        gc_duration_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["write_cache", b"write_cache"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_log_id", b"active_log_id", "address", b"address", "bookie_id", b"bookie_id", "cluster", b"cluster", "directories", b"directories", "entry_log_count", b"entry_log_count", "entry_logs", b"entry_logs", "fsync_policy", b"fsync_policy", "instance_id", b"instance_id", "last_start_was_unclean", b"last_start_was_unclean", "last_unclean_restart_unix_ms", b"last_unclean_restart_unix_ms", "ledger_count", b"ledger_count", "mode", b"mode", "mode_reason", b"mode_reason", "recovery_bytes_truncated", b"recovery_bytes_truncated", "recovery_logs_scanned", b"recovery_logs_scanned", "recovery_point_log_id", b"recovery_point_log_id", "recovery_records_replayed", b"recovery_records_replayed", "registered", b"registered", "started_unix_ms", b"started_unix_ms", "tail_maybe_lost", b"tail_maybe_lost", "unclean_restart_count", b"unclean_restart_count", "version", b"version", "write_cache", b"write_cache"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_log_id", b"active_log_id", "address", b"address", "bookie_id", b"bookie_id", "cluster", b"cluster", "directories", b"directories", "entry_log_count", b"entry_log_count", "entry_logs", b"entry_logs", "fsync_policy", b"fsync_policy", "gc_bytes_reclaimed", b"gc_bytes_reclaimed", "gc_duration_s", b"gc_duration_s", "gc_last_run_unix_ms", b"gc_last_run_unix_ms", "gc_ledgers_dropped", b"gc_ledgers_dropped", "gc_logs_deleted", b"gc_logs_deleted", "instance_id", b"instance_id", "last_start_was_unclean", b"last_start_was_unclean", "last_unclean_restart_unix_ms", b"last_unclean_restart_unix_ms", "ledger_count", b"ledger_count", "mode", b"mode", "mode_reason", b"mode_reason", "recovery_bytes_truncated", b"recovery_bytes_truncated", "recovery_logs_scanned", b"recovery_logs_scanned", "recovery_point_log_id", b"recovery_point_log_id", "recovery_records_replayed", b"recovery_records_replayed", "registered", b"registered", "started_unix_ms", b"started_unix_ms", "tail_maybe_lost", b"tail_maybe_lost", "unclean_restart_count", b"unclean_restart_count", "version", b"version", "write_cache", b"write_cache"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
