@@ -4,6 +4,7 @@
     octavo bookie status --bookie HOST:PORT [--json]                  show a bookie's status
     octavo dev up --data-dir DIR [--bookies N] [--detach] [--json]    run a local cluster (etcd + bookies)
     octavo dev down --data-dir DIR                                    stop a detached local cluster
+    octavo ledger ls|show|read|delete --etcd HOST:PORT ...            look at and remove ledgers
 
 Exit codes: 0 success, 1 the operation failed, 2 bad usage or configuration.
 """
@@ -193,9 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_node_parser(sub)
     _add_bookie_parser(sub)
-    from octavo.cli import dev
+    from octavo.cli import dev, ledger
 
     dev.add_parser(sub)
+    ledger.add_parser(sub)
     return parser
 
 
@@ -207,6 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_node(args)
         if args.command == "bookie" and args.bookie_cmd == "status":
             return cmd_bookie_status(args)
+        if args.command == "ledger":
+            from octavo.cli import ledger
+
+            return ledger.run(args)
         if args.command == "dev":
             from octavo.cli import dev
 
