@@ -76,3 +76,25 @@ async def test_a_ledger_deleted_while_a_bookie_is_down_is_collected_when_it_retu
         assert log_bytes(down.data_dir) == was  # nothing happens to a stopped bookie's disk
         down.start()
         wait_until(lambda: log_bytes(down.data_dir) < was - 8 * 1024 * 1024)
+
+
+def test_octavo_bookie_gc_runs_a_pass_now(cluster: LocalCluster, tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    bookie = cluster.bookies["bookie-0"]
+    run = subprocess.run([sys.executable, "-m", "octavo.cli.main", "bookie", "gc", "--bookie", bookie.address,
+                          "--json"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["logsChecked"] >= 0
+    from octavo.node.testing import BookieProcess
+
+    alone = BookieProcess(str(tmp_path / "standalone"))
+    address = alone.start()
+    try:
+        run = subprocess.run([sys.executable, "-m", "octavo.cli.main", "bookie", "gc", "--bookie", address],
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 1 and "FAILED_PRECONDITION" in run.stderr and "needs cluster membership" in run.stderr
+    finally:
+        alone.stop()

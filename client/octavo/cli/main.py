@@ -2,6 +2,7 @@
 
     octavo node --data-dir DIR [--port PORT] [--config FILE] [...]   run a bookie
     octavo bookie status --bookie HOST:PORT [--json]                  show a bookie's status
+    octavo bookie gc --bookie HOST:PORT [--json]                      run a garbage-collection pass now
     octavo dev up --data-dir DIR [--bookies N] [--detach] [--json]    run a local cluster (etcd + bookies)
     octavo dev down --data-dir DIR                                    stop a detached local cluster
     octavo ledger ls|show|read|delete --etcd HOST:PORT ...            look at and remove ledgers
@@ -146,6 +147,10 @@ def _add_bookie_parser(sub: Any) -> None:
     s.add_argument("--bookie", required=True, help="HOST:PORT of the bookie")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the bookie")
+    g = bsub.add_parser("gc", help="run a garbage-collection pass now")
+    g.add_argument("--bookie", required=True, help="HOST:PORT of the bookie")
+    g.add_argument("--json", action="store_true", help="print JSON")
+    g.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the pass")
 
 
 def cmd_bookie_status(args: argparse.Namespace) -> int:
@@ -189,6 +194,28 @@ def cmd_bookie_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_bookie_gc(args: argparse.Namespace) -> int:
+    import grpc
+    from google.protobuf import json_format
+
+    from octavo.v1 import bookie_pb2 as pb
+    from octavo.v1 import bookie_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(args.bookie) as channel:
+        try:
+            result = pb_grpc.BookieAdminStub(channel).RunGc(pb.RunGcRequest(), timeout=args.timeout)
+        except grpc.RpcError as e:
+            print(f"octavo bookie gc: {args.bookie}: {e.code().name}: {e.details()}", file=sys.stderr)
+            return EXIT_FAILED
+    if args.json:
+        print(json.dumps(json_format.MessageToDict(result, always_print_fields_with_no_presence=True)))
+    else:
+        print(f"dropped {result.ledgers_dropped} deleted ledgers; deleted {result.logs_deleted} of "
+              f"{result.logs_checked} flushed logs; reclaimed {result.bytes_reclaimed / 2**20:.1f} MiB in "
+              f"{result.duration_s:.2f}s")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="octavo", description="Octavo: replicated log storage for data pipelines")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -209,6 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_node(args)
         if args.command == "bookie" and args.bookie_cmd == "status":
             return cmd_bookie_status(args)
+        if args.command == "bookie" and args.bookie_cmd == "gc":
+            return cmd_bookie_gc(args)
         if args.command == "ledger":
             from octavo.cli import ledger
 

@@ -200,11 +200,25 @@ def directory_usage(path: str) -> pb.DirectoryUsage:
 
 class BookieAdminService(pb_grpc.BookieAdminServicer):
     def __init__(self, storage: Storage, address: str, bookie_id: str,
-                 registration: Registration | None = None) -> None:
+                 registration: Registration | None = None, run_gc: Any = None) -> None:
         self.storage = storage
         self.address = address
         self.bookie_id = bookie_id
         self.registration = registration
+        self.run_gc = run_gc
+
+    async def RunGc(self, request: pb.RunGcRequest, context: grpc.aio.ServicerContext) -> pb.RunGcResponse:
+        if self.run_gc is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "garbage collection needs cluster membership (--etcd): a standalone bookie cannot "
+                                "tell which ledgers were deleted")
+        try:
+            report = await self.run_gc()
+        except MetadataUnavailableError as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"garbage collection needs etcd: {e}")
+        return pb.RunGcResponse(ledgers_dropped=report.ledgers_dropped, logs_checked=report.logs_checked,
+                                logs_deleted=report.logs_deleted, bytes_reclaimed=report.bytes_reclaimed,
+                                duration_s=report.duration_s)
 
     async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.BookieStatus:
         st = self.storage.status()
@@ -293,6 +307,7 @@ def bookie_handler(service: BookieService) -> Any:
 def admin_handler(service: BookieAdminService) -> Any:
     return grpc.method_handlers_generic_handler("octavo.v1.BookieAdmin", {
         "GetStatus": _unary(service.GetStatus, pb.GetStatusRequest, pb.BookieStatus),
+        "RunGc": _unary(service.RunGc, pb.RunGcRequest, pb.RunGcResponse),
     })
 
 
@@ -341,7 +356,8 @@ class BookieServer:
             await self.registration.check_cookie()  # before serving anything from this disk
         server.add_generic_rpc_handlers((bookie_handler(BookieService(self.storage, self.registration)),))
         server.add_generic_rpc_handlers((admin_handler(
-            BookieAdminService(self.storage, advertised, self.bookie_id, self.registration)),))
+            BookieAdminService(self.storage, advertised, self.bookie_id, self.registration,
+                               self.collect_garbage if self.registration is not None else None)),))
         await server.start()
         self.server = server
         for name in ["", *names]:

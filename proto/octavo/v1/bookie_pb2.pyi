@@ -444,6 +444,52 @@ class WriteCloseResponse(_message.Message):
 Global___WriteCloseResponse: _TypeAlias = WriteCloseResponse  # noqa: Y015
 
 @_typing.final
+class RunGcRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunGcRequest: _TypeAlias = RunGcRequest  # noqa: Y015
+
+@_typing.final
+class RunGcResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEDGERS_DROPPED_FIELD_NUMBER: _builtins.int
+    LOGS_CHECKED_FIELD_NUMBER: _builtins.int
+    LOGS_DELETED_FIELD_NUMBER: _builtins.int
+    BYTES_RECLAIMED_FIELD_NUMBER: _builtins.int
+    DURATION_S_FIELD_NUMBER: _builtins.int
+    ledgers_dropped: _builtins.int
+    logs_checked: _builtins.int
+    logs_deleted: _builtins.int
+    bytes_reclaimed: _builtins.int
+    duration_s: _builtins.float
+    def __init__(
+        self,
+        *,
+        ledgers_dropped: _builtins.int = ...,
+        logs_checked: _builtins.int = ...,
+        logs_deleted: _builtins.int = ...,
+        bytes_reclaimed: _builtins.int = ...,
+        duration_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_reclaimed", b"bytes_reclaimed", "duration_s", b"duration_s", "ledgers_dropped", b"ledgers_dropped", "logs_checked", b"logs_checked", "logs_deleted", b"logs_deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunGcResponse: _TypeAlias = RunGcResponse  # noqa: Y015
+
+@_typing.final
 class GetStatusRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -250,6 +250,11 @@ class BookieAdminStub:
                 request_serializer=octavo_dot_v1_dot_bookie__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=octavo_dot_v1_dot_bookie__pb2.BookieStatus.FromString,
                 _registered_method=True)
+        self.RunGc = channel.unary_unary(
+                '/octavo.v1.BookieAdmin/RunGc',
+                request_serializer=octavo_dot_v1_dot_bookie__pb2.RunGcRequest.SerializeToString,
+                response_deserializer=octavo_dot_v1_dot_bookie__pb2.RunGcResponse.FromString,
+                _registered_method=True)
 
 
 class BookieAdminServicer:
@@ -264,6 +269,13 @@ class BookieAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunGc(self, request, context):
+        """Run a garbage-collection pass now (a bookie in a cluster; a standalone one answers FAILED_PRECONDITION).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BookieAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -271,6 +283,11 @@ def add_BookieAdminServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=octavo_dot_v1_dot_bookie__pb2.GetStatusRequest.FromString,
                     response_serializer=octavo_dot_v1_dot_bookie__pb2.BookieStatus.SerializeToString,
+            ),
+            'RunGc': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunGc,
+                    request_deserializer=octavo_dot_v1_dot_bookie__pb2.RunGcRequest.FromString,
+                    response_serializer=octavo_dot_v1_dot_bookie__pb2.RunGcResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -303,6 +320,33 @@ class BookieAdmin:
             '/octavo.v1.BookieAdmin/GetStatus',
             octavo_dot_v1_dot_bookie__pb2.GetStatusRequest.SerializeToString,
             octavo_dot_v1_dot_bookie__pb2.BookieStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunGc(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/octavo.v1.BookieAdmin/RunGc',
+            octavo_dot_v1_dot_bookie__pb2.RunGcRequest.SerializeToString,
+            octavo_dot_v1_dot_bookie__pb2.RunGcResponse.FromString,
             options,
             channel_credentials,
             insecure,
