@@ -53,9 +53,8 @@ async def test_deleting_a_ledger_gives_its_space_back(cluster: LocalCluster) -> 
         await client.delete_ledger(doomed)
         for bookie_id, bookie in cluster.bookies.items():
             wait_until(lambda b=bookie, was=before[bookie_id]: log_bytes(b.data_dir) < was - 8 * 1024 * 1024)
-            with BookieConnection(bookie.address) as conn:
-                st = conn.status()
-                assert st.gc_ledgers_dropped + st.gc_logs_deleted > 0 or st.gc_bytes_reclaimed > 0
+            with BookieConnection(bookie.address) as conn:  # a pass ran (its figures may be a later, empty one)
+                assert conn.status().gc_last_run_unix_ms > 0
         reader = await client.open_ledger(kept, password=PW)
         count = 0
         async for entry in reader.read(0, reader.last_entry_id):
