@@ -242,16 +242,3 @@ def _kv(item: Any) -> KeyValue:
     return KeyValue(bytes(item.key), bytes(item.value), int(item.mod_revision), int(item.create_revision),
                     int(item.lease))
 
-
-async def wait_until_serving(endpoints: str, timeout_s: float) -> None:
-    """Wait until etcd answers a read, or raise MetadataUnavailableError."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    async with EtcdClient(endpoints, timeout_s=1.0) as client:
-        while True:
-            try:
-                await client.get(b"/octavo-ping")
-                return
-            except MetadataUnavailableError:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise
-                await asyncio.sleep(0.1)

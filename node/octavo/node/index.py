@@ -88,18 +88,6 @@ class Index:
             log_id, offset, length = INDEX_VALUE.unpack(raw)
             return log_id, offset, length
 
-    def last_entry_id(self, ledger_id: int) -> int:
-        """The highest entry id of the ledger in the index, -1 if none."""
-        with self._env.begin(db=self._index, buffers=True) as txn:
-            cur = txn.cursor()
-            if ledger_id + 1 >= 1 << 64 or not cur.set_range(INDEX_KEY.pack(ledger_id + 1, 0)):
-                if not cur.last():
-                    return -1
-            elif not cur.prev():
-                return -1
-            found_ledger, entry = INDEX_KEY.unpack(cur.key())
-            return int(entry) if found_ledger == ledger_id else -1
-
     def commit_checkpoint(self, log_id: int, cache: dict[int, dict[int, int]],
                           ledger_rows: dict[int, LedgerRow]) -> int:
         """Write one log's cached locations (ledger id -> entry id -> offset << 32 | length) and the ledger rows
@@ -173,10 +161,6 @@ class Index:
             for k, v in txn.cursor():
                 out[LEDGER_KEY.unpack(k)[0]] = LedgerRow.decode(v)
         return out
-
-    def entry_count(self) -> int:
-        with self._env.begin(db=self._index) as txn:
-            return int(txn.stat(self._index)["entries"])
 
     def all_entries(self) -> list[IndexEntry]:
         """Every index entry, for checks in tests and tools (not for the serving path)."""
