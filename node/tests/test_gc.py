@@ -78,13 +78,19 @@ def test_a_lost_log_table_is_rebuilt_by_scanning(cfg: NodeConfig) -> None:
     fill(s, [7], 10)
     fill(s, [8], 10)
     flushed(s)
-    for log_id in list(s.index.log_ledgers()):
+    original = s.index.log_metas()
+    assert original and all(m.total_bytes > sum(m.ledger_bytes.values()) > 0 for m in original.values())
+    for log_id in list(original):
+        s.index.forget_log(log_id)
+    assert s.log_accounting() == original  # the scan finds what the flush recorded
+    for log_id in list(original):
         s.index.forget_log(log_id)
     s.drop_ledgers([7])
     report = s.collect_garbage()
     assert report.logs_deleted >= 1
     assert s.read_entry(8, 499) == payload_for(8, 499, 1000)
-    assert s.index.log_ledgers()  # rebuilt for the logs that stay
+    kept = s.index.log_metas()  # rebuilt for the logs that stay
+    assert kept and set(kept) < set(original) and all(kept[i] == original[i] for i in kept)
     s.close()
 
 

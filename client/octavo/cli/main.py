@@ -53,6 +53,18 @@ NODE_SETTING_HELP: dict[str, str] = {
     "read_bytes_max": "most payload bytes returned by one read",
     "open_log_files_max": "entry-log files kept open for reads",
     "index_map_size_bytes": "address space reserved for the LMDB index",
+    "compaction_enabled": "run scheduled compaction passes (true/false); passes started by hand run regardless",
+    "compaction_minor_threshold": "minor compaction rewrites logs whose live share is below this (0-1)",
+    "compaction_major_threshold": "major compaction rewrites logs whose live share is below this (0-1, > minor)",
+    "compaction_minor_interval_ms": "how often a scheduled minor compaction pass runs",
+    "compaction_major_interval_ms": "how often a scheduled major compaction pass runs",
+    "compaction_rate_bytes_per_s": "most bytes compaction copies per second (0: unlimited)",
+    "compaction_run_time_ms_max": "a compaction pass stops at a safe point after this long",
+    "disk_check_interval_ms": "how often the disk monitor checks each data directory's usage",
+    "disk_warn_ratio": "log a warning when a data directory's filesystem is fuller than this (0-1)",
+    "disk_readonly_ratio": "turn read-only when any data directory's filesystem is fuller than this (0-1)",
+    "disk_writable_ratio": "turn writable again when every data directory is below this (0-1, < readonly)",
+    "disk_capacity_bytes": "capacity to measure usage against instead of the filesystem's (0: the filesystem's)",
 }
 
 
@@ -106,6 +118,11 @@ def resolve_node_config(args: argparse.Namespace, environ: dict[str, str] | None
             if str(value).lower() not in ("true", "false", "1", "0", "yes", "no"):
                 raise UsageError(f"setting {name} must be true or false, got {value!r}")
             values[name] = str(value).lower() in ("true", "1", "yes")
+        elif isinstance(known[name].default, float) and not isinstance(value, float):
+            try:
+                values[name] = float(value)
+            except (TypeError, ValueError):
+                raise UsageError(f"setting {name} must be a number, got {value!r}") from None
         elif isinstance(known[name].default, int) and not isinstance(value, int):
             try:
                 values[name] = int(value)

@@ -40,6 +40,27 @@ class NodeConfig:
     # How often a bookie in a cluster looks for ledgers deleted from etcd and deletes logs with nothing alive.
     gc_interval_ms: int = 60_000
 
+    # Compaction (compaction.py): a flushed log whose live share is below a threshold is rewritten. Minor
+    # passes (small threshold, cheap) run more often than major ones. The rate limit bounds the bytes copied
+    # per second (0: unlimited); a pass stops at a safe point after its maximum run time.
+    compaction_enabled: bool = True
+    compaction_minor_threshold: float = 0.2
+    compaction_major_threshold: float = 0.8
+    compaction_minor_interval_ms: int = 3_600_000
+    compaction_major_interval_ms: int = 86_400_000
+    compaction_rate_bytes_per_s: int = 32 * MIB
+    compaction_run_time_ms_max: int = 3_600_000
+
+    # Disk watermarks (disk.py), as shares of each data directory's filesystem: past `warn` a warning is
+    # logged, past `readonly` the bookie refuses new adds, and it turns writable again only below `writable`.
+    disk_check_interval_ms: int = 2_000
+    disk_warn_ratio: float = 0.90
+    disk_readonly_ratio: float = 0.95
+    disk_writable_ratio: float = 0.85
+    # Use this capacity instead of the filesystem's (0: the filesystem's): for a bookie given a quota on a
+    # shared filesystem. Usage is then the bytes under the data directory.
+    disk_capacity_bytes: int = 0
+
     # Entry logs: rolled when they reach this size (KAFKA-615's segment size).
     log_size_bytes_max: int = 1 * GIB
     # A log with unsynced data older than this is rolled, so a quiet bookie still moves its recovery point.
@@ -96,6 +117,20 @@ class NodeConfig:
         need(bool(self.cluster) and "/" not in self.cluster, "cluster must be non-empty without '/'")
         need("/" not in self.bookie_id, "bookie_id must not contain '/'")
         need(self.index_map_size_bytes >= 64 * MIB, "index_map_size_bytes must be >= 64 MiB")
+        need(0.0 < self.compaction_minor_threshold < self.compaction_major_threshold <= 1.0,
+             f"compaction thresholds must satisfy 0 < minor < major <= 1, got minor "
+             f"{self.compaction_minor_threshold} and major {self.compaction_major_threshold}")
+        need(self.compaction_minor_interval_ms >= 100 and self.compaction_major_interval_ms >= 100,
+             "compaction_minor_interval_ms and compaction_major_interval_ms must be >= 100")
+        need(self.compaction_rate_bytes_per_s >= 0, "compaction_rate_bytes_per_s must be >= 0 (0: unlimited)")
+        need(self.compaction_run_time_ms_max >= 100, "compaction_run_time_ms_max must be >= 100")
+        need(self.disk_check_interval_ms >= 10, "disk_check_interval_ms must be >= 10")
+        need(0.0 < self.disk_writable_ratio < self.disk_readonly_ratio <= 1.0,
+             f"disk watermarks must satisfy 0 < disk_writable_ratio < disk_readonly_ratio <= 1, got "
+             f"{self.disk_writable_ratio} and {self.disk_readonly_ratio}")
+        need(0.0 < self.disk_warn_ratio <= self.disk_readonly_ratio,
+             f"disk_warn_ratio must be in (0, disk_readonly_ratio], got {self.disk_warn_ratio}")
+        need(self.disk_capacity_bytes >= 0, "disk_capacity_bytes must be >= 0 (0: the filesystem's capacity)")
         return self
 
     def address(self) -> str:

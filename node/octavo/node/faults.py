@@ -18,9 +18,19 @@ FLUSH_AFTER_INDEX_COMMIT = "flush.after_index_commit"
 FLUSH_AFTER_RECOVERY_POINT = "flush.after_recovery_point"
 ADD_AFTER_WRITE = "add.after_write"
 FENCE_AFTER_PERSIST = "fence.after_persist"
+# Compaction's phase boundaries (compaction.py): after a source log is copied (phase 1, the compaction log is
+# still `.compacting`), after the copy is synced (still phase 1), after the rename that marks it complete
+# (phase 2), after the index switch (phase 3), after the old logs are deleted (phase 4, before the rename).
+COMPACTION_DURING_COPY = "compaction.during_copy"
+COMPACTION_AFTER_COPY = "compaction.after_copy"
+COMPACTION_AFTER_MARK_COMPLETE = "compaction.after_mark_complete"
+COMPACTION_AFTER_INDEX_UPDATE = "compaction.after_index_update"
+COMPACTION_AFTER_DELETE_SOURCES = "compaction.after_delete_sources"
+COMPACTION_POINTS = (COMPACTION_DURING_COPY, COMPACTION_AFTER_COPY, COMPACTION_AFTER_MARK_COMPLETE,
+                     COMPACTION_AFTER_INDEX_UPDATE, COMPACTION_AFTER_DELETE_SOURCES)
 KNOWN_POINTS = frozenset({
     FLUSH_AFTER_LOG_SYNC, FLUSH_AFTER_INDEX_COMMIT, FLUSH_AFTER_RECOVERY_POINT, ADD_AFTER_WRITE,
-    FENCE_AFTER_PERSIST,
+    FENCE_AFTER_PERSIST, *COMPACTION_POINTS,
 })
 
 

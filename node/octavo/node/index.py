@@ -4,17 +4,21 @@ Named databases in one environment under `<data_dir>/index/`:
 - `index`: (ledger id, entry id) -> (log id, offset, record length). Keys are big-endian so one ledger's
   entries are contiguous and ordered (range scans for a ledger's last entry and for GC).
 - `ledgers`: ledger id -> LedgerRow (master key, fenced, last-add-confirmed, last durable entry id).
-- `logs`: log id -> the ids of the ledgers with records in that log, written with the log's index entries:
-  garbage collection deletes a flushed log once none of its ledgers is alive.
+- `log_meta`: log id -> LogMeta: the log's size and the payload bytes each ledger has in it, written with the
+  log's index entries. Live bytes of a log = the bytes of its ledgers still alive: garbage collection deletes
+  a flushed log with none, compaction picks logs by live/total ratio. Rebuilt by scanning a log if missing.
 
-Written only (a) by the flusher, one transaction per rolled entry log, and (b) by a fence, which must be on
-disk before the bookie answers it. Every write transaction is synced before it returns.
+Written (a) by the flusher, one transaction per rolled entry log, (b) by a fence, which must be on disk before
+the bookie answers it, (c) by GC (dropped ledgers, forgotten logs) and (d) by compaction (index entries moved
+to a compaction log, only where they still point into the compacted log). Every write transaction is synced
+before it returns.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import lmdb
@@ -54,15 +58,36 @@ class LedgerRow:
         return LedgerRow(key, bool(flags & LEDGER_FLAG_FENCED), lac, last)
 
 
-IndexEntry = tuple[int, int, int, int, int]
+IndexEntry = tuple[int, int, int, int, int]  # ledger id, entry id, log id, offset, record length
+LOG_META_HEAD = struct.Struct("<QI")  # total bytes, ledger count; then (ledger id, bytes) pairs
 
 
-def _pack_ids(ids: list[int]) -> bytes:
-    return struct.pack(f"<{len(ids)}Q", *ids)
+@dataclass(frozen=True, slots=True)
+class LogMeta:
+    """A flushed log's accounting: its size and each ledger's record bytes in it."""
+
+    total_bytes: int
+    ledger_bytes: dict[int, int]
+
+    def live_bytes(self, live: set[int] | dict[int, object]) -> int:
+        return sum(n for lid, n in self.ledger_bytes.items() if lid in live)
+
+    def encode(self) -> bytes:
+        items = sorted(self.ledger_bytes.items())
+        flat = [x for pair in items for x in pair]
+        return LOG_META_HEAD.pack(self.total_bytes, len(items)) + struct.pack(f"<{len(flat)}Q", *flat)
+
+    @staticmethod
+    def decode(data: bytes) -> LogMeta:
+        total, n = LOG_META_HEAD.unpack_from(data)
+        flat = struct.unpack_from(f"<{2 * n}Q", data, LOG_META_HEAD.size)
+        return LogMeta(total, dict(zip(flat[0::2], flat[1::2], strict=True)))
 
 
-def _unpack_ids(data: bytes) -> list[int]:
-    return list(struct.unpack(f"<{len(data) // 8}Q", data))  # ledger id, entry id, log id, offset, record length
+def cache_ledger_bytes(cache: dict[int, dict[int, int]]) -> dict[int, int]:
+    """Record bytes per ledger in a log's cache (ledger id -> entry id -> offset << 32 | length)."""
+    mask = LOCATION_LENGTH_MASK
+    return {lid: sum(loc & mask for loc in entries.values()) for lid, entries in cache.items()}
 
 
 class Index:
@@ -70,11 +95,11 @@ class Index:
         self.path = os.path.join(data_dir, INDEX_DIR)
         os.makedirs(self.path, exist_ok=True)
         self._io = io
-        self._env = lmdb.open(self.path, map_size=map_size_bytes, max_dbs=4, sync=True, metasync=True,
+        self._env = lmdb.open(self.path, map_size=map_size_bytes, max_dbs=6, sync=True, metasync=True,
                               max_readers=512, readahead=False)
         self._index = self._env.open_db(b"index")
         self._ledgers = self._env.open_db(b"ledgers")
-        self._logs = self._env.open_db(b"logs")
+        self._log_meta = self._env.open_db(b"log_meta")
 
     def close(self) -> None:
         self._env.close()
@@ -89,7 +114,7 @@ class Index:
             return log_id, offset, length
 
     def commit_checkpoint(self, log_id: int, cache: dict[int, dict[int, int]],
-                          ledger_rows: dict[int, LedgerRow]) -> int:
+                          ledger_rows: dict[int, LedgerRow], log_size: int) -> int:
         """Write one log's cached locations (ledger id -> entry id -> offset << 32 | length) and the ledger rows
         in one transaction, and sync it. Returns the entries written.
 
@@ -109,21 +134,71 @@ class Index:
                 written += len(entries)
             for lid, row in ledger_rows.items():
                 txn.put(LEDGER_KEY.pack(lid), row.encode(), db=self._ledgers)
-            txn.put(LEDGER_KEY.pack(log_id), _pack_ids(sorted(cache)), db=self._logs)
+            meta = LogMeta(log_size, cache_ledger_bytes(cache))
+            txn.put(LEDGER_KEY.pack(log_id), meta.encode(), db=self._log_meta)
         self._env.sync(True)
         self._io.index_synced(self.path)
         return written
 
-    def log_ledgers(self) -> dict[int, list[int]]:
-        """Every flushed log's ledger ids (logs flushed before this table existed are missing: callers scan)."""
-        with self._env.begin(db=self._logs) as txn:
-            return {LEDGER_KEY.unpack(k)[0]: _unpack_ids(v) for k, v in txn.cursor()}
+    def log_metas(self) -> dict[int, LogMeta]:
+        """Every flushed log's accounting (a log whose row is missing is rebuilt by a scan: put_log_meta)."""
+        with self._env.begin(db=self._log_meta) as txn:
+            return {LEDGER_KEY.unpack(k)[0]: LogMeta.decode(v) for k, v in txn.cursor()}
 
-    def put_log_ledgers(self, log_id: int, ledger_ids: list[int]) -> None:
-        with self._env.begin(write=True, db=self._logs) as txn:
-            txn.put(LEDGER_KEY.pack(log_id), _pack_ids(sorted(ledger_ids)))
+    def put_log_meta(self, log_id: int, meta: LogMeta) -> None:
+        with self._env.begin(write=True, db=self._log_meta) as txn:
+            txn.put(LEDGER_KEY.pack(log_id), meta.encode())
         self._env.sync(True)
         self._io.index_synced(self.path)
+
+    def move_entries(self, sources: set[int], new_log_id: int, moved: list[IndexEntry], meta: LogMeta) -> int:
+        """Compaction's index phase: point each (ledger, entry) of `moved` at its copy in `new_log_id`, only where
+        the index still points into one of the `sources` (a ledger dropped meanwhile stays dropped), and record
+        the new log's accounting, in one synced transaction. Idempotent. Returns the entries moved."""
+        key_pack, value_pack, value_unpack = INDEX_KEY.pack, INDEX_VALUE.pack, INDEX_VALUE.unpack
+        changed = 0
+        with self._env.begin(write=True) as txn:
+            for lid, eid, _, offset, length in moved:
+                key = key_pack(lid, eid)
+                raw = txn.get(key, db=self._index)
+                if raw is None or value_unpack(raw)[0] not in sources:
+                    continue
+                txn.put(key, value_pack(new_log_id, offset, length), db=self._index)
+                changed += 1
+            txn.put(LEDGER_KEY.pack(new_log_id), meta.encode(), db=self._log_meta)
+        self._env.sync(True)
+        self._io.index_synced(self.path)
+        return changed
+
+    def get_many(self, keys: list[tuple[int, int]]) -> list[tuple[int, int, int] | None]:
+        """(log id, offset, length) of each (ledger id, entry id), None where absent; one read transaction."""
+        key_pack, value_unpack = INDEX_KEY.pack, INDEX_VALUE.unpack
+        with self._env.begin(db=self._index, buffers=True) as txn:
+            get = txn.get
+            out: list[tuple[int, int, int] | None] = []
+            for lid, eid in keys:
+                raw = get(key_pack(lid, eid))
+                out.append(None if raw is None else value_unpack(raw))
+            return out
+
+    def entries_in(self, log_id: int, ledger_ids: Iterable[int],
+                   after_offset: int = 0) -> list[tuple[int, int, int, int]]:
+        """(ledger id, entry id, offset, length) of these ledgers' entries indexed in `log_id` at or after
+        `after_offset`: a range scan per ledger (compaction's way past a damaged record; checks in tests)."""
+        out = []
+        with self._env.begin(db=self._index) as txn:
+            cursor = txn.cursor()
+            for lid in ledger_ids:
+                prefix = LEDGER_KEY.pack(lid)
+                if not cursor.set_range(INDEX_KEY.pack(lid, 0)):
+                    continue
+                for k, v in cursor:
+                    if k[:8] != prefix:
+                        break
+                    in_log, offset, length = INDEX_VALUE.unpack(v)
+                    if in_log == log_id and offset >= after_offset:
+                        out.append((lid, INDEX_KEY.unpack(k)[1], offset, length))
+        return out
 
     def drop_ledgers(self, ledger_ids: list[int]) -> int:
         """Delete the ledgers' rows and index entries in one synced transaction; returns entries removed."""
@@ -143,7 +218,7 @@ class Index:
         return removed
 
     def forget_log(self, log_id: int) -> None:
-        with self._env.begin(write=True, db=self._logs) as txn:
+        with self._env.begin(write=True, db=self._log_meta) as txn:
             txn.delete(LEDGER_KEY.pack(log_id))
         self._env.sync(True)
         self._io.index_synced(self.path)

@@ -12,7 +12,8 @@ An entry log is a file `<log_id as 16 hex digits>.log`:
 All integers are little-endian. A record whose entry id is negative is a control record, never indexed:
 ENTRY_ID_LEDGER_KEY carries the ledger's master key, written the first time a ledger appears in a log, so
 a log replayed after a crash can rebuild the ledger's state on its own; ENTRY_ID_FENCE records a fence (the
-fence is made durable by the synced ledger table; the record lets an index rebuilt from the logs keep it).
+fence is made durable by the synced ledger table; the record lets an index rebuilt from the logs keep it);
+ENTRY_ID_COMPACTED_FROM opens a compaction log (compaction.py) and lists the logs it replaces.
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ RECORD_BODY_BYTES_MAX = 64 * 1024 * 1024
 
 ENTRY_ID_LEDGER_KEY = -1
 ENTRY_ID_FENCE = -2
-CONTROL_ENTRY_IDS = frozenset({ENTRY_ID_LEDGER_KEY, ENTRY_ID_FENCE})
+# The first record of a compaction log: its payload lists the ids of the logs it was compacted from, so a
+# compaction interrupted after its log was marked complete can be finished from the file alone.
+ENTRY_ID_COMPACTED_FROM = -3
+CONTROL_ENTRY_IDS = frozenset({ENTRY_ID_LEDGER_KEY, ENTRY_ID_FENCE, ENTRY_ID_COMPACTED_FROM})
 
 _crc = crc32c.crc32c
 

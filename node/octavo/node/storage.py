@@ -52,9 +52,10 @@ from octavo.node.entrylog import (
 )
 from octavo.node.errors import Code, StorageError, fenced, no_such_entry, no_such_ledger, unauthorized
 from octavo.node.fileio import FileIO
-from octavo.node.index import INDEX_DIR, MASTER_KEY_BYTES_MAX, Index, LedgerRow
+from octavo.node.index import INDEX_DIR, MASTER_KEY_BYTES_MAX, Index, LedgerRow, LogMeta
 from octavo.node.record import (
     CRC_FIELD,
+    ENTRY_ID_COMPACTED_FROM,
     ENTRY_ID_FENCE,
     ENTRY_ID_LEDGER_KEY,
     LOG_HEADER_BYTES,
@@ -184,6 +185,16 @@ class Storage:
         self._index_write_lock = threading.Lock()
         self._fd_lock = threading.Lock()
         self._read_fds: OrderedDict[int, int] = OrderedDict()
+        # Read fds of compaction logs between their index switch and their rename to a normal log name
+        # (compaction.py): never evicted, since the file cannot be reopened by its log name meanwhile.
+        self._pinned_fds: dict[int, int] = {}
+        self._next_log_id = 0
+        # GC and compaction passes never overlap (both delete logs and rewrite the accounting).
+        self.space_lock = threading.Lock()
+        # Why adds are refused (the disk monitor sets it: disk.py); empty while the bookie is writable.
+        self.read_only_reason = ""
+        # An add failed with ENOSPC: the disk monitor turns the bookie read-only at its next check.
+        self.disk_full_seen = False
         self._ledgers: dict[int, LedgerState] = {}
         self._dirty_ledgers: set[int] = set()
         self._rolled: deque[EntryLog] = deque()
@@ -252,6 +263,9 @@ class Storage:
                         "every entry log", point.log_id)
             point = RecoveryPoint(0)
         self._recovery_point = point
+        from octavo.node.compaction import recover_interrupted
+
+        self.compaction_recovery = recover_interrupted(self)
         self._recover_logs(point, unclean)
         # The marker says "a bookie runs here"; a start that finds it knows the last stop was unclean.
         self.io.write_file_atomic(running_marker, str(os.getpid()).encode())
@@ -316,8 +330,8 @@ class Storage:
             self._replay(entry_log, scan)
             report.records_replayed += len(scan.records)
             self._rolled.append(entry_log)
-        next_id = max([point.log_id, *(i + 1 for i in log_ids)])
-        self._active = self._create_active_log(next_id)
+        self._next_log_id = max([point.log_id, *(i + 1 for i in log_ids)])
+        self._active = self._create_active_log(self.allocate_log_id())
         self.recovery = report
         log.info("recovery: point %d, %d logs scanned, %d records replayed, %d bytes cut", point.log_id,
                  report.logs_scanned, report.records_replayed, report.bytes_truncated)
@@ -332,11 +346,15 @@ class Storage:
                 entry_log.cache.setdefault(rec.ledger_id, {})
                 continue
             state = self._ledgers.get(rec.ledger_id)
+            if rec.entry_id == ENTRY_ID_COMPACTED_FROM:
+                continue
             if state is None:  # cannot happen: a ledger's key record precedes its entries in every log
                 raise StorageError(pb.INTERNAL, f"entry log {entry_log.log_id} holds ledger {rec.ledger_id} "
                                                 "entries without its key record")
             if rec.entry_id == ENTRY_ID_FENCE:
                 state.fenced = True
+                continue
+            if rec.entry_id == ENTRY_ID_COMPACTED_FROM:
                 continue
             entries = entry_log.cache.setdefault(rec.ledger_id, {})
             if rec.entry_id not in entries:
@@ -372,6 +390,10 @@ class Storage:
                 self._active = None
         while self._rolled:
             self.flush_one()
+        if self._next_log_id > self._recovery_point.log_id:
+            # Every log is flushed; compaction logs past the point are durable and indexed: skip them next time.
+            self._recovery_point = RecoveryPoint(self._next_log_id)
+            write_recovery_point(self.io, self.data_dir, self._recovery_point)
         self.io.unlink(os.path.join(self.data_dir, RUNNING_MARKER_FILE))
         self.io.fsync_dir(self.data_dir)
         self._close_files()
@@ -385,9 +407,10 @@ class Storage:
 
     def _close_files(self) -> None:
         with self._fd_lock:
-            for fd in self._read_fds.values():
+            for fd in [*self._read_fds.values(), *self._pinned_fds.values()]:
                 self.io.close(fd)
             self._read_fds.clear()
+            self._pinned_fds.clear()
         for entry_log in [*self._rolled, *([self._active] if self._active else [])]:
             self.io.close(entry_log.fd)
         if self._index is not None:
@@ -623,10 +646,16 @@ class Storage:
         assert old is not None
         old.state = ROLLED
         self._rolled.append(old)
-        self._active = self._create_active_log(old.log_id + 1)
+        self._active = self._create_active_log(self.allocate_log_id())
         if self._flusher is not None:
             self._flusher.wake()
         return self._active
+
+    def allocate_log_id(self) -> int:
+        """The next entry-log id: active logs and compaction logs share one increasing sequence."""
+        log_id = self._next_log_id
+        self._next_log_id += 1
+        return log_id
 
     def _create_active_log(self, log_id: int) -> EntryLog:
         entry_log = EntryLog.create(self.io, self.logs_dir, log_id)
@@ -683,13 +712,20 @@ class Storage:
                 self._dirty_ledgers = set()
                 rows = {lid: self._ledgers[lid].row() for lid in dirty}
             try:
-                self.index.commit_checkpoint(entry_log.log_id, entry_log.cache, rows)
+                self.index.commit_checkpoint(entry_log.log_id, entry_log.cache, rows, entry_log.size)
             except BaseException:
                 with self._lock:
                     self._dirty_ledgers |= dirty
                 raise
         faults.hit(faults.FLUSH_AFTER_INDEX_COMMIT)
-        point = RecoveryPoint(entry_log.log_id + 1)
+        with self._lock:
+            # The point moves to the oldest log not flushed yet. Compaction logs (ids from the same sequence)
+            # in between are durable and indexed before they get a log name, so the point may pass them.
+            if len(self._rolled) > 1:
+                next_unflushed = self._rolled[1].log_id
+            else:
+                next_unflushed = self._active.log_id if self._active is not None else self._next_log_id
+        point = RecoveryPoint(next_unflushed)
         write_recovery_point(self.io, self.data_dir, point)
         faults.hit(faults.FLUSH_AFTER_RECOVERY_POINT)
         with self._room:
@@ -738,7 +774,16 @@ class Storage:
             raise no_such_entry(ledger_id, entry_id)
         log_id, offset, length = loc
         try:
-            data = self._pread(log_id, length, offset)
+            try:
+                data = self._pread(log_id, length, offset)
+            except FileNotFoundError:
+                # Compaction deleted the log after we looked its location up; the index already points at
+                # the copy (it is switched before the old log goes).
+                loc = self._locate(ledger_id, entry_id)
+                if loc is None or loc[0] == log_id:
+                    raise
+                log_id, offset, length = loc
+                data = self._pread(log_id, length, offset)
             return decode_record(data, ledger_id, entry_id).payload
         except (RecordFormatError, OSError) as e:
             log.error("entry %d of ledger %d in log %d at %d: %s", entry_id, ledger_id, log_id, offset, e)
@@ -760,6 +805,9 @@ class Storage:
         fd = self._read_fds.get(log_id)
         if fd is not None:
             self._read_fds.move_to_end(log_id)
+            return fd
+        fd = self._pinned_fds.get(log_id)
+        if fd is not None:
             return fd
         fd = self.io.open_read(os.path.join(self.logs_dir, f"{log_id:016x}.log"))
         self._remember_read_fd_locked(log_id, fd)
@@ -885,45 +933,85 @@ class Storage:
             log.info("dropped %d deleted ledgers (%d index entries)", len(ids), removed)
         return removed
 
-    def collect_garbage(self) -> GcReport:
-        """Delete the flushed logs (below the recovery point) none of whose ledgers is alive. The active log
-        and logs not yet flushed are never candidates."""
-        t0 = time.monotonic()
-        report = GcReport()
-        known = self.index.log_ledgers()
+    def log_accounting(self) -> dict[int, LogMeta]:
+        """The accounting (size, bytes per ledger) of every flushed log: below the recovery point and not
+        queued for the flusher. A log whose row is missing (lost index) is scanned and its row rebuilt."""
+        metas = self.index.log_metas()
         with self._lock:
             point = self._recovery_point.log_id
-            live = set(self._ledgers)
             unflushed = {entry_log.log_id for entry_log in [*self._rolled, *([self._active] if self._active else [])]}
+        out: dict[int, LogMeta] = {}
         for name in sorted(self.io.listdir(self.logs_dir)):
             log_id = parse_log_file_name(name)
             if log_id is None or log_id >= point or log_id in unflushed:
                 continue
-            report.logs_checked += 1
-            ledgers = known.get(log_id)
-            if ledgers is None:  # flushed before the table existed, or the table was lost: rebuild it
-                scan = scan_log(self.io, os.path.join(self.logs_dir, name), log_id)
-                ledgers = sorted({rec.ledger_id for rec in scan.records})
-                self.index.put_log_ledgers(log_id, ledgers)
-            if any(lid in live for lid in ledgers):
+            meta = metas.get(log_id)
+            if meta is None:
+                meta = self._scan_log_meta(log_id)
+                self.index.put_log_meta(log_id, meta)
+            out[log_id] = meta
+        return out
+
+    def _scan_log_meta(self, log_id: int) -> LogMeta:
+        scan = scan_log(self.io, os.path.join(self.logs_dir, f"{log_id:016x}.log"), log_id)
+        ledger_bytes: dict[int, int] = {}
+        for rec in scan.records:
+            if rec.entry_id == ENTRY_ID_COMPACTED_FROM:
                 continue
-            path = os.path.join(self.logs_dir, name)
-            size = self.io.file_size(path)
-            with self._fd_lock:
-                fd = self._read_fds.pop(log_id, None)
-                if fd is not None:
-                    self.io.close(fd)
+            ledger_bytes[rec.ledger_id] = ledger_bytes.get(rec.ledger_id, 0) + (rec.length if rec.entry_id >= 0 else 0)
+        log.info("entry log %d: accounting rebuilt by a scan (%d ledgers)", log_id, len(ledger_bytes))
+        return LogMeta(scan.file_size, ledger_bytes)
+
+    def delete_log_file(self, log_id: int, sync_dir: bool = True) -> int:
+        """Delete a flushed log (GC, compaction): close its read fd, unlink it. Returns its size (0 if it was
+        already gone). Its accounting row is the caller's to forget, after the directory is synced."""
+        path = os.path.join(self.logs_dir, f"{log_id:016x}.log")
+        with self._fd_lock:
+            fd = self._read_fds.pop(log_id, None)
+            if fd is not None:
+                self.io.close(fd)
+            try:
+                size = self.io.file_size(path)
                 self.io.unlink(path)
-            self.index.forget_log(log_id)
-            report.logs_deleted += 1
-            report.bytes_reclaimed += size
-        if report.logs_deleted:
+            except FileNotFoundError:
+                return 0
+        if sync_dir:
             self.io.fsync_dir(self.logs_dir)
-            log.info("GC deleted %d entry logs, %d bytes", report.logs_deleted, report.bytes_reclaimed)
+        return size
+
+    def collect_garbage(self) -> GcReport:
+        """Delete the flushed logs (below the recovery point) none of whose ledgers is alive. The active log
+        and logs not yet flushed are never candidates. An interrupted compaction is finished first."""
+        from octavo.node.compaction import recover_interrupted
+
+        t0 = time.monotonic()
+        report = GcReport()
+        with self.space_lock:
+            recover_interrupted(self)
+            live = self.ledger_ids()
+            deleted = []
+            for log_id, meta in self.log_accounting().items():
+                report.logs_checked += 1
+                if any(lid in live for lid in meta.ledger_bytes):
+                    continue
+                report.bytes_reclaimed += self.delete_log_file(log_id, sync_dir=False)
+                report.logs_deleted += 1
+                deleted.append(log_id)
+            if deleted:
+                self.io.fsync_dir(self.logs_dir)
+                for log_id in deleted:
+                    self.index.forget_log(log_id)
+                log.info("GC deleted %d entry logs, %d bytes", report.logs_deleted, report.bytes_reclaimed)
         report.duration_s = time.monotonic() - t0
         report.finished_unix_ms = int(time.time() * 1000)
         self.last_gc = report
         return report
+
+    def disk_bytes(self) -> tuple[int, int]:
+        """(live bytes, total bytes) of the flushed logs, from the accounting (status and tools)."""
+        live = self.ledger_ids()
+        metas = self.index.log_metas()
+        return sum(m.live_bytes(live) for m in metas.values()), sum(m.total_bytes for m in metas.values())
 
     # ------------------------------------------------------------------------------------------------
     # Status

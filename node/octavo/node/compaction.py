@@ -1,0 +1,576 @@
+"""Transactional compaction of entry logs (seed 001's phases with seed 000's fixes; docs/durability.md).
+
+A flushed log whose live bytes (bytes of ledgers still alive, from the per-log accounting in the index) are a
+small share of its size is rewritten: its live records are copied into a **separate compaction log** and the
+old log is deleted. Several such logs may share one compaction log, as long as their live bytes fit in one
+log size, so compaction never needs more than about one log of free space.
+
+Phases, each visible on disk by a file suffix, and what startup (or the next pass) does after a crash in it:
+
+| phase                                  | on disk                          | after a crash                          |
+|----------------------------------------|----------------------------------|----------------------------------------|
+| 1 copy live records                    | `<C>.log.compacting`             | roll back: delete the compaction log   |
+| 2 fsync, then rename: marked complete  | `<C>.log.compacted` (synced)     | finish: phases 3 and 4 from the file   |
+| 3 switch the index (synced)            | `<C>.log.compacted`              | finish: phase 3 again is a no-op       |
+| 4 delete the old logs, then rename     | `<C>.log` + no sources           | nothing left to do                     |
+
+The compaction log carries its own description: the records are copied byte for byte (a record's checksum
+covers its ids and payload, not its place), and the last record (ENTRY_ID_COMPACTED_FROM) lists the logs it
+replaces, written after the last copy and before the fsync. Phase 3 points an index entry at the copy only
+where it still points into one of those logs, so a ledger dropped meanwhile stays dropped, and redoing the
+phase changes nothing. The old logs are deleted before the compaction log gets its normal name, so a crash
+can never leave both the copies and the originals behind as live data: repeated failures pile up nothing.
+
+A pass stops at a safe point (between source logs) when its run time is up, its window closes, it is
+suspended or the bookie stops; a source log copied only in part is cut off the compaction log again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from octavo.node import faults
+from octavo.node.index import IndexEntry, LogMeta
+from octavo.node.record import (
+    ENTRY_ID_COMPACTED_FROM,
+    ENTRY_ID_FENCE,
+    ENTRY_ID_LEDGER_KEY,
+    LOG_HEADER_BYTES,
+    RECORD_BODY_BYTES_MAX,
+    Record,
+    RecordFormatError,
+    decode_log_header,
+    decode_record,
+    encode_log_header,
+    encode_record,
+    log_file_name,
+    scan_records,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from octavo.node.storage import Storage
+
+log = logging.getLogger(__name__)
+
+COMPACTING_SUFFIX = ".compacting"  # phase 1: being written; rolled back after a crash
+COMPACTED_SUFFIX = ".compacted"    # phase 2 done: synced and complete; finished after a crash
+MINOR = "minor"
+MAJOR = "major"
+# One compaction log replaces at most this many logs (its trailer lists them).
+COMPACTION_SOURCES_MAX = 1024
+# Copies are written in chunks of about this size, and read in chunks of this size.
+COPY_CHUNK_BYTES = 4 * 1024 * 1024
+# The node-state keys that persist an administrator's suspend and window across restarts.
+STATE_SUSPENDED = "compaction_suspended"
+STATE_WINDOW_UNTIL_MS = "compaction_window_until_ms"
+
+
+def _pack_ids(ids: list[int]) -> bytes:
+    return struct.pack(f"<{len(ids)}Q", *ids)
+
+
+def _unpack_ids(data: bytes) -> list[int]:
+    return list(struct.unpack(f"<{len(data) // 8}Q", data))
+
+
+@dataclass
+class CompactionReport:
+    """What one compaction pass did (also the shape of the last run in status)."""
+
+    kind: str = MINOR
+    started_unix_ms: int = 0
+    finished_unix_ms: int = 0
+    duration_s: float = 0.0
+    logs_compacted: int = 0       # old logs deleted after their live records were copied
+    compaction_logs: int = 0      # compaction logs written
+    entries_copied: int = 0
+    bytes_copied: int = 0
+    bytes_reclaimed: int = 0      # old logs' sizes minus the compaction logs' sizes
+    corrupt_records: int = 0
+    stopped: str = ""             # why the pass stopped before its last candidate, empty if it did not
+    error: str = ""
+
+
+@dataclass
+class CompactionProgress:
+    kind: str
+    logs_total: int
+    bytes_total: int  # live bytes to copy
+    logs_done: int = 0
+    bytes_done: int = 0
+
+
+@dataclass
+class InterruptedReport:
+    rolled_back: list[int] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
+    quarantined: list[int] = field(default_factory=list)
+
+
+class CompactionStopped(Exception):
+    """Raised inside a copy when the pass must stop at the next safe point."""
+
+
+def _path(storage: Storage, log_id: int, suffix: str = "") -> str:
+    return os.path.join(storage.logs_dir, log_file_name(log_id) + suffix)
+
+
+def _parse_name(name: str, suffix: str) -> int | None:
+    if not name.endswith(".log" + suffix) or len(name) != 16 + 4 + len(suffix):
+        return None
+    try:
+        return int(name[:16], 16)
+    except ValueError:
+        return None
+
+
+def recover_interrupted(storage: Storage) -> InterruptedReport:
+    """Roll back or finish every compaction a crash (or a failed pass) left behind. Runs at startup, before
+    the entry logs are scanned, and at the start of every GC and compaction pass."""
+    report = InterruptedReport()
+    io = storage.io
+    for name in sorted(io.listdir(storage.logs_dir)):
+        log_id = _parse_name(name, COMPACTING_SUFFIX)
+        if log_id is not None:
+            log.warning("compaction log %d was interrupted while copying: rolling it back", log_id)
+            with storage._fd_lock:
+                fd = storage._pinned_fds.pop(log_id, None)
+                if fd is not None:
+                    io.close(fd)
+            io.unlink(os.path.join(storage.logs_dir, name))
+            io.fsync_dir(storage.logs_dir)
+            report.rolled_back.append(log_id)
+            continue
+        log_id = _parse_name(name, COMPACTED_SUFFIX)
+        if log_id is None:
+            continue
+        log.warning("compaction log %d was complete but not switched over: finishing it", log_id)
+        try:
+            sources, moved, meta = _describe(storage, log_id)
+        except RecordFormatError as e:
+            # Synced before its rename, so this is damage on disk: keep every original, set the file aside.
+            log.error("compaction log %d is unreadable (%s): setting it aside; the logs it replaced stay", log_id, e)
+            io.rename(_path(storage, log_id, COMPACTED_SUFFIX), _path(storage, log_id, COMPACTED_SUFFIX + ".corrupt"))
+            io.fsync_dir(storage.logs_dir)
+            report.quarantined.append(log_id)
+            continue
+        _switch_and_delete(storage, log_id, sources, moved, meta)
+        report.finished.append(log_id)
+    return report
+
+
+def _describe(storage: Storage, log_id: int) -> tuple[list[int], list[IndexEntry], LogMeta]:
+    """Read a complete compaction log back: the logs it replaces (its trailer), its copies and accounting."""
+    io = storage.io
+    path = _path(storage, log_id, COMPACTED_SUFFIX)
+    fd = io.open_read(path)
+    try:
+        size = io.file_size(path)
+        if decode_log_header(io.pread(fd, LOG_HEADER_BYTES, 0)) != log_id:
+            raise RecordFormatError("header names another log")
+        data = io.pread(fd, size - LOG_HEADER_BYTES, LOG_HEADER_BYTES)
+    finally:
+        io.close(fd)
+    scan = scan_records(data, LOG_HEADER_BYTES)
+    if scan.error is not None or scan.incomplete:
+        raise RecordFormatError(scan.error or "torn record")
+    if not scan.records or scan.records[-1].entry_id != ENTRY_ID_COMPACTED_FROM:
+        raise RecordFormatError("no trailer listing the compacted logs")
+    sources = _unpack_ids(scan.records[-1].payload)
+    moved: list[IndexEntry] = []
+    ledger_bytes: dict[int, int] = {}
+    for rec in scan.records:
+        if rec.entry_id == ENTRY_ID_LEDGER_KEY or rec.entry_id == ENTRY_ID_FENCE:
+            ledger_bytes.setdefault(rec.ledger_id, 0)
+        elif rec.entry_id >= 0:
+            moved.append((rec.ledger_id, rec.entry_id, log_id, rec.offset, rec.length))
+            ledger_bytes[rec.ledger_id] = ledger_bytes.get(rec.ledger_id, 0) + rec.length
+    return sources, moved, LogMeta(size, ledger_bytes)
+
+
+def _switch_and_delete(storage: Storage, log_id: int, sources: list[int], moved: list[IndexEntry],
+                       meta: LogMeta) -> list[int]:
+    """Phases 3 and 4 of a complete compaction log. Returns the sizes of the old logs deleted."""
+    io = storage.io
+    storage.index.move_entries(set(sources), log_id, moved, meta)
+    faults.hit(faults.COMPACTION_AFTER_INDEX_UPDATE)
+    sizes = []
+    for src in sources:
+        sizes.append(storage.delete_log_file(src, sync_dir=False))
+    io.fsync_dir(storage.logs_dir)
+    for src in sources:
+        storage.index.forget_log(src)
+    faults.hit(faults.COMPACTION_AFTER_DELETE_SOURCES)
+    io.rename(_path(storage, log_id, COMPACTED_SUFFIX), _path(storage, log_id))
+    io.fsync_dir(storage.logs_dir)
+    with storage._fd_lock:
+        fd = storage._pinned_fds.pop(log_id, None)
+        if fd is not None:
+            storage._remember_read_fd_locked(log_id, fd)
+    return sizes
+
+
+class Compactor:
+    """Runs compaction passes for one Storage. Thread-safe: passes take storage.space_lock."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        cfg = storage.config
+        self.enabled = cfg.compaction_enabled
+        extra = storage.node_state.extra if storage.node_state else {}
+        self.suspended = bool(extra.get(STATE_SUSPENDED, False))
+        self.window_until_ms = int(extra.get(STATE_WINDOW_UNTIL_MS, 0))
+        self.progress: CompactionProgress | None = None
+        self.last: CompactionReport | None = None
+        self.last_minor_monotonic = time.monotonic()
+        self.last_major_monotonic = time.monotonic()
+        self._stop = threading.Event()
+
+    # Controls (persisted in the node state, so an operator's decision survives a restart)
+
+    def set_suspended(self, suspended: bool) -> None:
+        self.suspended = suspended
+        self._persist(STATE_SUSPENDED, suspended)
+
+    def set_window(self, until_unix_ms: int) -> None:
+        """Allow scheduled compaction until this time (0: no window, always allowed). A running pass stops at
+        its next safe point once the window closes."""
+        self.window_until_ms = max(0, until_unix_ms)
+        self._persist(STATE_WINDOW_UNTIL_MS, self.window_until_ms)
+
+    def _persist(self, key: str, value: object) -> None:
+        from octavo.node.checkpoint import write_node_state
+
+        state = self.storage.node_state
+        if state is None:
+            return
+        state.extra[key] = value
+        write_node_state(self.storage.io, self.storage.data_dir, state)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def blocked_reason(self) -> str:
+        """Why a pass may not run now (empty: it may)."""
+        if not self.enabled:
+            return "compaction is disabled (compaction_enabled=false)"
+        if self.suspended:
+            return "compaction is suspended by an administrator"
+        if self.window_until_ms and time.time() * 1000 >= self.window_until_ms:
+            return "the compaction window closed"
+        return ""
+
+    def due(self) -> str | None:
+        """The kind of scheduled pass that is due now, if any (major first)."""
+        cfg = self.storage.config
+        now = time.monotonic()
+        if now - self.last_major_monotonic >= cfg.compaction_major_interval_ms / 1000:
+            return MAJOR
+        if now - self.last_minor_monotonic >= cfg.compaction_minor_interval_ms / 1000:
+            return MINOR
+        return None
+
+    # A pass
+
+    def run(self, kind: str, on_progress: Callable[[CompactionProgress], None] | None = None) -> CompactionReport:
+        """One pass: compact every flushed log whose live share is below the kind's threshold, oldest
+        garbage first, within the run-time limit and the window. Never raises for one bad log."""
+        storage = self.storage
+        cfg = storage.config
+        threshold = cfg.compaction_major_threshold if kind == MAJOR else cfg.compaction_minor_threshold
+        report = CompactionReport(kind=kind, started_unix_ms=int(time.time() * 1000))
+        t0 = time.monotonic()
+        deadline = t0 + cfg.compaction_run_time_ms_max / 1000
+        if kind == MAJOR:
+            self.last_major_monotonic = t0
+        self.last_minor_monotonic = t0
+        with storage.space_lock:
+            try:
+                recover_interrupted(storage)
+                groups = self._plan(threshold)
+                total = sum(live for group in groups for _, live, _ in group)
+                self.progress = CompactionProgress(kind, sum(map(len, groups)), total)
+                if on_progress:
+                    on_progress(self.progress)
+                for group in groups:
+                    why = self._why_stop(deadline)
+                    if why:
+                        report.stopped = why
+                        break
+                    self._compact_group(group, report, deadline, on_progress)
+                    if report.stopped:
+                        break
+            except Exception as e:  # a failed pass is retried next time; it never stops the bookie
+                log.exception("compaction pass failed")
+                report.error = f"{type(e).__name__}: {e}"
+            finally:
+                self.progress = None
+        report.duration_s = time.monotonic() - t0
+        report.finished_unix_ms = int(time.time() * 1000)
+        self.last = report
+        log.info("%s compaction: %d logs compacted into %d, %d bytes copied, %d reclaimed in %.2fs%s%s", kind,
+                 report.logs_compacted, report.compaction_logs, report.bytes_copied, report.bytes_reclaimed,
+                 report.duration_s, f"; stopped: {report.stopped}" if report.stopped else "",
+                 f"; error: {report.error}" if report.error else "")
+        return report
+
+    def _why_stop(self, deadline: float) -> str:
+        if self._stop.is_set():
+            return "the bookie is stopping"
+        if time.monotonic() >= deadline:
+            limit = self.storage.config.compaction_run_time_ms_max
+            return f"run time limit reached (compaction_run_time_ms_max={limit})"
+        if self.suspended:
+            return "suspended by an administrator"
+        if self.window_until_ms and time.time() * 1000 >= self.window_until_ms:
+            return "the compaction window closed"
+        return ""
+
+    def _plan(self, threshold: float) -> list[list[tuple[int, int, int]]]:
+        """Candidates (log id, live bytes, size) by live share, lowest first, packed into groups whose live
+        bytes fit in one log. Logs with nothing alive are left to GC, which just deletes them."""
+        storage = self.storage
+        metas = storage.log_accounting()
+        live = storage.ledger_ids()
+        candidates = []
+        for log_id, meta in metas.items():
+            live_bytes = meta.live_bytes(live)
+            if meta.total_bytes <= 0 or not any(lid in live for lid in meta.ledger_bytes):
+                continue
+            ratio = live_bytes / meta.total_bytes
+            if ratio < threshold:
+                candidates.append((ratio, log_id, live_bytes, meta.total_bytes))
+        candidates.sort()
+        cap = storage.config.log_size_bytes_max
+        groups: list[list[tuple[int, int, int]]] = []
+        current: list[tuple[int, int, int]] = []
+        size = 0
+        for _, log_id, live_bytes, total in candidates:
+            if current and (size + live_bytes > cap or len(current) >= COMPACTION_SOURCES_MAX):
+                groups.append(current)
+                current, size = [], 0
+            current.append((log_id, live_bytes, total))
+            size += live_bytes
+        if current:
+            groups.append(current)
+        return groups
+
+    def _compact_group(self, group: list[tuple[int, int, int]], report: CompactionReport, deadline: float,
+                       on_progress: Callable[[CompactionProgress], None] | None) -> None:
+        storage = self.storage
+        io = storage.io
+        with storage._lock:
+            log_id = storage.allocate_log_id()
+        path = _path(storage, log_id, COMPACTING_SUFFIX)
+        fd = io.open_append(path, create=True)
+        out = _Output(storage, log_id, fd, self, deadline, on_progress)
+        copied: list[int] = []
+        try:
+            io.write_at_end(fd, encode_log_header(log_id))
+            out.size = LOG_HEADER_BYTES
+            for src, _, _ in group:
+                mark = out.mark()
+                try:
+                    out.copy_log(src, report)
+                except CompactionStopped as e:
+                    out.rewind(mark)  # a source copied in part is not replaced: cut its copies off again
+                    report.stopped = str(e)
+                    break
+                copied.append(src)
+                faults.hit(faults.COMPACTION_DURING_COPY)
+                if self.progress:
+                    self.progress.logs_done += 1
+            if not copied:
+                io.close(fd)
+                io.unlink(path)
+                return
+            out.flush()
+            payload = _pack_ids(copied)
+            header, length = encode_record(0, ENTRY_ID_COMPACTED_FROM, payload)
+            io.write_at_end(fd, header + payload)
+            out.size += length
+            io.fsync(fd)
+            faults.hit(faults.COMPACTION_AFTER_COPY)
+            # Phase 2: marked complete. From here a crash finishes the job instead of rolling it back.
+            io.rename(path, _path(storage, log_id, COMPACTED_SUFFIX))
+            io.fsync_dir(storage.logs_dir)
+            faults.hit(faults.COMPACTION_AFTER_MARK_COMPLETE)
+        except BaseException:
+            io.close(fd)
+            if os.path.exists(path):
+                io.unlink(path)
+            raise
+        io.close(fd)
+        # Readers follow the switched index into the file before it has its log name: keep a fd for them.
+        read_fd = io.open_read(_path(storage, log_id, COMPACTED_SUFFIX))
+        with storage._fd_lock:
+            storage._pinned_fds[log_id] = read_fd
+        meta = LogMeta(out.size, out.ledger_bytes)
+        sizes = _switch_and_delete(storage, log_id, copied, out.moved, meta)
+        report.compaction_logs += 1
+        report.logs_compacted += len(copied)
+        report.bytes_reclaimed += sum(sizes) - out.size
+
+
+class _Output:
+    """The compaction log being written: buffered copies, the index entries they will replace, accounting."""
+
+    def __init__(self, storage: Storage, log_id: int, fd: int, compactor: Compactor, deadline: float,
+                 on_progress: Callable[[CompactionProgress], None] | None) -> None:
+        self.storage = storage
+        self.log_id = log_id
+        self.fd = fd
+        self.compactor = compactor
+        self.deadline = deadline
+        self.on_progress = on_progress
+        self.size = 0  # bytes written to the file
+        self.buffer: list[bytes] = []
+        self.buffered = 0
+        self.moved: list[IndexEntry] = []
+        self.ledger_bytes: dict[int, int] = {}
+        self.rate = storage.config.compaction_rate_bytes_per_s
+        self.t0 = time.monotonic()
+        self.paced_bytes = 0
+
+    def mark(self) -> tuple[int, int, dict[int, int]]:
+        self.flush()
+        return self.size, len(self.moved), dict(self.ledger_bytes)
+
+    def rewind(self, mark: tuple[int, int, dict[int, int]]) -> None:
+        self.buffer, self.buffered = [], 0
+        size, moved, ledger_bytes = mark
+        self.storage.io.truncate(self.fd, size)
+        self.size = size
+        del self.moved[moved:]
+        self.ledger_bytes = ledger_bytes
+
+    def append(self, ledger_id: int, entry_id: int, raw: bytes | memoryview) -> None:
+        if ledger_id not in self.ledger_bytes:
+            state = self.storage.ledger_state(ledger_id)
+            if state is None:
+                return
+            header, _ = encode_record(ledger_id, ENTRY_ID_LEDGER_KEY, state.master_key)
+            self._put(header + state.master_key)
+            self.ledger_bytes[ledger_id] = 0
+        offset = self.size + self.buffered
+        self._put(bytes(raw))
+        if entry_id >= 0:
+            self.moved.append((ledger_id, entry_id, self.log_id, offset, len(raw)))
+            self.ledger_bytes[ledger_id] += len(raw)
+
+    def _put(self, data: bytes) -> None:
+        self.buffer.append(data)
+        self.buffered += len(data)
+        if self.buffered >= COPY_CHUNK_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.buffer:
+            return
+        data = b"".join(self.buffer)
+        self.storage.io.write_at_end(self.fd, data)
+        self.size += len(data)
+        self.buffer, self.buffered = [], 0
+
+    def pace(self, nbytes: int) -> None:
+        """Count copied bytes against the rate limit (sleeping as needed) and check for a stop."""
+        progress = self.compactor.progress
+        if progress:
+            progress.bytes_done += nbytes
+            if self.on_progress:
+                self.on_progress(progress)
+        self.paced_bytes += nbytes
+        while True:
+            why = self.compactor._why_stop(self.deadline)
+            if why:
+                raise CompactionStopped(why)
+            if not self.rate:
+                return
+            ahead = self.paced_bytes / self.rate - (time.monotonic() - self.t0)
+            if ahead <= 0:
+                return
+            time.sleep(min(ahead, 0.2))
+
+    def copy_log(self, src: int, report: CompactionReport) -> None:
+        """Copy the live records of one flushed log: the records of live ledgers the index still points at,
+        and their fence records. A corrupt record is reported; the rest of the log is still read through the
+        index (the scan cannot find the next record boundary after damage)."""
+        storage = self.storage
+        io = storage.io
+        path = _path(storage, src)
+        fd = io.open_read(path)
+        try:
+            size = io.file_size(path)
+            offset = LOG_HEADER_BYTES
+            buf = b""
+            while offset + len(buf) < size or buf:
+                data = io.pread(fd, COPY_CHUNK_BYTES, offset + len(buf))
+                eof = not data
+                buf = buf + data if buf else data
+                scan = scan_records(buf, offset, keep_payloads=False)
+                self._copy_found(src, buf, offset, scan.records, report)
+                if scan.error is not None or (eof and scan.incomplete):
+                    report.corrupt_records += 1
+                    log.error("compaction: entry log %d has a bad record at offset %d (%s); copying the rest of "
+                              "its live entries through the index", src, scan.end, scan.error or "torn record")
+                    self._copy_rest_via_index(src, fd, scan.end, report)
+                    return
+                if eof:
+                    return
+                buf = buf[scan.end - offset:]
+                offset = scan.end
+                if len(buf) > RECORD_BODY_BYTES_MAX + COPY_CHUNK_BYTES:
+                    raise RuntimeError("compaction scan buffer grew past its bound")
+        finally:
+            io.close(fd)
+
+    def _copy_found(self, src: int, buf: bytes, base: int, records: list[Record], report: CompactionReport) -> None:
+        storage = self.storage
+        live = storage._ledgers
+        wanted = [r for r in records if r.ledger_id in live and (r.entry_id >= 0 or r.entry_id == ENTRY_ID_FENCE)]
+        if not wanted:
+            return
+        locations = storage.index.get_many([(r.ledger_id, r.entry_id) for r in wanted if r.entry_id >= 0])
+        it = iter(locations)
+        nbytes = 0
+        view = memoryview(buf)
+        for r in wanted:
+            raw = view[r.offset - base:r.offset - base + r.length]
+            if r.entry_id == ENTRY_ID_FENCE:
+                self.append(r.ledger_id, r.entry_id, raw)
+                continue
+            if next(it) != (src, r.offset, r.length):
+                continue  # not the indexed copy of this entry (or dropped meanwhile): dead
+            self.append(r.ledger_id, r.entry_id, raw)
+            report.entries_copied += 1
+            report.bytes_copied += r.length
+            nbytes += r.length
+        self.pace(nbytes)
+
+    def _copy_rest_via_index(self, src: int, fd: int, after: int, report: CompactionReport) -> None:
+        storage = self.storage
+        meta = storage.index.log_metas().get(src)
+        ledgers = [lid for lid in (meta.ledger_bytes if meta else storage.ledger_ids()) if lid in storage._ledgers]
+        for lid, eid, offset, length in sorted(storage.index.entries_in(src, ledgers, after),
+                                               key=lambda e: e[2]):
+            try:
+                raw = storage.io.pread(fd, length, offset)
+                decode_record(raw, lid, eid)
+            except (RecordFormatError, OSError) as e:
+                if offset != after:  # the record the scan stopped at is counted already
+                    report.corrupt_records += 1
+                log.error("compaction: entry %d of ledger %d in log %d at %d is unreadable (%s); it stays "
+                          "unreadable here and readers go to another replica", eid, lid, src, offset, e)
+                continue
+            self.append(lid, eid, raw)
+            report.entries_copied += 1
+            report.bytes_copied += length
+            self.pace(length)
+
