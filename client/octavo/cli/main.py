@@ -1,8 +1,9 @@
 """The `octavo` command: one CLI for every component.
 
     octavo node --data-dir DIR [--port PORT] [--config FILE] [...]   run a bookie
-    octavo bookie status --bookie HOST:PORT [--json]                  show a bookie's status
-    octavo bookie gc --bookie HOST:PORT [--json]                      run a garbage-collection pass now
+    octavo bookie status|readonly|writable|gc --bookie HOST:PORT      a bookie's status and controls
+    octavo bookie compact --bookie HOST:PORT [--major|--minor]        run a compaction pass now (with progress)
+    octavo bookie compaction suspend|resume|window --bookie HOST:PORT control scheduled compaction
     octavo dev up --data-dir DIR [--bookies N] [--detach] [--json]    run a local cluster (etcd + bookies)
     octavo dev down --data-dir DIR                                    stop a detached local cluster
     octavo ledger ls|show|read|delete --etcd HOST:PORT ...            look at and remove ledgers
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import sys
@@ -157,89 +157,13 @@ def cmd_node(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _add_bookie_parser(sub: Any) -> None:
-    p = sub.add_parser("bookie", help="inspect and control a bookie")
-    bsub = p.add_subparsers(dest="bookie_cmd", required=True)
-    s = bsub.add_parser("status", help="show a bookie's status")
-    s.add_argument("--bookie", required=True, help="HOST:PORT of the bookie")
-    s.add_argument("--json", action="store_true", help="print JSON")
-    s.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the bookie")
-    g = bsub.add_parser("gc", help="run a garbage-collection pass now")
-    g.add_argument("--bookie", required=True, help="HOST:PORT of the bookie")
-    g.add_argument("--json", action="store_true", help="print JSON")
-    g.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the pass")
-
-
-def cmd_bookie_status(args: argparse.Namespace) -> int:
-    import grpc
-    from google.protobuf import json_format
-
-    from octavo.v1 import bookie_pb2 as pb
-    from octavo.v1 import bookie_pb2_grpc as pb_grpc
-
-    with grpc.insecure_channel(args.bookie) as channel:
-        try:
-            status = pb_grpc.BookieAdminStub(channel).GetStatus(pb.GetStatusRequest(include_entry_logs=True),
-                                                               timeout=args.timeout)
-        except grpc.RpcError as e:
-            print(f"octavo bookie status: cannot reach bookie {args.bookie}: {e.code().name}: {e.details()}",
-                  file=sys.stderr)
-            return EXIT_FAILED
-    if args.json:
-        print(json.dumps(json_format.MessageToDict(status, always_print_fields_with_no_presence=True), indent=2))
-        return EXIT_OK
-    print(f"bookie      {status.bookie_id} at {status.address} (version {status.version}, instance "
-          f"{status.instance_id})")
-    if status.cluster:
-        print(f"cluster     {status.cluster}: {'registered' if status.registered else 'NOT registered'}")
-    print(f"mode        {pb.BookieMode.Name(status.mode).removeprefix('MODE_').lower()}: {status.mode_reason}")
-    for d in status.directories:
-        print(f"disk        {d.path}: {d.used_bytes / 2**30:.1f} of {d.total_bytes / 2**30:.1f} GiB used "
-              f"({d.usage_ratio:.0%})")
-    print(f"logs        {status.entry_log_count} entry logs; active {status.active_log_id}; "
-          f"recovery point {status.recovery_point_log_id}")
-    wc = status.write_cache
-    print(f"write cache {wc.entries} of {wc.entries_max} entries (~{wc.estimated_bytes / 2**20:.1f} MiB)")
-    print(f"ledgers     {status.ledger_count}; fsync policy {status.fsync_policy}")
-    if status.gc_last_run_unix_ms:
-        print(f"gc          last pass: {status.gc_ledgers_dropped} deleted ledgers dropped, {status.gc_logs_deleted} "
-              f"logs deleted, {status.gc_bytes_reclaimed / 2**20:.1f} MiB reclaimed in {status.gc_duration_s:.2f}s")
-    last = "unclean" if status.last_start_was_unclean else "clean"
-    print(f"restarts    last start {last}; {status.unclean_restart_count} unclean so far; last recovery scanned "
-          f"{status.recovery_logs_scanned} logs, replayed {status.recovery_records_replayed} records, cut "
-          f"{status.recovery_bytes_truncated} bytes")
-    return EXIT_OK
-
-
-def cmd_bookie_gc(args: argparse.Namespace) -> int:
-    import grpc
-    from google.protobuf import json_format
-
-    from octavo.v1 import bookie_pb2 as pb
-    from octavo.v1 import bookie_pb2_grpc as pb_grpc
-
-    with grpc.insecure_channel(args.bookie) as channel:
-        try:
-            result = pb_grpc.BookieAdminStub(channel).RunGc(pb.RunGcRequest(), timeout=args.timeout)
-        except grpc.RpcError as e:
-            print(f"octavo bookie gc: {args.bookie}: {e.code().name}: {e.details()}", file=sys.stderr)
-            return EXIT_FAILED
-    if args.json:
-        print(json.dumps(json_format.MessageToDict(result, always_print_fields_with_no_presence=True)))
-    else:
-        print(f"dropped {result.ledgers_dropped} deleted ledgers; deleted {result.logs_deleted} of "
-              f"{result.logs_checked} flushed logs; reclaimed {result.bytes_reclaimed / 2**20:.1f} MiB in "
-              f"{result.duration_s:.2f}s")
-    return EXIT_OK
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="octavo", description="Octavo: replicated log storage for data pipelines")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_node_parser(sub)
-    _add_bookie_parser(sub)
-    from octavo.cli import dev, ledger
+    from octavo.cli import bookie, dev, ledger
 
+    bookie.add_parser(sub)
     dev.add_parser(sub)
     ledger.add_parser(sub)
     return parser
@@ -251,10 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "node":
             return cmd_node(args)
-        if args.command == "bookie" and args.bookie_cmd == "status":
-            return cmd_bookie_status(args)
-        if args.command == "bookie" and args.bookie_cmd == "gc":
-            return cmd_bookie_gc(args)
+        if args.command == "bookie":
+            from octavo.cli import bookie
+
+            return bookie.run(args)
         if args.command == "ledger":
             from octavo.cli import ledger
 

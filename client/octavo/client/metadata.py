@@ -114,8 +114,9 @@ class MetadataStore:
 
     async def register_bookie(self, info: BookieInfo, lease_id: int) -> None:
         """Put the bookie in the set its mode says, on its lease, and take it out of the other set."""
-        await self.etcd.put(self.layout.bookie(info.bookie_id, info.readonly), info.encode(), lease=lease_id)
-        await self.etcd.delete(self.layout.bookie(info.bookie_id, not info.readonly))
+        # One transaction: a bookie changing mode is never in both sets, nor in neither.
+        await self.etcd.txn(Txn().put(self.layout.bookie(info.bookie_id, info.readonly), info.encode(), lease_id)
+                            .delete(self.layout.bookie(info.bookie_id, not info.readonly)))
 
     async def deregister_bookie(self, bookie_id: str) -> None:
         for readonly in (False, True):

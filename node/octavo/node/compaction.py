@@ -232,6 +232,8 @@ class Compactor:
         self.last_minor_monotonic = time.monotonic()
         self.last_major_monotonic = time.monotonic()
         self._stop = threading.Event()
+        self._manual = False
+        self._cancel: threading.Event | None = None
 
     # Controls (persisted in the node state, so an operator's decision survives a restart)
 
@@ -279,9 +281,11 @@ class Compactor:
 
     # A pass
 
-    def run(self, kind: str, on_progress: Callable[[CompactionProgress], None] | None = None) -> CompactionReport:
-        """One pass: compact every flushed log whose live share is below the kind's threshold, oldest
-        garbage first, within the run-time limit and the window. Never raises for one bad log."""
+    def run(self, kind: str, on_progress: Callable[[CompactionProgress], None] | None = None, manual: bool = False,
+            cancel: threading.Event | None = None) -> CompactionReport:
+        """One pass: compact every flushed log whose live share is below the kind's threshold, most garbage
+        first, within the run-time limit and (unless started by hand) the window. `cancel` stops it at the
+        next safe point. Never raises for one bad log: errors are in the report."""
         storage = self.storage
         cfg = storage.config
         threshold = cfg.compaction_major_threshold if kind == MAJOR else cfg.compaction_minor_threshold
@@ -292,6 +296,7 @@ class Compactor:
             self.last_major_monotonic = t0
         self.last_minor_monotonic = t0
         with storage.space_lock:
+            self._manual, self._cancel = manual, cancel
             try:
                 recover_interrupted(storage)
                 groups = self._plan(threshold)
@@ -324,12 +329,14 @@ class Compactor:
     def _why_stop(self, deadline: float) -> str:
         if self._stop.is_set():
             return "the bookie is stopping"
+        if self._cancel is not None and self._cancel.is_set():
+            return "cancelled"
         if time.monotonic() >= deadline:
             limit = self.storage.config.compaction_run_time_ms_max
             return f"run time limit reached (compaction_run_time_ms_max={limit})"
         if self.suspended:
             return "suspended by an administrator"
-        if self.window_until_ms and time.time() * 1000 >= self.window_until_ms:
+        if not self._manual and self.window_until_ms and time.time() * 1000 >= self.window_until_ms:
             return "the compaction window closed"
         return ""
 

@@ -37,6 +37,7 @@ class Registration:
         self.store = MetadataStore(self.etcd, Layout(cfg.cluster))
         self.lease_id = 0
         self.registrations = 0
+        self.disk_usage_ratio = 0.0
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -62,7 +63,15 @@ class Registration:
                 "etcd first.")
 
     def info(self) -> BookieInfo:
-        return BookieInfo(self.bookie_id, self.address, readonly=False, registered_unix_ms=int(time.time() * 1000))
+        return BookieInfo(self.bookie_id, self.address, readonly=bool(self.storage.read_only_reason),
+                          disk_usage_ratio=self.disk_usage_ratio, registered_unix_ms=int(time.time() * 1000))
+
+    async def update_mode(self) -> None:
+        """Move the registration to the set the bookie's mode says (writable or read-only)."""
+        if self.lease_id:
+            await self.store.register_bookie(self.info(), self.lease_id)
+            log.info("bookie %s registered as %s", self.bookie_id,
+                     "read-only" if self.storage.read_only_reason else "writable")
 
     async def register(self) -> None:
         self.lease_id = await self.etcd.grant_lease(self.ttl_s)

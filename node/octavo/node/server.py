@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
-import shutil
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,7 +24,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from octavo.client.errors import MetadataUnavailableError
+from octavo.node.compaction import MAJOR, MINOR, CompactionProgress, CompactionReport, Compactor
 from octavo.node.config import NodeConfig
+from octavo.node.disk import DiskMonitor
 from octavo.node.errors import Code, StorageError
 from octavo.node.registration import Registration
 from octavo.node.repair import TailRepair
@@ -192,44 +195,142 @@ class BookieService(pb_grpc.BookieServicer):
         return pb.WriteCloseResponse(code=pb.OK)
 
 
-def directory_usage(path: str) -> pb.DirectoryUsage:
-    usage = shutil.disk_usage(path)
-    return pb.DirectoryUsage(path=path, total_bytes=usage.total, used_bytes=usage.used, free_bytes=usage.free,
-                             usage_ratio=usage.used / usage.total if usage.total else 0.0)
+def _run_pb(report: CompactionReport) -> pb.CompactionRun:
+    return pb.CompactionRun(kind=report.kind, finished_unix_ms=report.finished_unix_ms, duration_s=report.duration_s,
+                            logs_compacted=report.logs_compacted, compaction_logs=report.compaction_logs,
+                            entries_copied=report.entries_copied, bytes_copied=report.bytes_copied,
+                            bytes_reclaimed=report.bytes_reclaimed, corrupt_records=report.corrupt_records,
+                            stopped=report.stopped, error=report.error)
+
+
+def _progress_pb(p: CompactionProgress) -> pb.CompactionUpdate:
+    return pb.CompactionUpdate(kind=p.kind, logs_total=p.logs_total, logs_done=p.logs_done, bytes_total=p.bytes_total,
+                               bytes_done=p.bytes_done)
+
+
+# A compaction started by hand streams its progress at most this often.
+PROGRESS_INTERVAL_S = 0.2
 
 
 class BookieAdminService(pb_grpc.BookieAdminServicer):
-    def __init__(self, storage: Storage, address: str, bookie_id: str,
-                 registration: Registration | None = None, run_gc: Any = None) -> None:
-        self.storage = storage
-        self.address = address
-        self.bookie_id = bookie_id
-        self.registration = registration
-        self.run_gc = run_gc
+    def __init__(self, node: BookieServer) -> None:
+        self.node = node
+
+    @property
+    def storage(self) -> Storage:
+        assert self.node.storage is not None
+        return self.node.storage
 
     async def RunGc(self, request: pb.RunGcRequest, context: grpc.aio.ServicerContext) -> pb.RunGcResponse:
-        if self.run_gc is None:
+        if self.node.registration is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 "garbage collection needs cluster membership (--etcd): a standalone bookie cannot "
                                 "tell which ledgers were deleted")
         try:
-            report = await self.run_gc()
+            report = await self.node.collect_garbage()
         except MetadataUnavailableError as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"garbage collection needs etcd: {e}")
         return pb.RunGcResponse(ledgers_dropped=report.ledgers_dropped, logs_checked=report.logs_checked,
                                 logs_deleted=report.logs_deleted, bytes_reclaimed=report.bytes_reclaimed,
                                 duration_s=report.duration_s)
 
-    async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.BookieStatus:
-        st = self.storage.status()
+    def _mode(self) -> pb.ModeStatus:
+        monitor = self.node.disk
+        assert monitor is not None
+        return pb.ModeStatus(mode=pb.MODE_READ_ONLY if monitor.read_only else pb.MODE_WRITABLE,
+                             reason=monitor.reason(), forced_read_only=monitor.forced)
+
+    async def SetReadOnly(self, request: pb.SetReadOnlyRequest, context: grpc.aio.ServicerContext) -> pb.ModeStatus:
+        await self.node.set_forced_read_only(request.read_only)
+        return self._mode()
+
+    def _compaction_state(self) -> pb.CompactionState:
+        comp = self.node.compactor
+        assert comp is not None
         cfg = self.storage.config
+        progress = comp.progress
+        state = pb.CompactionState(
+            enabled=comp.enabled, suspended=comp.suspended, window_until_unix_ms=comp.window_until_ms,
+            blocked_reason=comp.blocked_reason(), running=progress is not None,
+            running_kind=progress.kind if progress else "", running_bytes_done=progress.bytes_done if progress else 0,
+            running_bytes_total=progress.bytes_total if progress else 0,
+            minor_threshold=cfg.compaction_minor_threshold, major_threshold=cfg.compaction_major_threshold,
+            rate_bytes_per_s=cfg.compaction_rate_bytes_per_s)
+        if comp.last is not None:
+            state.last_run.CopyFrom(_run_pb(comp.last))
+        return state
+
+    async def SetCompactionWindow(self, request: pb.SetCompactionWindowRequest,
+                                  context: grpc.aio.ServicerContext) -> pb.CompactionState:
+        if request.until_unix_ms < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"until_unix_ms must be >= 0 (0 clears the window), got {request.until_unix_ms}")
+        assert self.node.compactor is not None
+        await asyncio.get_running_loop().run_in_executor(None, self.node.compactor.set_window, request.until_unix_ms)
+        return self._compaction_state()
+
+    async def SuspendCompaction(self, request: pb.SuspendCompactionRequest,
+                                context: grpc.aio.ServicerContext) -> pb.CompactionState:
+        assert self.node.compactor is not None
+        await asyncio.get_running_loop().run_in_executor(None, self.node.compactor.set_suspended, request.suspend)
+        return self._compaction_state()
+
+    async def RunCompaction(self, request: pb.RunCompactionRequest,
+                            context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CompactionUpdate]:
+        comp = self.node.compactor
+        assert comp is not None
+        if comp.suspended:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "compaction is suspended: resume it first (`octavo bookie compaction resume`)")
+        loop = asyncio.get_running_loop()
+        updates: asyncio.Queue[pb.CompactionUpdate] = asyncio.Queue()
+        last_sent = [0.0]
+
+        def on_progress(p: CompactionProgress) -> None:  # on the compaction thread
+            now = time.monotonic()
+            if now - last_sent[0] >= PROGRESS_INTERVAL_S or p.logs_done == p.logs_total:
+                last_sent[0] = now
+                loop.call_soon_threadsafe(updates.put_nowait, _progress_pb(p))
+
+        cancel = threading.Event()
+        kind = MAJOR if request.major else MINOR
+        run = loop.run_in_executor(None, functools.partial(comp.run, kind, on_progress, True, cancel))
+        try:
+            while not run.done():
+                getter = asyncio.ensure_future(updates.get())
+                waiting: list[asyncio.Future[Any]] = [getter, run]
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield getter.result()
+                else:
+                    getter.cancel()
+            report = await run
+        finally:
+            cancel.set()  # the caller went away: stop at the next safe point (no effect once finished)
+        yield pb.CompactionUpdate(kind=kind, done=True, report=_run_pb(report))
+
+    async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.BookieStatus:
+        node = self.node
+        storage = self.storage
+        st = storage.status()
+        cfg = storage.config
         rec = st["recovery"]
-        gc = self.storage.last_gc
+        gc = storage.last_gc
+        monitor = node.disk
+        assert monitor is not None
+        loop = asyncio.get_running_loop()
+        usages = await loop.run_in_executor(None, lambda: [monitor.measure(p) for p in monitor.directories])
+        live_bytes, total_bytes = await loop.run_in_executor(None, storage.disk_bytes)
+        mode = self._mode()
         status = pb.BookieStatus(
-            bookie_id=self.bookie_id, instance_id=st["instance_id"],
-            cluster=cfg.cluster if cfg.etcd else "", registered=bool(self.registration and self.registration.lease_id),
-            address=self.address, version=VERSION, mode=pb.MODE_WRITABLE,
-            mode_reason="writable", directories=[directory_usage(self.storage.data_dir)],
+            bookie_id=node.bookie_id, instance_id=st["instance_id"],
+            cluster=cfg.cluster if cfg.etcd else "", registered=bool(node.registration and node.registration.lease_id),
+            address=node.advertised, version=VERSION, mode=mode.mode, mode_reason=mode.reason,
+            forced_read_only=mode.forced_read_only,
+            directories=[pb.DirectoryUsage(path=u.path, total_bytes=u.total_bytes, used_bytes=u.used_bytes,
+                                           free_bytes=u.free_bytes, usage_ratio=u.ratio) for u in usages],
+            disk_warn_ratio=cfg.disk_warn_ratio, disk_readonly_ratio=cfg.disk_readonly_ratio,
+            disk_writable_ratio=cfg.disk_writable_ratio,
             recovery_point_log_id=st["recovery_point_log_id"], active_log_id=st["active_log_id"],
             entry_log_count=len(st["entry_logs"]),
             write_cache=pb.WriteCacheUsage(entries=st["write_cache_entries"],
@@ -244,7 +345,8 @@ class BookieAdminService(pb_grpc.BookieAdminServicer):
             gc_duration_s=gc.duration_s if gc else 0.0,
             recovery_logs_scanned=rec.logs_scanned,
             recovery_records_replayed=rec.records_replayed, recovery_bytes_truncated=rec.bytes_truncated,
-            started_unix_ms=self.storage.started_unix_ms,
+            started_unix_ms=storage.started_unix_ms, compaction=self._compaction_state(),
+            log_live_bytes=live_bytes, log_total_bytes=total_bytes,
         )
         if request.include_entry_logs:
             status.entry_logs.extend(pb.EntryLogInfo(log_id=i, size_bytes=size, state=state)
@@ -295,6 +397,17 @@ def _stream(behavior: Any, request_type: Any, response_type: Any) -> Any:
                                                  response_serializer=response_type.SerializeToString)
 
 
+def _unary_stream(behavior: Any, request_type: Any, response_type: Any) -> Any:
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        if isinstance(request, Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        async for response in behavior(request, context):
+            yield response
+
+    return grpc.unary_stream_rpc_method_handler(handle, request_deserializer=_safe_parser(request_type),
+                                                response_serializer=response_type.SerializeToString)
+
+
 def bookie_handler(service: BookieService) -> Any:
     return grpc.method_handlers_generic_handler("octavo.v1.Bookie", {
         "AddEntries": _stream(service.AddEntries, pb.AddRequest, pb.AddResponse),
@@ -308,6 +421,10 @@ def admin_handler(service: BookieAdminService) -> Any:
     return grpc.method_handlers_generic_handler("octavo.v1.BookieAdmin", {
         "GetStatus": _unary(service.GetStatus, pb.GetStatusRequest, pb.BookieStatus),
         "RunGc": _unary(service.RunGc, pb.RunGcRequest, pb.RunGcResponse),
+        "SetReadOnly": _unary(service.SetReadOnly, pb.SetReadOnlyRequest, pb.ModeStatus),
+        "RunCompaction": _unary_stream(service.RunCompaction, pb.RunCompactionRequest, pb.CompactionUpdate),
+        "SetCompactionWindow": _unary(service.SetCompactionWindow, pb.SetCompactionWindowRequest, pb.CompactionState),
+        "SuspendCompaction": _unary(service.SuspendCompaction, pb.SuspendCompactionRequest, pb.CompactionState),
     })
 
 
@@ -332,7 +449,11 @@ class BookieServer:
         self.registration: Registration | None = None
         self.repair: TailRepair | None = None
         self._repair_task: asyncio.Task[None] | None = None
-        self._gc_task: asyncio.Task[None] | None = None
+        self._space_task: asyncio.Task[None] | None = None
+        self._disk_task: asyncio.Task[None] | None = None
+        self.disk: DiskMonitor | None = None
+        self.compactor: Compactor | None = None
+        self.advertised = ""
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -350,36 +471,95 @@ class BookieServer:
         if self.port == 0:
             raise StorageError(pb.INTERNAL, f"cannot listen on {address}")
         advertised = self.config.advertised_address or f"{self.config.host}:{self.port}"
+        self.advertised = advertised
         self.bookie_id = self.config.bookie_id or advertised
+        self.disk = DiskMonitor(self.storage)
+        await loop.run_in_executor(None, self.disk.check)  # register in the right set from the start
+        self.compactor = Compactor(self.storage)
         if self.config.etcd:
             self.registration = Registration(self.storage, self.bookie_id, advertised)
+            self.registration.disk_usage_ratio = max((u.ratio for u in self.disk.usages), default=0.0)
             await self.registration.check_cookie()  # before serving anything from this disk
         server.add_generic_rpc_handlers((bookie_handler(BookieService(self.storage, self.registration)),))
-        server.add_generic_rpc_handlers((admin_handler(
-            BookieAdminService(self.storage, advertised, self.bookie_id, self.registration,
-                               self.collect_garbage if self.registration is not None else None)),))
+        server.add_generic_rpc_handlers((admin_handler(BookieAdminService(self)),))
         await server.start()
         self.server = server
         for name in ["", *names]:
             await self._set_health(name, health_pb2.HealthCheckResponse.SERVING)
         if self.registration is not None:
             await self.registration.start()
-            self._gc_task = asyncio.create_task(self._gc_loop(), name="octavo-gc")
             if self.storage.tail_maybe_lost and self.config.tail_repair:
                 self.repair = TailRepair(self.storage, self.bookie_id)
                 self._repair_task = asyncio.create_task(self.repair.run(), name="octavo-tail-repair")
+        self._space_task = asyncio.create_task(self._space_loop(), name="octavo-space")
+        self._disk_task = asyncio.create_task(self._disk_loop(), name="octavo-disk")
         log.info("bookie %s serving on %s:%d (data dir %s, recovery %.2fs, %d logs replayed)",
                  self.bookie_id, self.config.host, self.port, self.storage.data_dir,
                  time.monotonic() - t0, self.storage.recovery.logs_scanned)
 
-    async def _gc_loop(self) -> None:
-        interval_s = self.config.gc_interval_ms / 1000
+    async def _space_loop(self) -> None:
+        """GC (in a cluster) every gc_interval_ms, then a scheduled compaction pass when one is due and
+        allowed. Both keep running when the disk is past the high mark: that is how space comes back."""
+        interval_s = min(self.config.gc_interval_ms, self.config.compaction_minor_interval_ms) / 1000
+        next_gc = time.monotonic() + self.config.gc_interval_ms / 1000
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(interval_s)
+            if self.registration is not None and time.monotonic() >= next_gc:
+                next_gc = time.monotonic() + self.config.gc_interval_ms / 1000
+                try:
+                    await self.collect_garbage()
+                except Exception:  # GC goes on next time; it never takes the bookie down
+                    log.exception("garbage collection failed; retrying at the next interval")
+            compactor = self.compactor
+            assert compactor is not None
+            kind = compactor.due()
+            if kind is None:
+                continue
+            blocked = compactor.blocked_reason()
+            if blocked:
+                log.info("scheduled %s compaction skipped: %s", kind, blocked)
+                compactor.last_minor_monotonic = time.monotonic()
+                if kind == MAJOR:
+                    compactor.last_major_monotonic = time.monotonic()
+                continue
+            await loop.run_in_executor(None, compactor.run, kind)
+
+    async def _disk_loop(self) -> None:
+        interval_s = self.config.disk_check_interval_ms / 1000
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval_s)
+            monitor = self.disk
+            assert monitor is not None
             try:
-                await self.collect_garbage()
-            except Exception:  # GC goes on next time; it never takes the bookie down
-                log.exception("garbage collection failed; retrying at the next interval")
+                changed = await loop.run_in_executor(None, monitor.check)
+            except OSError as e:
+                log.error("disk check failed: %s", e)
+                continue
+            if self.registration is not None:
+                self.registration.disk_usage_ratio = max((u.ratio for u in monitor.usages), default=0.0)
+                if changed:
+                    await self._update_registration()
+
+    async def _update_registration(self) -> None:
+        if self.registration is None:
+            return
+        try:
+            await self.registration.update_mode()
+        except MetadataUnavailableError as e:  # the keepalive loop registers in the right set when it can
+            log.warning("cannot move the registration to the %s set yet: %s",
+                        "read-only" if self.disk and self.disk.read_only else "writable", e)
+
+    async def set_forced_read_only(self, forced: bool) -> None:
+        assert self.disk is not None
+        changed = await asyncio.get_running_loop().run_in_executor(None, self.disk.set_forced, forced)
+        log.warning("forced read-only %s by an administrator", "set" if forced else "released")
+        if not forced:
+            await asyncio.get_running_loop().run_in_executor(None, self.disk.check)
+            changed = True
+        if changed:
+            await self._update_registration()
 
     async def collect_garbage(self) -> GcReport:
         """One GC pass: drop the ledgers etcd no longer has (each confirmed by a direct read, so a ledger
@@ -404,12 +584,14 @@ class BookieServer:
     async def stop(self) -> None:
         """Graceful: leave the cluster (writers stop choosing this bookie), report NOT_SERVING, finish in-flight
         calls (bounded grace), then close storage cleanly."""
-        for task in (self._repair_task, self._gc_task):
+        if self.compactor is not None:
+            self.compactor.stop()  # a running pass stops at its next safe point
+        for task in (self._repair_task, self._space_task, self._disk_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._repair_task = self._gc_task = None
+        self._repair_task = self._space_task = self._disk_task = None
         if self.registration is not None:
             await self.registration.stop()
             self.registration = None
@@ -419,6 +601,8 @@ class BookieServer:
             self.server = None
         if self.storage is not None:
             storage, self.storage = self.storage, None
+            # Wait for a compaction or GC pass still in its thread to reach its safe point.
+            await asyncio.get_running_loop().run_in_executor(None, storage.space_lock.acquire)
             await asyncio.get_running_loop().run_in_executor(None, storage.close)
             log.info("bookie stopped cleanly: everything synced, nothing to replay at the next start")
 

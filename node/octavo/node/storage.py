@@ -16,6 +16,7 @@ caches; `_index_write_lock` serialises ledger-row writes so a fence is never ove
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import operator
@@ -484,6 +485,8 @@ class Storage:
             return [pb.INVALID] * n, f"{n} entry ids but {len(batch.payloads)} payloads"
         if n > cfg.batch_entries_max:
             return [pb.TOO_LARGE] * n, f"batch of {n} entries is over batch_entries_max={cfg.batch_entries_max}"
+        if n and self.read_only_reason and not batch.recovery:
+            return [pb.READ_ONLY] * n, f"this bookie is {self.read_only_reason}"
         if not batch.master_key or len(batch.master_key) > MASTER_KEY_BYTES_MAX:
             return [pb.INVALID] * n, (f"master key must be 1 to {MASTER_KEY_BYTES_MAX} bytes, got "
                                       f"{len(batch.master_key)}")
@@ -567,9 +570,14 @@ class Storage:
                     for eid in written:
                         cache.pop(eid, None)
             self._undo_partial_write_locked(active, e)
+            failed: Code = pb.INTERNAL
+            if e.errno == errno.ENOSPC:  # read-only from now on: writers move to other bookies at once
+                self.disk_full_seen = True
+                self.read_only_reason = self.read_only_reason or "read-only: the disk is full (ENOSPC on add)"
+                failed = pb.READ_ONLY
             for i in accepted:
                 codes, _ = results[i]
-                results[i] = ([pb.INTERNAL if c == OK else c for c in codes],
+                results[i] = ([failed if c == OK else c for c in codes],
                               f"write to entry log {active.log_id} failed: {e}")
             return
         faults.hit(faults.ADD_AFTER_WRITE)

@@ -444,6 +444,256 @@ class WriteCloseResponse(_message.Message):
 Global___WriteCloseResponse: _TypeAlias = WriteCloseResponse  # noqa: Y015
 
 @_typing.final
+class SetReadOnlyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    READ_ONLY_FIELD_NUMBER: _builtins.int
+    read_only: _builtins.bool
+    def __init__(
+        self,
+        *,
+        read_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["read_only", b"read_only"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetReadOnlyRequest: _TypeAlias = SetReadOnlyRequest  # noqa: Y015
+
+@_typing.final
+class ModeStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    FORCED_READ_ONLY_FIELD_NUMBER: _builtins.int
+    mode: Global___BookieMode.ValueType
+    reason: _builtins.str
+    forced_read_only: _builtins.bool
+    def __init__(
+        self,
+        *,
+        mode: Global___BookieMode.ValueType = ...,
+        reason: _builtins.str = ...,
+        forced_read_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["forced_read_only", b"forced_read_only", "mode", b"mode", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModeStatus: _TypeAlias = ModeStatus  # noqa: Y015
+
+@_typing.final
+class RunCompactionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAJOR_FIELD_NUMBER: _builtins.int
+    major: _builtins.bool
+    """false: minor"""
+    def __init__(
+        self,
+        *,
+        major: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["major", b"major"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunCompactionRequest: _TypeAlias = RunCompactionRequest  # noqa: Y015
+
+@_typing.final
+class SetCompactionWindowRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    UNTIL_UNIX_MS_FIELD_NUMBER: _builtins.int
+    until_unix_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        until_unix_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["until_unix_ms", b"until_unix_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetCompactionWindowRequest: _TypeAlias = SetCompactionWindowRequest  # noqa: Y015
+
+@_typing.final
+class SuspendCompactionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUSPEND_FIELD_NUMBER: _builtins.int
+    suspend: _builtins.bool
+    def __init__(
+        self,
+        *,
+        suspend: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["suspend", b"suspend"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SuspendCompactionRequest: _TypeAlias = SuspendCompactionRequest  # noqa: Y015
+
+@_typing.final
+class CompactionRun(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    FINISHED_UNIX_MS_FIELD_NUMBER: _builtins.int
+    DURATION_S_FIELD_NUMBER: _builtins.int
+    LOGS_COMPACTED_FIELD_NUMBER: _builtins.int
+    COMPACTION_LOGS_FIELD_NUMBER: _builtins.int
+    ENTRIES_COPIED_FIELD_NUMBER: _builtins.int
+    BYTES_COPIED_FIELD_NUMBER: _builtins.int
+    BYTES_RECLAIMED_FIELD_NUMBER: _builtins.int
+    CORRUPT_RECORDS_FIELD_NUMBER: _builtins.int
+    STOPPED_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """"minor" | "major" """
+    finished_unix_ms: _builtins.int
+    duration_s: _builtins.float
+    logs_compacted: _builtins.int
+    """old logs replaced (deleted)"""
+    compaction_logs: _builtins.int
+    """compaction logs written"""
+    entries_copied: _builtins.int
+    bytes_copied: _builtins.int
+    bytes_reclaimed: _builtins.int
+    corrupt_records: _builtins.int
+    stopped: _builtins.str
+    """why the pass stopped early (window, suspend, run time), empty if it did not"""
+    error: _builtins.str
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        finished_unix_ms: _builtins.int = ...,
+        duration_s: _builtins.float = ...,
+        logs_compacted: _builtins.int = ...,
+        compaction_logs: _builtins.int = ...,
+        entries_copied: _builtins.int = ...,
+        bytes_copied: _builtins.int = ...,
+        bytes_reclaimed: _builtins.int = ...,
+        corrupt_records: _builtins.int = ...,
+        stopped: _builtins.str = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_copied", b"bytes_copied", "bytes_reclaimed", b"bytes_reclaimed", "compaction_logs", b"compaction_logs", "corrupt_records", b"corrupt_records", "duration_s", b"duration_s", "entries_copied", b"entries_copied", "error", b"error", "finished_unix_ms", b"finished_unix_ms", "kind", b"kind", "logs_compacted", b"logs_compacted", "stopped", b"stopped"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompactionRun: _TypeAlias = CompactionRun  # noqa: Y015
+
+@_typing.final
+class CompactionUpdate(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    LOGS_TOTAL_FIELD_NUMBER: _builtins.int
+    LOGS_DONE_FIELD_NUMBER: _builtins.int
+    BYTES_TOTAL_FIELD_NUMBER: _builtins.int
+    BYTES_DONE_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    REPORT_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    logs_total: _builtins.int
+    logs_done: _builtins.int
+    bytes_total: _builtins.int
+    """live bytes to copy"""
+    bytes_done: _builtins.int
+    done: _builtins.bool
+    @_builtins.property
+    def report(self) -> Global___CompactionRun:
+        """set when done"""
+
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        logs_total: _builtins.int = ...,
+        logs_done: _builtins.int = ...,
+        bytes_total: _builtins.int = ...,
+        bytes_done: _builtins.int = ...,
+        done: _builtins.bool = ...,
+        report: Global___CompactionRun | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["report", b"report"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_done", b"bytes_done", "bytes_total", b"bytes_total", "done", b"done", "kind", b"kind", "logs_done", b"logs_done", "logs_total", b"logs_total", "report", b"report"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompactionUpdate: _TypeAlias = CompactionUpdate  # noqa: Y015
+
+@_typing.final
+class CompactionState(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENABLED_FIELD_NUMBER: _builtins.int
+    SUSPENDED_FIELD_NUMBER: _builtins.int
+    WINDOW_UNTIL_UNIX_MS_FIELD_NUMBER: _builtins.int
+    BLOCKED_REASON_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    RUNNING_KIND_FIELD_NUMBER: _builtins.int
+    RUNNING_BYTES_DONE_FIELD_NUMBER: _builtins.int
+    RUNNING_BYTES_TOTAL_FIELD_NUMBER: _builtins.int
+    MINOR_THRESHOLD_FIELD_NUMBER: _builtins.int
+    MAJOR_THRESHOLD_FIELD_NUMBER: _builtins.int
+    RATE_BYTES_PER_S_FIELD_NUMBER: _builtins.int
+    LAST_RUN_FIELD_NUMBER: _builtins.int
+    enabled: _builtins.bool
+    suspended: _builtins.bool
+    window_until_unix_ms: _builtins.int
+    blocked_reason: _builtins.str
+    """why a scheduled pass would not run now; empty if it would"""
+    running: _builtins.bool
+    running_kind: _builtins.str
+    running_bytes_done: _builtins.int
+    running_bytes_total: _builtins.int
+    minor_threshold: _builtins.float
+    major_threshold: _builtins.float
+    rate_bytes_per_s: _builtins.int
+    @_builtins.property
+    def last_run(self) -> Global___CompactionRun: ...
+    def __init__(
+        self,
+        *,
+        enabled: _builtins.bool = ...,
+        suspended: _builtins.bool = ...,
+        window_until_unix_ms: _builtins.int = ...,
+        blocked_reason: _builtins.str = ...,
+        running: _builtins.bool = ...,
+        running_kind: _builtins.str = ...,
+        running_bytes_done: _builtins.int = ...,
+        running_bytes_total: _builtins.int = ...,
+        minor_threshold: _builtins.float = ...,
+        major_threshold: _builtins.float = ...,
+        rate_bytes_per_s: _builtins.int = ...,
+        last_run: Global___CompactionRun | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_run", b"last_run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocked_reason", b"blocked_reason", "enabled", b"enabled", "last_run", b"last_run", "major_threshold", b"major_threshold", "minor_threshold", b"minor_threshold", "rate_bytes_per_s", b"rate_bytes_per_s", "running", b"running", "running_bytes_done", b"running_bytes_done", "running_bytes_total", b"running_bytes_total", "running_kind", b"running_kind", "suspended", b"suspended", "window_until_unix_ms", b"window_until_unix_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompactionState: _TypeAlias = CompactionState  # noqa: Y015
+
+@_typing.final
 class RunGcRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -623,6 +873,13 @@ class BookieStatus(_message.Message):
     GC_LOGS_DELETED_FIELD_NUMBER: _builtins.int
     GC_BYTES_RECLAIMED_FIELD_NUMBER: _builtins.int
     GC_DURATION_S_FIELD_NUMBER: _builtins.int
+    DISK_WARN_RATIO_FIELD_NUMBER: _builtins.int
+    DISK_READONLY_RATIO_FIELD_NUMBER: _builtins.int
+    DISK_WRITABLE_RATIO_FIELD_NUMBER: _builtins.int
+    FORCED_READ_ONLY_FIELD_NUMBER: _builtins.int
+    COMPACTION_FIELD_NUMBER: _builtins.int
+    LOG_LIVE_BYTES_FIELD_NUMBER: _builtins.int
+    LOG_TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     bookie_id: _builtins.str
     address: _builtins.str
     version: _builtins.str
@@ -656,12 +913,22 @@ class BookieStatus(_message.Message):
     gc_logs_deleted: _builtins.int
     gc_bytes_reclaimed: _builtins.int
     gc_duration_s: _builtins.float
+    disk_warn_ratio: _builtins.float
+    """Disk watermarks (shares of capacity): warn, read-only at, writable again below; and the forced mode."""
+    disk_readonly_ratio: _builtins.float
+    disk_writable_ratio: _builtins.float
+    forced_read_only: _builtins.bool
+    log_live_bytes: _builtins.int
+    """Bytes of the flushed entry logs, and how many of them belong to live ledgers (per-log accounting)."""
+    log_total_bytes: _builtins.int
     @_builtins.property
     def directories(self) -> _containers.RepeatedCompositeFieldContainer[Global___DirectoryUsage]: ...
     @_builtins.property
     def entry_logs(self) -> _containers.RepeatedCompositeFieldContainer[Global___EntryLogInfo]: ...
     @_builtins.property
     def write_cache(self) -> Global___WriteCacheUsage: ...
+    @_builtins.property
+    def compaction(self) -> Global___CompactionState: ...
     def __init__(
         self,
         *,
@@ -694,10 +961,17 @@ class BookieStatus(_message.Message):
         gc_logs_deleted: _builtins.int = ...,
         gc_bytes_reclaimed: _builtins.int = ...,
         gc_duration_s: _builtins.float = ...,
+        disk_warn_ratio: _builtins.float = ...,
+        disk_readonly_ratio: _builtins.float = ...,
+        disk_writable_ratio: _builtins.float = ...,
+        forced_read_only: _builtins.bool = ...,
+        compaction: Global___CompactionState | None = ...,
+        log_live_bytes: _builtins.int = ...,
+        log_total_bytes: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["write_cache", b"write_cache"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["compaction", b"compaction", "write_cache", b"write_cache"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_log_id", b"active_log_id", "address", b"address", "bookie_id", b"bookie_id", "cluster", b"cluster", "directories", b"directories", "entry_log_count", b"entry_log_count", "entry_logs", b"entry_logs", "fsync_policy", b"fsync_policy", "gc_bytes_reclaimed", b"gc_bytes_reclaimed", "gc_duration_s", b"gc_duration_s", "gc_last_run_unix_ms", b"gc_last_run_unix_ms", "gc_ledgers_dropped", b"gc_ledgers_dropped", "gc_logs_deleted", b"gc_logs_deleted", "instance_id", b"instance_id", "last_start_was_unclean", b"last_start_was_unclean", "last_unclean_restart_unix_ms", b"last_unclean_restart_unix_ms", "ledger_count", b"ledger_count", "mode", b"mode", "mode_reason", b"mode_reason", "recovery_bytes_truncated", b"recovery_bytes_truncated", "recovery_logs_scanned", b"recovery_logs_scanned", "recovery_point_log_id", b"recovery_point_log_id", "recovery_records_replayed", b"recovery_records_replayed", "registered", b"registered", "started_unix_ms", b"started_unix_ms", "tail_maybe_lost", b"tail_maybe_lost", "unclean_restart_count", b"unclean_restart_count", "version", b"version", "write_cache", b"write_cache"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_log_id", b"active_log_id", "address", b"address", "bookie_id", b"bookie_id", "cluster", b"cluster", "compaction", b"compaction", "directories", b"directories", "disk_readonly_ratio", b"disk_readonly_ratio", "disk_warn_ratio", b"disk_warn_ratio", "disk_writable_ratio", b"disk_writable_ratio", "entry_log_count", b"entry_log_count", "entry_logs", b"entry_logs", "forced_read_only", b"forced_read_only", "fsync_policy", b"fsync_policy", "gc_bytes_reclaimed", b"gc_bytes_reclaimed", "gc_duration_s", b"gc_duration_s", "gc_last_run_unix_ms", b"gc_last_run_unix_ms", "gc_ledgers_dropped", b"gc_ledgers_dropped", "gc_logs_deleted", b"gc_logs_deleted", "instance_id", b"instance_id", "last_start_was_unclean", b"last_start_was_unclean", "last_unclean_restart_unix_ms", b"last_unclean_restart_unix_ms", "ledger_count", b"ledger_count", "log_live_bytes", b"log_live_bytes", "log_total_bytes", b"log_total_bytes", "mode", b"mode", "mode_reason", b"mode_reason", "recovery_bytes_truncated", b"recovery_bytes_truncated", "recovery_logs_scanned", b"recovery_logs_scanned", "recovery_point_log_id", b"recovery_point_log_id", "recovery_records_replayed", b"recovery_records_replayed", "registered", b"registered", "started_unix_ms", b"started_unix_ms", "tail_maybe_lost", b"tail_maybe_lost", "unclean_restart_count", b"unclean_restart_count", "version", b"version", "write_cache", b"write_cache"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -255,6 +255,26 @@ class BookieAdminStub:
                 request_serializer=octavo_dot_v1_dot_bookie__pb2.RunGcRequest.SerializeToString,
                 response_deserializer=octavo_dot_v1_dot_bookie__pb2.RunGcResponse.FromString,
                 _registered_method=True)
+        self.SetReadOnly = channel.unary_unary(
+                '/octavo.v1.BookieAdmin/SetReadOnly',
+                request_serializer=octavo_dot_v1_dot_bookie__pb2.SetReadOnlyRequest.SerializeToString,
+                response_deserializer=octavo_dot_v1_dot_bookie__pb2.ModeStatus.FromString,
+                _registered_method=True)
+        self.RunCompaction = channel.unary_stream(
+                '/octavo.v1.BookieAdmin/RunCompaction',
+                request_serializer=octavo_dot_v1_dot_bookie__pb2.RunCompactionRequest.SerializeToString,
+                response_deserializer=octavo_dot_v1_dot_bookie__pb2.CompactionUpdate.FromString,
+                _registered_method=True)
+        self.SetCompactionWindow = channel.unary_unary(
+                '/octavo.v1.BookieAdmin/SetCompactionWindow',
+                request_serializer=octavo_dot_v1_dot_bookie__pb2.SetCompactionWindowRequest.SerializeToString,
+                response_deserializer=octavo_dot_v1_dot_bookie__pb2.CompactionState.FromString,
+                _registered_method=True)
+        self.SuspendCompaction = channel.unary_unary(
+                '/octavo.v1.BookieAdmin/SuspendCompaction',
+                request_serializer=octavo_dot_v1_dot_bookie__pb2.SuspendCompactionRequest.SerializeToString,
+                response_deserializer=octavo_dot_v1_dot_bookie__pb2.CompactionState.FromString,
+                _registered_method=True)
 
 
 class BookieAdminServicer:
@@ -276,6 +296,36 @@ class BookieAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetReadOnly(self, request, context):
+        """Force read-only (survives restarts) or release the forced mode; the disk monitor still applies.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RunCompaction(self, request, context):
+        """Run a compaction pass now, streaming its progress; the last message has done=true and the report. A pass
+        started by hand ignores the window but not a suspend (FAILED_PRECONDITION). Cancelling the call stops
+        the pass at its next safe point.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetCompactionWindow(self, request, context):
+        """Allow scheduled compaction until a time (0: no window); a running pass stops at a safe point after it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SuspendCompaction(self, request, context):
+        """Suspend (a running pass stops at its next safe point) or resume compaction; survives restarts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BookieAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -288,6 +338,26 @@ def add_BookieAdminServicer_to_server(servicer, server):
                     servicer.RunGc,
                     request_deserializer=octavo_dot_v1_dot_bookie__pb2.RunGcRequest.FromString,
                     response_serializer=octavo_dot_v1_dot_bookie__pb2.RunGcResponse.SerializeToString,
+            ),
+            'SetReadOnly': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetReadOnly,
+                    request_deserializer=octavo_dot_v1_dot_bookie__pb2.SetReadOnlyRequest.FromString,
+                    response_serializer=octavo_dot_v1_dot_bookie__pb2.ModeStatus.SerializeToString,
+            ),
+            'RunCompaction': grpc.unary_stream_rpc_method_handler(
+                    servicer.RunCompaction,
+                    request_deserializer=octavo_dot_v1_dot_bookie__pb2.RunCompactionRequest.FromString,
+                    response_serializer=octavo_dot_v1_dot_bookie__pb2.CompactionUpdate.SerializeToString,
+            ),
+            'SetCompactionWindow': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetCompactionWindow,
+                    request_deserializer=octavo_dot_v1_dot_bookie__pb2.SetCompactionWindowRequest.FromString,
+                    response_serializer=octavo_dot_v1_dot_bookie__pb2.CompactionState.SerializeToString,
+            ),
+            'SuspendCompaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.SuspendCompaction,
+                    request_deserializer=octavo_dot_v1_dot_bookie__pb2.SuspendCompactionRequest.FromString,
+                    response_serializer=octavo_dot_v1_dot_bookie__pb2.CompactionState.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -347,6 +417,114 @@ class BookieAdmin:
             '/octavo.v1.BookieAdmin/RunGc',
             octavo_dot_v1_dot_bookie__pb2.RunGcRequest.SerializeToString,
             octavo_dot_v1_dot_bookie__pb2.RunGcResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetReadOnly(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/octavo.v1.BookieAdmin/SetReadOnly',
+            octavo_dot_v1_dot_bookie__pb2.SetReadOnlyRequest.SerializeToString,
+            octavo_dot_v1_dot_bookie__pb2.ModeStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunCompaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/octavo.v1.BookieAdmin/RunCompaction',
+            octavo_dot_v1_dot_bookie__pb2.RunCompactionRequest.SerializeToString,
+            octavo_dot_v1_dot_bookie__pb2.CompactionUpdate.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetCompactionWindow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/octavo.v1.BookieAdmin/SetCompactionWindow',
+            octavo_dot_v1_dot_bookie__pb2.SetCompactionWindowRequest.SerializeToString,
+            octavo_dot_v1_dot_bookie__pb2.CompactionState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SuspendCompaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/octavo.v1.BookieAdmin/SuspendCompaction',
+            octavo_dot_v1_dot_bookie__pb2.SuspendCompactionRequest.SerializeToString,
+            octavo_dot_v1_dot_bookie__pb2.CompactionState.FromString,
             options,
             channel_credentials,
             insecure,

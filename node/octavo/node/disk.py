@@ -1,0 +1,141 @@
+"""The disk monitor: watermarks and the bookie's mode (writable or read-only).
+
+Every disk_check_interval_ms the monitor measures each data directory's filesystem (or, with
+disk_capacity_bytes set, the bytes under the directory against that capacity). Thresholds, as shares:
+
+- past `disk_warn_ratio`: a warning in the log (once per crossing);
+- past `disk_readonly_ratio` (the high-water mark) in any directory: read-only;
+- back below `disk_writable_ratio` (the low-water mark, strictly lower) in every directory: writable again.
+  Between the two marks the mode does not change, so a bookie hovering near the high mark does not flap.
+
+An add that hits ENOSPC turns the bookie read-only at once (Storage.disk_full_seen), whatever the measured
+usage; it too is released only below the low mark. An administrator may force read-only; the forced mode is
+kept in the node state, so it survives restarts, and only the administrator releases it. The automatic mode
+never keeps a bookie read-only once usage is below the low mark.
+
+A read-only bookie refuses adds with READ_ONLY (writers change ensembles), serves reads, accepts recovery
+adds, and is registered in the read-only set in etcd (server.py moves it). GC and compaction keep running.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+
+from octavo.node.checkpoint import write_node_state
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from octavo.node.storage import Storage
+
+log = logging.getLogger(__name__)
+
+STATE_FORCED_READ_ONLY = "forced_read_only"
+
+
+@dataclass(frozen=True)
+class DirUsage:
+    path: str
+    total_bytes: int
+    used_bytes: int
+    free_bytes: int
+
+    @property
+    def ratio(self) -> float:
+        return self.used_bytes / self.total_bytes if self.total_bytes else 0.0
+
+
+def tree_bytes(path: str) -> int:
+    """Bytes allocated under a directory (what a quota counts)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except FileNotFoundError:
+                continue
+            total += st.st_blocks * 512
+    return total
+
+
+class DiskMonitor:
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        self.config = storage.config
+        self.directories = [storage.data_dir]
+        extra = storage.node_state.extra if storage.node_state else {}
+        self.forced = bool(extra.get(STATE_FORCED_READ_ONLY, False))
+        self.disk_full = False
+        self.full_path = ""
+        self.usages: list[DirUsage] = []
+        self._warned: set[str] = set()
+
+    def measure(self, path: str) -> DirUsage:
+        cap = self.config.disk_capacity_bytes
+        if cap:
+            used = tree_bytes(path)
+            return DirUsage(path, cap, used, max(0, cap - used))
+        usage = shutil.disk_usage(path)
+        return DirUsage(path, usage.total, usage.used, usage.free)
+
+    @property
+    def read_only(self) -> bool:
+        return self.forced or self.disk_full
+
+    def reason(self) -> str:
+        cfg = self.config
+        if self.forced:
+            return "read-only: forced by an administrator (release with `octavo bookie writable`)"
+        if self.disk_full:
+            usage = next((u for u in self.usages if u.path == self.full_path), None)
+            share = f"{usage.ratio:.1%} full" if usage else "full"
+            return (f"read-only: disk of {self.full_path} is {share} (read-only at {cfg.disk_readonly_ratio:.0%}, "
+                    f"writable again below {cfg.disk_writable_ratio:.0%})")
+        return "writable"
+
+    def check(self) -> bool:
+        """Measure every directory and update the mode. Returns whether the mode changed."""
+        cfg = self.config
+        was = self.read_only
+        self.usages = [self.measure(path) for path in self.directories]
+        worst = max(self.usages, key=lambda u: u.ratio)
+        for u in self.usages:
+            if u.ratio >= cfg.disk_warn_ratio and u.path not in self._warned:
+                self._warned.add(u.path)
+                log.warning("disk of %s is %.1f%% full (warning at %.0f%%, read-only at %.0f%%)", u.path,
+                            100 * u.ratio, 100 * cfg.disk_warn_ratio, 100 * cfg.disk_readonly_ratio)
+            elif u.ratio < cfg.disk_warn_ratio:
+                self._warned.discard(u.path)
+        if self.storage.disk_full_seen:
+            self.storage.disk_full_seen = False
+            if not self.disk_full:
+                self.disk_full, self.full_path = True, worst.path
+                log.error("an add hit ENOSPC in %s: read-only until usage is below %.0f%%", worst.path,
+                          100 * cfg.disk_writable_ratio)
+        elif worst.ratio >= cfg.disk_readonly_ratio:
+            if not self.disk_full:
+                self.disk_full, self.full_path = True, worst.path
+        elif worst.ratio < cfg.disk_writable_ratio:
+            self.disk_full = False
+        self._apply()
+        changed = was != self.read_only
+        if changed:
+            log.warning("bookie is now %s", self.reason() if self.read_only else "writable")
+        return changed
+
+    def set_forced(self, forced: bool) -> bool:
+        """Force read-only or release the forced mode (persisted before it returns). Returns whether the
+        mode changed."""
+        was = self.read_only
+        self.forced = forced
+        state = self.storage.node_state
+        if state is not None:
+            state.extra[STATE_FORCED_READ_ONLY] = forced
+            write_node_state(self.storage.io, self.storage.data_dir, state)
+        self._apply()
+        return was != self.read_only
+
+    def _apply(self) -> None:
+        self.storage.read_only_reason = self.reason() if self.read_only else ""
