@@ -38,7 +38,8 @@ def payload(ledger: int, entry: int) -> bytes:
 
 def bookie_args(etcd: EtcdProcess, cluster: str) -> list[str]:
     return ["--etcd", etcd.endpoint, "--cluster", cluster, "--bookie-id", "solo", "--registration-ttl-s", "3",
-            "--log-size-bytes-max", str(256 * 1024), "--batch-bytes-max", str(128 * 1024), "--entry-size-bytes-max", str(64 * 1024),
+            "--log-size-bytes-max", str(256 * 1024), "--batch-bytes-max", str(128 * 1024),
+            "--entry-size-bytes-max", str(64 * 1024),
             "--gc-interval-ms", "3600000", "--compaction-rate-bytes-per-s", "0",
             "--compaction-minor-interval-ms", "3600000", "--compaction-major-interval-ms", "3600000"]
 

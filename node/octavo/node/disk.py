@@ -69,6 +69,7 @@ class DiskMonitor:
         self.forced = bool(extra.get(STATE_FORCED_READ_ONLY, False))
         self.disk_full = False
         self.full_path = ""
+        self.full_by_enospc = False  # the read-only mode came from an add that hit ENOSPC
         self.usages: list[DirUsage] = []
         self._warned: set[str] = set()
 
@@ -91,8 +92,9 @@ class DiskMonitor:
         if self.disk_full:
             usage = next((u for u in self.usages if u.path == self.full_path), None)
             share = f"{usage.ratio:.1%} full" if usage else "full"
-            return (f"read-only: disk of {self.full_path} is {share} (read-only at {cfg.disk_readonly_ratio:.0%}, "
-                    f"writable again below {cfg.disk_writable_ratio:.0%})")
+            cause = "an add hit ENOSPC; " if self.full_by_enospc else ""
+            return (f"read-only: {cause}disk of {self.full_path} is {share} (read-only at "
+                    f"{cfg.disk_readonly_ratio:.0%}, writable again below {cfg.disk_writable_ratio:.0%})")
         return "writable"
 
     def check(self) -> bool:
@@ -111,12 +113,12 @@ class DiskMonitor:
         if self.storage.disk_full_seen:
             self.storage.disk_full_seen = False
             if not self.disk_full:
-                self.disk_full, self.full_path = True, worst.path
+                self.disk_full, self.full_path, self.full_by_enospc = True, worst.path, True
                 log.error("an add hit ENOSPC in %s: read-only until usage is below %.0f%%", worst.path,
                           100 * cfg.disk_writable_ratio)
         elif worst.ratio >= cfg.disk_readonly_ratio:
             if not self.disk_full:
-                self.disk_full, self.full_path = True, worst.path
+                self.disk_full, self.full_path, self.full_by_enospc = True, worst.path, False
         elif worst.ratio < cfg.disk_writable_ratio:
             self.disk_full = False
         self._apply()

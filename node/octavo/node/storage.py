@@ -521,7 +521,13 @@ class Storage:
             active.size + group_bytes > cfg.log_size_bytes_max
             or active.cache_entries + group_entries > cfg.write_cache_entries_max // 2
         ):
-            active = self._roll_locked()
+            try:
+                active = self._roll_locked()
+            except OSError as e:
+                code = self._write_failed_code(e)
+                for i in accepted:
+                    results[i] = ([code] * len(batches[i].entry_ids), f"cannot start a new entry log: {e}")
+                return
         parts: list[bytes] = []
         offset = active.size
         staged = []
@@ -570,11 +576,7 @@ class Storage:
                     for eid in written:
                         cache.pop(eid, None)
             self._undo_partial_write_locked(active, e)
-            failed: Code = pb.INTERNAL
-            if e.errno == errno.ENOSPC:  # read-only from now on: writers move to other bookies at once
-                self.disk_full_seen = True
-                self.read_only_reason = self.read_only_reason or "read-only: the disk is full (ENOSPC on add)"
-                failed = pb.READ_ONLY
+            failed = self._write_failed_code(e)
             for i in accepted:
                 codes, _ = results[i]
                 results[i] = ([failed if c == OK else c for c in codes],
@@ -630,6 +632,15 @@ class Storage:
             written.append(eid)
         return offset, written, message
 
+    def _write_failed_code(self, error: OSError) -> Code:
+        """The code for entries whose write failed; a full disk turns the bookie read-only at once, so
+        writers move to other bookies (the disk monitor releases it below the low-water mark)."""
+        if error.errno != errno.ENOSPC:
+            return pb.INTERNAL
+        self.disk_full_seen = True
+        self.read_only_reason = self.read_only_reason or "read-only: the disk is full (ENOSPC on an add)"
+        return pb.READ_ONLY
+
     def _undo_partial_write_locked(self, active: EntryLog, error: OSError) -> None:
         """A failed write may have left part of a batch in the log: cut it off so the log stays a clean
         sequence of acknowledged records. If even that fails the log cannot be trusted for appends: roll."""
@@ -638,7 +649,10 @@ class Storage:
             self.io.truncate(active.fd, active.size)
         except OSError as e:
             log.error("could not cut entry log %d back to %d bytes (%s): rolling it", active.log_id, active.size, e)
-            self._roll_locked()
+            try:
+                self._roll_locked()
+            except OSError as roll_error:
+                log.error("could not start a new entry log either: %s", roll_error)
 
     def _read_existing_locked(self, ledger_id: int, entry_id: int) -> bytes | None:
         """The stored payload of an entry, None if this bookie does not hold it. Looks the location up
@@ -652,9 +666,10 @@ class Storage:
         """Seal the active log, queue it for the flusher and start the next one. Returns the new active log."""
         old = self._active
         assert old is not None
+        new = self._create_active_log(self.allocate_log_id())  # may raise (ENOSPC): the old log stays active
         old.state = ROLLED
         self._rolled.append(old)
-        self._active = self._create_active_log(self.allocate_log_id())
+        self._active = new
         if self._flusher is not None:
             self._flusher.wake()
         return self._active

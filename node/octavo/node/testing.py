@@ -45,8 +45,9 @@ class BookieProcess:
     """One `octavo node` process on 127.0.0.1 with a port chosen by the OS."""
 
     def __init__(self, data_dir: str, args: Sequence[str] = (), env: dict[str, str] | None = None,
-                 log_path: str | None = None, new_session: bool = False) -> None:
+                 log_path: str | None = None, new_session: bool = False, wrapper: Sequence[str] = ()) -> None:
         self.data_dir = data_dir
+        self.wrapper = list(wrapper)  # a command the bookie runs under (e.g. unshare + mount of a small tmpfs)
         self.new_session = new_session
         self.args = list(args)
         self.env = env or {}
@@ -62,8 +63,8 @@ class BookieProcess:
         env = {**os.environ, **self.env}
         with open(self.log_path, "ab") as log_file:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "octavo.cli.main", "node", "--data-dir", self.data_dir, "--port", "0",
-                 "--ready-file", ready, *self.args],
+                [*self.wrapper, sys.executable, "-m", "octavo.cli.main", "node", "--data-dir", self.data_dir,
+                 "--port", "0", "--ready-file", ready, *self.args],
                 stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=self.new_session)
         deadline = time.monotonic() + timeout_s
         while not os.path.exists(ready):

@@ -1,0 +1,96 @@
+"""The disk monitor's watermarks and the read-only mode, on a storage engine with a capacity override."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from octavo.node.config import ConfigError, NodeConfig
+from octavo.node.disk import DiskMonitor, tree_bytes
+from octavo.node.storage import Storage
+from octavo.node.testing import payload_for, small_config
+from octavo.v1 import bookie_pb2 as pb
+
+KEY = b"k"
+
+
+def make(tmp_path: Path) -> tuple[Storage, DiskMonitor, Path]:
+    cfg = small_config(tmp_path / "b", disk_capacity_bytes=0)
+    s = Storage.open(cfg)
+    base = tree_bytes(cfg.data_dir)
+    s.close()
+    capacity = base + 10 * 1024 * 1024  # usage ratios below are set with a filler file
+    cfg = small_config(tmp_path / "b", disk_capacity_bytes=capacity, disk_warn_ratio=0.7, disk_readonly_ratio=0.9,
+                       disk_writable_ratio=0.6)
+    s = Storage.open(cfg)
+    return s, DiskMonitor(s), Path(cfg.data_dir) / "filler"
+
+
+def fill_to(s: Storage, filler: Path, ratio: float) -> None:
+    cap = s.config.disk_capacity_bytes
+    filler.unlink(missing_ok=True)
+    other = tree_bytes(s.data_dir)
+    filler.write_bytes(b"\1" * max(0, int(cap * ratio) - other))
+
+
+def add(s: Storage, lid: int, eid: int, recovery: bool = False) -> tuple[list[int], str]:
+    return s.add_entries(lid, KEY, [eid], [payload_for(lid, eid)], recovery=recovery)
+
+
+def test_the_high_and_low_marks_switch_the_mode_without_flapping(tmp_path: Path) -> None:
+    s, monitor, filler = make(tmp_path)
+    try:
+        seen = []
+        for ratio in (0.3, 0.75, 0.85, 0.92, 0.85, 0.7, 0.61, 0.55, 0.8):
+            fill_to(s, filler, ratio)
+            monitor.check()
+            seen.append(monitor.read_only)
+        # writable up to the high mark; read-only from it until below the low mark; writable between again
+        assert seen == [False, False, False, True, True, True, True, False, False]
+    finally:
+        s.close()
+
+
+def test_a_read_only_bookie_refuses_adds_but_serves_reads_and_recovery(tmp_path: Path) -> None:
+    s, monitor, filler = make(tmp_path)
+    try:
+        assert add(s, 1, 0)[0] == [pb.OK]
+        fill_to(s, filler, 0.95)
+        assert monitor.check()
+        codes, message = add(s, 1, 1)
+        assert codes == [pb.READ_ONLY] and "disk of" in message and "95" in message
+        assert add(s, 1, 1, recovery=True)[0] == [pb.OK]  # recovery writes still land
+        assert s.read_entry(1, 0) == payload_for(1, 0)
+        fill_to(s, filler, 0.1)
+        assert monitor.check() and not monitor.read_only
+        assert add(s, 1, 2)[0] == [pb.OK]
+    finally:
+        s.close()
+
+
+def test_forced_read_only_survives_a_restart_and_only_the_administrator_releases_it(tmp_path: Path) -> None:
+    s, monitor, _ = make(tmp_path)
+    monitor.set_forced(True)
+    assert add(s, 1, 0)[0] == [pb.READ_ONLY]
+    cfg = s.config
+    s.close()
+    s = Storage.open(cfg)
+    try:
+        monitor = DiskMonitor(s)
+        monitor.check()  # plenty of space: the forced mode stays
+        assert monitor.read_only and "forced" in monitor.reason()
+        assert add(s, 1, 0)[0] == [pb.READ_ONLY]
+        monitor.set_forced(False)
+        assert not monitor.read_only and add(s, 1, 0)[0] == [pb.OK]
+    finally:
+        s.close()
+
+
+def test_watermarks_are_checked_at_startup(tmp_path: Path) -> None:
+    for bad in ({"disk_writable_ratio": 0.95, "disk_readonly_ratio": 0.95},
+                {"disk_writable_ratio": 0.9, "disk_readonly_ratio": 0.8},
+                {"disk_readonly_ratio": 1.5},
+                {"disk_warn_ratio": 0.99, "disk_readonly_ratio": 0.95}):
+        with pytest.raises(ConfigError, match="disk"):
+            NodeConfig(data_dir=str(tmp_path), **bad).validate()  # type: ignore[arg-type]
