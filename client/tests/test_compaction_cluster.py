@@ -12,6 +12,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -174,5 +175,27 @@ def test_compaction_controls_over_the_cli(etcd: EtcdProcess, cluster_name: str, 
         assert "read_only: read-only: forced by an administrator" in out.stdout
         out = cli("writable")
         assert out.returncode == 0 and out.stdout.startswith("writable")
+    finally:
+        bookie.stop()
+
+
+def test_a_deleted_ledger_is_dropped_at_once_through_the_watch(etcd: EtcdProcess, cluster_name: str,
+                                                               tmp_path: Path) -> None:
+    bookie = BookieProcess(str(tmp_path / "bookie"), bookie_args(etcd, cluster_name))  # GC runs hourly here
+    address = bookie.start()
+    try:
+        with SyncClient(etcd.endpoint, cluster=cluster_name, options=FAST) as client:
+            (kept, count), (doomed, _) = write_interleaved(client, 2, 5)
+            with BookieConnection(address) as conn:
+                assert conn.status().ledger_count == 2
+                client.delete_ledger(doomed)
+                deadline = time.monotonic() + 10
+                while conn.status().ledger_count != 1:
+                    assert time.monotonic() < deadline, "the deletion was not seen through the watch"
+                    time.sleep(0.05)
+                assert conn.status().gc_last_run_unix_ms == 0  # no GC pass did it
+                missing = conn.read(doomed, 0, 0)
+                assert missing.error == pb.NO_SUCH_LEDGER
+        check_entries(address, kept, count)
     finally:
         bookie.stop()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,11 +181,41 @@ class EtcdClient:
             return None
         return _kv(resp.kvs[0])
 
-    async def get_prefix(self, prefix: bytes, limit: int = 0) -> list[KeyValue]:
-        request = rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix), limit=limit,
+    async def get_prefix(self, prefix: bytes, limit: int = 0, keys_only: bool = False) -> list[KeyValue]:
+        request = rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix), limit=limit, keys_only=keys_only,
                                    sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.KEY)
         resp = await self._call("get prefix", lambda kv, _: kv.Range(request, **self._opts), retry=True)
         return [_kv(item) for item in resp.kvs]
+
+    async def watch_deletes(self, prefix: bytes) -> AsyncIterator[list[bytes]]:
+        """Yield the keys under `prefix` as they are deleted (one list per etcd response), until the stream
+        fails (MetadataUnavailableError: the caller watches again; events in the gap are not replayed, so
+        callers keep a periodic full scan)."""
+        self._stubs()
+        assert self._channel is not None
+        watch = rpc.WatchStub(self._channel)
+        create = rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
+            key=prefix, range_end=prefix_end(prefix), filters=[rpc.WatchCreateRequest.NOPUT]))
+        requests: asyncio.Queue[Any] = asyncio.Queue()
+        requests.put_nowait(create)
+
+        async def send() -> AsyncIterator[Any]:
+            while True:
+                yield await requests.get()
+
+        call = watch.Watch(send(), wait_for_ready=True)
+        try:
+            async for resp in call:
+                if resp.canceled:
+                    raise MetadataUnavailableError(f"etcd cancelled the watch: {resp.cancel_reason}")
+                keys = [ev.kv.key for ev in resp.events if ev.type == rpc.Event.DELETE]
+                if keys:
+                    yield keys
+        except grpc.aio.AioRpcError as e:
+            raise MetadataUnavailableError(f"etcd watch failed: {e.code().name}: {e.details()}") from e
+        finally:
+            call.cancel()
+        raise MetadataUnavailableError("etcd ended the watch")
 
     async def txn(self, txn: Txn) -> tuple[bool, Any]:
         """Run a transaction; returns (succeeded, raw response)."""

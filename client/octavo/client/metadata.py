@@ -100,7 +100,8 @@ class MetadataStore:
         await self.etcd.cas_delete(self.layout.ledger(ledger_id), kv.mod_revision)
 
     async def list_ledgers(self) -> list[int]:
-        return [self.layout.ledger_id_of(kv.key) for kv in await self.etcd.get_prefix(self.layout.ledgers)]
+        keys = await self.etcd.get_prefix(self.layout.ledgers, keys_only=True)
+        return [self.layout.ledger_id_of(kv.key) for kv in keys]
 
     # -- bookies ---------------------------------------------------------------------------------------
     async def bookies(self) -> dict[str, BookieInfo]:

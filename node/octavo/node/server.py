@@ -451,6 +451,8 @@ class BookieServer:
         self._repair_task: asyncio.Task[None] | None = None
         self._space_task: asyncio.Task[None] | None = None
         self._disk_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+        self.ledgers_dropped_by_watch = 0
         self.disk: DiskMonitor | None = None
         self.compactor: Compactor | None = None
         self.advertised = ""
@@ -488,6 +490,7 @@ class BookieServer:
             await self._set_health(name, health_pb2.HealthCheckResponse.SERVING)
         if self.registration is not None:
             await self.registration.start()
+            self._watch_task = asyncio.create_task(self._watch_deletions(), name="octavo-watch")
             if self.storage.tail_maybe_lost and self.config.tail_repair:
                 self.repair = TailRepair(self.storage, self.bookie_id)
                 self._repair_task = asyncio.create_task(self.repair.run(), name="octavo-tail-repair")
@@ -524,6 +527,27 @@ class BookieServer:
                     compactor.last_major_monotonic = time.monotonic()
                 continue
             await loop.run_in_executor(None, compactor.run, kind)
+
+    async def _watch_deletions(self) -> None:
+        """Drop ledgers as soon as etcd deletes them (their logs go at the next GC pass). A broken watch is
+        opened again after a pause; deletions in the gap are found by the periodic full scan of GC."""
+        assert self.registration is not None and self.storage is not None
+        registration, storage = self.registration, self.storage
+        layout = registration.store.layout
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                async for keys in registration.etcd.watch_deletes(layout.ledgers):
+                    ids = [layout.ledger_id_of(k) for k in keys]
+                    known = [lid for lid in ids if storage.ledger_state(lid) is not None]
+                    if known:
+                        await loop.run_in_executor(None, storage.drop_ledgers, known)
+                        self.ledgers_dropped_by_watch += len(known)
+            except MetadataUnavailableError as e:
+                log.warning("watch on deleted ledgers broke (%s); watching again in 1s", e)
+            except (ValueError, OSError, StorageError) as e:
+                log.error("dropping deleted ledgers failed (%s); the next GC pass retries", e)
+            await asyncio.sleep(1.0)
 
     async def _disk_loop(self) -> None:
         interval_s = self.config.disk_check_interval_ms / 1000
@@ -586,12 +610,12 @@ class BookieServer:
         calls (bounded grace), then close storage cleanly."""
         if self.compactor is not None:
             self.compactor.stop()  # a running pass stops at its next safe point
-        for task in (self._repair_task, self._space_task, self._disk_task):
+        for task in (self._repair_task, self._space_task, self._disk_task, self._watch_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._repair_task = self._space_task = self._disk_task = None
+        self._repair_task = self._space_task = self._disk_task = self._watch_task = None
         if self.registration is not None:
             await self.registration.stop()
             self.registration = None
