@@ -94,7 +94,8 @@ def test_sigkill_at_each_compaction_phase(etcd: EtcdProcess, cluster_name: str, 
             for ledger, _ in doomed:
                 client.delete_ledger(ledger)
         with BookieConnection(bookie.address) as conn:
-            assert conn.admin.RunGc(pb.RunGcRequest(), timeout=60).ledgers_dropped == len(doomed)
+            conn.admin.RunGc(pb.RunGcRequest(), timeout=60)  # drops what the watch has not dropped yet
+            assert conn.status().ledger_count == 1
         bookie.stop()
         clean_size = None
         for attempt in range(3):  # the same crash again and again: nothing may pile up
