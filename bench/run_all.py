@@ -11,6 +11,7 @@ BENCHES = [
     ["storage_bench.py"],
     ["grpc_bench.py"],
     ["index_choice.py"],
+    ["compaction_bench.py"],
     ["cluster_bench.py"],  # needs Debian's nats-server and the bench extra (nats-py)
 ]
 

@@ -32,8 +32,10 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
+
+import crc32c
 
 from octavo.node import faults
 from octavo.node.index import IndexEntry, LogMeta
@@ -43,7 +45,9 @@ from octavo.node.record import (
     ENTRY_ID_LEDGER_KEY,
     LOG_HEADER_BYTES,
     RECORD_BODY_BYTES_MAX,
-    Record,
+    RECORD_HEADER,
+    RECORD_HEADER_BYTES,
+    RECORD_ID_BYTES,
     RecordFormatError,
     decode_log_header,
     decode_record,
@@ -129,6 +133,38 @@ def _parse_name(name: str, suffix: str) -> int | None:
         return int(name[:16], 16)
     except ValueError:
         return None
+
+
+_HEADER = RECORD_HEADER.unpack_from
+_CRC = crc32c.crc32c
+
+
+def _walk_live(buf: bytes, base: int, live: Container[int]) -> tuple[
+        list[tuple[int, int, int, int]], int, str | None, bool]:
+    """Walk the records in `buf` (log offset `base`) and return (found, end, error, incomplete): `found` holds
+    (offset, length, ledger id, entry id) of the entry and fence records of live ledgers, checksum verified;
+    `end` is the offset after the last whole record. Dead records are stepped over on their length alone
+    (they are not copied, so their bytes need no check): much cheaper than scan_records on mostly-dead logs."""
+    view = memoryview(buf)
+    n = len(view)
+    pos = 0
+    found: list[tuple[int, int, int, int]] = []
+    header_bytes, id_bytes = RECORD_HEADER_BYTES, RECORD_ID_BYTES
+    while pos < n:
+        if n - pos < header_bytes:
+            return found, base + pos, None, True
+        crc, body_len, lid, eid = _HEADER(view, pos)
+        if body_len < id_bytes or body_len > RECORD_BODY_BYTES_MAX or lid < 0:
+            return found, base + pos, f"invalid record header (length {body_len}, ledger {lid})", False
+        total = header_bytes - id_bytes + body_len
+        if n - pos < total:
+            return found, base + pos, None, True
+        if lid in live and (eid >= 0 or eid == ENTRY_ID_FENCE):
+            if _CRC(view[pos + 8:pos + total], _CRC(view[pos + 4:pos + 8])) != crc:
+                return found, base + pos, "checksum mismatch", False
+            found.append((base + pos, total, lid, eid))
+        pos += total
+    return found, base + pos, None, False
 
 
 def recover_interrupted(storage: Storage) -> InterruptedReport:
@@ -438,7 +474,7 @@ class _Output:
         self.deadline = deadline
         self.on_progress = on_progress
         self.size = 0  # bytes written to the file
-        self.buffer: list[bytes] = []
+        self.buffer: list[bytes | memoryview] = []
         self.buffered = 0
         self.moved: list[IndexEntry] = []
         self.ledger_bytes: dict[int, int] = {}
@@ -458,21 +494,24 @@ class _Output:
         del self.moved[moved:]
         self.ledger_bytes = ledger_bytes
 
+    def _open_ledger(self, ledger_id: int) -> None:
+        """A ledger's first record in the compaction log is its key record (logs replay on their own)."""
+        state = self.storage.ledger_state(ledger_id)
+        key = state.master_key if state is not None else b"-"
+        header, _ = encode_record(ledger_id, ENTRY_ID_LEDGER_KEY, key)
+        self._put(header + key)
+        self.ledger_bytes[ledger_id] = 0
+
     def append(self, ledger_id: int, entry_id: int, raw: bytes | memoryview) -> None:
         if ledger_id not in self.ledger_bytes:
-            state = self.storage.ledger_state(ledger_id)
-            if state is None:
-                return
-            header, _ = encode_record(ledger_id, ENTRY_ID_LEDGER_KEY, state.master_key)
-            self._put(header + state.master_key)
-            self.ledger_bytes[ledger_id] = 0
+            self._open_ledger(ledger_id)
         offset = self.size + self.buffered
         self._put(bytes(raw))
         if entry_id >= 0:
             self.moved.append((ledger_id, entry_id, self.log_id, offset, len(raw)))
             self.ledger_bytes[ledger_id] += len(raw)
 
-    def _put(self, data: bytes) -> None:
+    def _put(self, data: bytes | memoryview) -> None:
         self.buffer.append(data)
         self.buffered += len(data)
         if self.buffered >= COPY_CHUNK_BYTES:
@@ -481,9 +520,8 @@ class _Output:
     def flush(self) -> None:
         if not self.buffer:
             return
-        data = b"".join(self.buffer)
-        self.storage.io.write_at_end(self.fd, data)
-        self.size += len(data)
+        self.storage.io.write_parts(self.fd, self.buffer, self.buffered)
+        self.size += self.buffered
         self.buffer, self.buffered = [], 0
 
     def pace(self, nbytes: int) -> None:
@@ -516,50 +554,65 @@ class _Output:
         try:
             size = io.file_size(path)
             offset = LOG_HEADER_BYTES
-            buf = b""
-            while offset + len(buf) < size or buf:
-                data = io.pread(fd, COPY_CHUNK_BYTES, offset + len(buf))
-                eof = not data
-                buf = buf + data if buf else data
-                scan = scan_records(buf, offset, keep_payloads=False)
-                self._copy_found(src, buf, offset, scan.records, report)
-                if scan.error is not None or (eof and scan.incomplete):
+            chunk = COPY_CHUNK_BYTES
+            while offset < size:
+                # Each read starts at a record boundary (a record cut by the last chunk is read again whole).
+                buf = io.pread(fd, min(chunk, size - offset), offset)
+                found, end, error, incomplete = _walk_live(buf, offset, storage._ledgers)
+                self._copy_found(src, buf, offset, found, report)
+                eof = offset + len(buf) >= size
+                if error is not None or (incomplete and (eof or (end == offset and chunk > RECORD_BODY_BYTES_MAX))):
                     report.corrupt_records += 1
                     log.error("compaction: entry log %d has a bad record at offset %d (%s); copying the rest of "
-                              "its live entries through the index", src, scan.end, scan.error or "torn record")
-                    self._copy_rest_via_index(src, fd, scan.end, report)
+                              "its live entries through the index", src, end, error or "torn record")
+                    self._copy_rest_via_index(src, fd, end, report)
                     return
-                if eof:
-                    return
-                buf = buf[scan.end - offset:]
-                offset = scan.end
-                if len(buf) > RECORD_BODY_BYTES_MAX + COPY_CHUNK_BYTES:
-                    raise RuntimeError("compaction scan buffer grew past its bound")
+                # A record longer than the chunk: read a chunk big enough for it (records are bounded).
+                chunk = chunk * 2 if end == offset else COPY_CHUNK_BYTES
+                offset = end
         finally:
             io.close(fd)
 
-    def _copy_found(self, src: int, buf: bytes, base: int, records: list[Record], report: CompactionReport) -> None:
-        storage = self.storage
-        live = storage._ledgers
-        wanted = [r for r in records if r.ledger_id in live and (r.entry_id >= 0 or r.entry_id == ENTRY_ID_FENCE)]
-        if not wanted:
+    def _copy_found(self, src: int, buf: bytes, base: int, found: list[tuple[int, int, int, int]],
+                    report: CompactionReport) -> None:
+        """Copy the live records `found` in `buf` (log offset `base`): runs of adjacent records as one slice."""
+        if not found:
             return
-        locations = storage.index.get_many([(r.ledger_id, r.entry_id) for r in wanted if r.entry_id >= 0])
+        storage = self.storage
+        locations = storage.index.get_many([(lid, eid) for _, _, lid, eid in found if eid >= 0])
         it = iter(locations)
-        nbytes = 0
         view = memoryview(buf)
-        for r in wanted:
-            raw = view[r.offset - base:r.offset - base + r.length]
-            if r.entry_id == ENTRY_ID_FENCE:
-                self.append(r.ledger_id, r.entry_id, raw)
-                continue
-            if next(it) != (src, r.offset, r.length):
-                continue  # not the indexed copy of this entry (or dropped meanwhile): dead
-            self.append(r.ledger_id, r.entry_id, raw)
-            report.entries_copied += 1
-            report.bytes_copied += r.length
-            nbytes += r.length
+        run_start = run_end = -1  # the current run of adjacent records to copy, as log offsets
+        run_moved: list[tuple[int, int, int, int]] = []
+        nbytes = 0
+        for offset, length, lid, eid in found:
+            if eid >= 0:
+                if next(it) != (src, offset, length):
+                    continue  # not the indexed copy of this entry (or dropped meanwhile): dead
+                report.entries_copied += 1
+                report.bytes_copied += length
+                nbytes += length
+            if offset != run_end or lid not in self.ledger_bytes:
+                self._flush_run(view, base, run_start, run_end, run_moved)
+                run_start, run_moved = offset, []
+                if lid not in self.ledger_bytes:
+                    self._open_ledger(lid)
+            run_end = offset + length
+            run_moved.append((offset, length, lid, eid))
+        self._flush_run(view, base, run_start, run_end, run_moved)
         self.pace(nbytes)
+
+    def _flush_run(self, view: memoryview, base: int, start: int, end: int,
+                   records: list[tuple[int, int, int, int]]) -> None:
+        if not records:
+            return
+        out = self.size + self.buffered
+        ledger_bytes, moved, log_id = self.ledger_bytes, self.moved, self.log_id
+        for offset, length, lid, eid in records:
+            if eid >= 0:
+                moved.append((lid, eid, log_id, out + offset - start, length))
+                ledger_bytes[lid] += length
+        self._put(view[start - base:end - base])  # no copy: written out with writev
 
     def _copy_rest_via_index(self, src: int, fd: int, after: int, report: CompactionReport) -> None:
         storage = self.storage

@@ -35,7 +35,7 @@ class FileIO:
             written = os.write(fd, view)
             view = view[written:]
 
-    def write_parts(self, fd: int, parts: list[bytes], total_bytes: int) -> None:
+    def write_parts(self, fd: int, parts: list[bytes] | list[bytes | memoryview], total_bytes: int) -> None:
         """Write the concatenation of `parts` (`total_bytes` in all) at the fd's position.
 
         Large parts go out with writev, which saves copying the batch into one buffer first; small ones are

@@ -58,7 +58,7 @@ class SimIO(FileIO):
         self._check()
         super().write_at_end(fd, data)
 
-    def write_parts(self, fd: int, parts: list[bytes], total_bytes: int) -> None:
+    def write_parts(self, fd: int, parts: list[bytes] | list[bytes | memoryview], total_bytes: int) -> None:
         self._check()
         super().write_parts(fd, parts, total_bytes)
 
