@@ -16,8 +16,8 @@ can delete none of them and a major compaction has to rewrite them all.
 
 Prints the figures and writes the `compaction` section of docs/benchmarks.md.
 
-Usage: python bench/compaction_bench.py [--backlog-mib N] [--final-backlog-mib N] [--log-mib N] [--pairs N] [--window-s S]
-       [--rate-mib N] [--no-report]
+Usage: python bench/compaction_bench.py [--backlog-mib N] [--final-backlog-mib N] [--log-mib N] [--pairs N]
+       [--window-s S] [--rate-mib N] [--no-report]
 """
 
 from __future__ import annotations
@@ -174,8 +174,9 @@ async def measure(args: argparse.Namespace, root: str) -> dict[str, object]:
             load.stop = True
             await task
             for rep in reports:
-                print(f"  pass: {rep.logs_compacted} logs, {rep.bytes_copied / MIB:.0f} MiB copied, {rep.duration_s:.1f}s, "
-                      f"stopped: {rep.stopped or '-'}{', error: ' + rep.error if rep.error else ''}", flush=True)
+                error = f", error: {rep.error}" if rep.error else ""
+                print(f"  pass: {rep.logs_compacted} logs, {rep.bytes_copied / MIB:.0f} MiB copied, "
+                      f"{rep.duration_s:.1f}s, stopped: {rep.stopped or '-'}{error}", flush=True)
             copied_under_load = sum(r.bytes_copied for r in reports)
             finished_early = sum(1 for r in reports if not r.stopped)
             if finished_early:
@@ -266,6 +267,10 @@ def main() -> int:
         "",
         "Per window (MiB/s of acknowledged adds): no compaction " + ", ".join(f"{x / MIB:.0f}" for x in off)
         + "; during compaction " + ", ".join(f"{x / MIB:.0f}" for x in on) + ".",
+        "",
+        f"Target: adds keep >= 70% of their throughput during a major compaction at the default rate limit: "
+        f"{'met' if kept >= 0.7 else 'NOT met'} ({kept:.0%}). The cost is CPU: the bookie is one Python process "
+        "and the copy (about 7.5 ms of CPU per MiB copied from 25%-live logs) shares its GIL with the add path.",
     ])
     print(body)
     if not args.no_report:
