@@ -52,3 +52,40 @@ def test_help_explains_every_setting(capsys: pytest.CaptureFixture[str]) -> None
     for name in NodeConfig.field_names():
         assert "--" + name.replace("_", "-") in out
     assert "OCTAVO_NODE_" in out
+
+
+def test_compaction_window_arguments_and_the_progress_bar() -> None:
+    import argparse
+    import io
+
+    from octavo.cli.bookie import CliError, ProgressBar, parse_window
+
+    def ns(**kw: object) -> argparse.Namespace:
+        base = {"clear": False, "for_": None, "until": None}
+        base.update(kw)
+        return argparse.Namespace(**base)
+
+    assert parse_window(ns(clear=True)) == 0
+    assert parse_window(ns(for_="90m"), now_s=1000.0) == (1000 + 5400) * 1000
+    assert parse_window(ns(until="2026-11-23T06:00")) == 1795413600000
+    assert parse_window(ns(until="2026-11-23T06:00+01:00")) == 1795413600000 - 3600 * 1000
+    for bad in (ns(for_="0h"), ns(for_="soon"), ns(until="tomorrow")):
+        try:
+            parse_window(bad)
+        except CliError as e:
+            assert e.code == 2
+        else:
+            raise AssertionError(f"{bad} was accepted")
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Tty()
+    bar = ProgressBar(out, enabled=True)
+    bar.update("major compaction", 50, 200, "1/4 logs")
+    bar.finish()
+    assert "[#######-----------------------]  25% 1/4 logs" in out.getvalue() and out.getvalue().endswith("\n")
+    quiet = io.StringIO()  # not a terminal: no bar at all
+    ProgressBar(quiet, enabled=True).update("x", 1, 2, "")
+    assert quiet.getvalue() == ""

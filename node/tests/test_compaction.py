@@ -327,3 +327,23 @@ def test_compaction_settings_are_checked(tmp_path: Path) -> None:
                 {"compaction_rate_bytes_per_s": -1}):
         with pytest.raises(ConfigError, match="compaction"):
             small_config(tmp_path, **bad).validate()
+
+
+def test_a_pass_stops_at_its_run_time_limit_and_the_next_one_goes_on(tmp_path: Path) -> None:
+    cfg = small_config(tmp_path / "b", compaction_rate_bytes_per_s=1024 * 1024, compaction_run_time_ms_max=300)
+    s = build(cfg, keep=[1], drop=[2, 3])
+    try:
+        first = Compactor(s).run(MAJOR)
+        assert first.stopped.startswith("run time limit reached") and first.logs_compacted < len(s.log_accounting()) + 1
+        assert not any(n.endswith((COMPACTING_SUFFIX, COMPACTED_SUFFIX)) for n in log_files(cfg))
+        check_all(s, [1], 40)
+        done = first.logs_compacted
+        for _ in range(40):
+            report = Compactor(s).run(MAJOR)
+            done += report.logs_compacted
+            if not report.stopped:
+                break
+        assert not report.stopped and done > first.logs_compacted
+        check_all(s, [1], 40)
+    finally:
+        s.close()
