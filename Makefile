@@ -9,7 +9,10 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,dev]'
+	$(BIN)/python -m pip install -q -e '.[test,dev,spark]'
+	# Spark discovers Python data sources by listing top-level modules on sys.path; an editable install
+	# serves packages through an import hook it does not list, so put pyspark_octavo's folder on the path.
+	$(BIN)/python -c "import site, os; open(os.path.join(site.getsitepackages()[0], 'octavo-spark-discovery.pth'), 'w').write(os.path.abspath('client/spark_discovery') + '\\n')"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -27,7 +30,7 @@ lint: setup
 	$(BIN)/ruff check .
 
 typecheck: setup
-	$(BIN)/mypy -p octavo.node -p octavo.cli -p octavo.client
+	$(BIN)/mypy -p octavo.node -p octavo.cli -p octavo.client -p octavo.spark
 
 pytest: setup
 	$(BIN)/pytest

@@ -7,6 +7,7 @@
     octavo dev up --data-dir DIR [--bookies N] [--detach] [--json]    run a local cluster (etcd + bookies)
     octavo dev down --data-dir DIR                                    stop a detached local cluster
     octavo ledger ls|show|read|delete --etcd HOST:PORT ...            look at and remove ledgers
+    octavo dataset ls|show|compact|drop|gc --etcd HOST:PORT ...       datasets written by the Spark data source
 
 Exit codes: 0 success, 1 the operation failed, 2 bad usage or configuration.
 """
@@ -161,9 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="octavo", description="Octavo: replicated log storage for data pipelines")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_node_parser(sub)
-    from octavo.cli import bookie, dev, ledger
+    from octavo.cli import bookie, dataset, dev, ledger
 
     bookie.add_parser(sub)
+    dataset.add_parser(sub)
     dev.add_parser(sub)
     ledger.add_parser(sub)
     return parser
@@ -179,6 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from octavo.cli import bookie
 
             return bookie.run(args)
+        if args.command == "dataset":
+            from octavo.cli import dataset
+
+            return dataset.run(args)
         if args.command == "ledger":
             from octavo.cli import ledger
 

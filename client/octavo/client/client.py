@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from octavo.client.bookie_client import BookieClient
+from octavo.client.dataset import DatasetStore
 from octavo.client.errors import (
     BookieUnavailableError,
     LedgerClosedError,
@@ -65,6 +66,7 @@ class Client:
         self.options = options or ClientOptions()
         self.etcd = EtcdClient(etcd, timeout_s=self.options.metadata_timeout_s)
         self.metadata_store = MetadataStore(self.etcd, Layout(cluster))
+        self.datasets = DatasetStore(self.etcd, Layout(cluster), self.delete_ledger)
         self._bookie_clients: dict[str, BookieClient] = {}
         self._registrations: dict[str, BookieInfo] = {}
         self._registrations_at = -1e9
@@ -167,6 +169,10 @@ class Client:
 
     async def delete_ledger(self, ledger_id: int) -> None:
         await self.metadata_store.delete_ledger(ledger_id)
+
+    async def all_ledger_metadata(self) -> list[LedgerMetadata]:
+        """Every ledger's metadata (one etcd range read): for tools and orphan collection."""
+        return await self.metadata_store.all_ledgers()
 
     async def list_ledgers(self) -> list[int]:
         return await self.metadata_store.list_ledgers()

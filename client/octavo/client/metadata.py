@@ -99,6 +99,9 @@ class MetadataStore:
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist")
         await self.etcd.cas_delete(self.layout.ledger(ledger_id), kv.mod_revision)
 
+    async def all_ledgers(self) -> list[LedgerMetadata]:
+        return [LedgerMetadata.decode(kv.value) for kv in await self.etcd.get_prefix(self.layout.ledgers)]
+
     async def list_ledgers(self) -> list[int]:
         keys = await self.etcd.get_prefix(self.layout.ledgers, keys_only=True)
         return [self.layout.ledger_id_of(kv.key) for kv in keys]

@@ -1,0 +1,195 @@
+"""Rows in ledger entries: Arrow IPC streams, many rows per entry; and the options of the data source.
+
+An entry is one Arrow IPC stream (schema + one record batch, compressed with lz4 by default): self-describing,
+readable without Spark (`pyarrow.ipc.open_stream(entry)`). A batch is sliced into `rows_per_entry` rows; a
+slice whose encoding is over the entry limit is halved until it fits (one row over the limit is an error).
+Tasks write their partition into one ledger with several appends in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from octavo.client.client import Client, ClientOptions
+from octavo.client.dataset import META_DATASET, META_WRITE, DatasetLedger, check_name
+from octavo.client.errors import EntryTooLargeError, OctavoError
+
+# Appended bytes a task keeps in flight (the client bounds this too); entries go out in groups of this size.
+GROUP_BYTES = 4 * 1024 * 1024
+ENTRY_BYTES_MAX = 4 * 1024 * 1024 - 64 * 1024  # under the bookies' default entry limit, room for framing
+COMPRESSIONS = ("lz4", "zstd", "none")
+
+
+class OptionError(ValueError):
+    """A data-source option with a bad value; the message names it."""
+
+
+@dataclass(frozen=True)
+class Options:
+    etcd: str
+    dataset: str
+    cluster: str = "default"
+    ensemble_size: int = 3
+    write_quorum: int = 3
+    ack_quorum: int = 2
+    password: bytes = b""
+    rows_per_entry: int = 8192
+    compression: str = "lz4"
+    key_column: str = ""
+    orphan_grace_s: float = 3600.0
+    stream_id: str = "default"
+    entries_per_partition: int = 0  # reads: 0 = one partition per ledger
+    columns: tuple[str, ...] = ()  # reads: project to these columns (empty: all)
+    if_exists: str = "append"  # batch writes with Spark's mode append: append | error | ignore
+
+    @staticmethod
+    def parse(options: Any) -> Options:
+        o = {str(k).lower(): str(v) for k, v in dict(options).items()}
+
+        def integer(name: str, default: int, lo: int, hi: int) -> int:
+            raw = o.get(name)
+            if raw is None:
+                return default
+            try:
+                value = int(raw)
+            except ValueError:
+                raise OptionError(f"option {name} must be an integer, got {raw!r}") from None
+            if not lo <= value <= hi:
+                raise OptionError(f"option {name} must be in [{lo}, {hi}], got {value}")
+            return value
+
+        etcd = o.get("etcd", "")
+        if not etcd:
+            raise OptionError("option etcd is required: etcd endpoints host:port[,host:port...]")
+        dataset = o.get("dataset") or o.get("path") or ""
+        if not dataset:
+            raise OptionError("option dataset is required (or pass the name to load()/save())")
+        try:
+            check_name(dataset)
+        except OctavoError as e:
+            raise OptionError(str(e)) from None
+        password = o.get("password", "").encode()
+        if "password_file" in o:
+            try:
+                with open(o["password_file"], "rb") as f:
+                    password = f.read().strip()
+            except OSError as e:
+                raise OptionError(f"option password_file: cannot read {o['password_file']}: {e}") from None
+        ensemble = integer("ensemble_size", 3, 1, 64)
+        qw = integer("write_quorum", min(3, ensemble), 1, ensemble)
+        qa = integer("ack_quorum", min(2, qw), 1, qw)
+        compression = o.get("compression", "lz4").lower()
+        if compression not in COMPRESSIONS:
+            raise OptionError(f"option compression must be one of {', '.join(COMPRESSIONS)}, got {compression!r}")
+        try:
+            grace = float(o.get("orphan_grace_s", "3600"))
+        except ValueError:
+            raise OptionError(f"option orphan_grace_s must be a number, got {o['orphan_grace_s']!r}") from None
+        columns = tuple(c.strip() for c in o.get("columns", "").split(",") if c.strip())
+        if_exists = o.get("if_exists", "append").lower().replace("errorifexists", "error")
+        if if_exists not in ("append", "error", "ignore"):
+            raise OptionError(f"option if_exists must be append, error or ignore, got {if_exists!r}")
+        return Options(etcd=etcd, dataset=dataset, cluster=o.get("cluster", "default"), ensemble_size=ensemble,
+                       write_quorum=qw, ack_quorum=qa, password=password,
+                       rows_per_entry=integer("rows_per_entry", 8192, 1, 10_000_000), compression=compression,
+                       key_column=o.get("key_column", ""), orphan_grace_s=grace,
+                       stream_id=o.get("stream_id", "default"),
+                       entries_per_partition=integer("entries_per_partition", 0, 0, 1 << 40), columns=columns,
+                       if_exists=if_exists)
+
+
+def encode_entries(batch: pa.RecordBatch, rows_per_entry: int, compression: str,
+                   entry_bytes_max: int = ENTRY_BYTES_MAX) -> Iterator[tuple[bytes, int]]:
+    """(entry bytes, rows) for a record batch."""
+    options = pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
+    for start in range(0, batch.num_rows, rows_per_entry):
+        yield from _fitting(batch.slice(start, rows_per_entry), options, entry_bytes_max)
+
+
+def _fitting(part: pa.RecordBatch, options: pa.ipc.IpcWriteOptions,
+             entry_bytes_max: int) -> Iterator[tuple[bytes, int]]:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, part.schema, options=options) as writer:
+        writer.write_batch(part)
+    data = sink.getvalue().to_pybytes()
+    if len(data) <= entry_bytes_max:
+        yield data, part.num_rows
+        return
+    if part.num_rows <= 1:
+        raise EntryTooLargeError(f"one row encodes to {len(data)} bytes, over the entry limit of {entry_bytes_max}")
+    half = part.num_rows // 2
+    yield from _fitting(part.slice(0, half), options, entry_bytes_max)
+    yield from _fitting(part.slice(half), options, entry_bytes_max)
+
+
+def decode_entry(data: bytes, columns: tuple[str, ...] = ()) -> list[pa.RecordBatch]:
+    table = pa.ipc.open_stream(data).read_all()
+    if columns:
+        table = table.select(list(columns))
+    batches: list[pa.RecordBatch] = table.to_batches()
+    return batches
+
+
+def client_options() -> ClientOptions:
+    return ClientOptions(add_timeout_s=30.0, read_timeout_s=30.0, metadata_timeout_s=10.0)
+
+
+async def write_ledger(opts: Options, batches: Iterable[pa.RecordBatch] | AsyncIterable[pa.RecordBatch],
+                       write_id: str, in_flight_max: int = 8) -> DatasetLedger:
+    """Write record batches into a new ledger of the dataset; returns what the commit needs."""
+    async with Client(opts.etcd, opts.cluster, client_options()) as client:
+        handle = await client.create_ledger(opts.ensemble_size, opts.write_quorum, opts.ack_quorum,
+                                            password=opts.password,
+                                            metadata={META_DATASET: opts.dataset, META_WRITE: write_id})
+        try:
+            rows = nbytes = entries = 0
+            group: list[bytes] = []
+            group_bytes = 0
+            in_flight: list[asyncio.Future[list[int]]] = []
+
+            async def send() -> None:
+                nonlocal group, group_bytes
+                in_flight.append(asyncio.ensure_future(handle.append_many(group)))
+                group, group_bytes = [], 0
+                while len(in_flight) >= in_flight_max:
+                    await in_flight.pop(0)
+
+            async def take(batch: pa.RecordBatch) -> None:
+                nonlocal group_bytes, rows, nbytes, entries
+                for data, n in encode_entries(batch, opts.rows_per_entry, opts.compression):
+                    group.append(data)
+                    group_bytes += len(data)
+                    rows += n
+                    nbytes += len(data)
+                    entries += 1
+                    if group_bytes >= GROUP_BYTES:
+                        await send()
+
+            if isinstance(batches, AsyncIterable):
+                async for batch in batches:
+                    await take(batch)
+            else:
+                for batch in batches:
+                    await take(batch)
+            if group:
+                await send()
+            for f in in_flight:
+                await f
+            await handle.close()
+        except BaseException as e:
+            handle.abandon(OctavoError(f"the write of this partition failed: {e}"))
+            with contextlib.suppress(Exception):  # else an orphan: collected after the grace period
+                await client.delete_ledger(handle.ledger_id)
+            raise
+        return DatasetLedger(handle.ledger_id, rows, nbytes, entries)
+
+
+def new_write_id() -> str:
+    return os.urandom(8).hex()

@@ -1,0 +1,183 @@
+"""Key compaction of keyed datasets (seed 002, Kafka's log cleaner): keep the latest row of every key.
+
+Two passes over the dataset's ledgers, in manifest order (the order rows were committed):
+
+1. **Offset map**: every row's key is hashed (BLAKE2b-128 keyed with a seed that changes every run) into a
+   fixed-size, direct-mapped table of `slots` entries (two uint64 digest halves and an int64 position), and
+   the row's position (its rank in manifest order) is stored in the key's slot. Memory is fixed:
+   24 bytes x slots, a named limit (KEY_MAP_SLOTS_MAX).
+2. **Rewrite**: a row is dropped only when its key's slot holds the same digest and a *later* position (a
+   newer row of the same key exists). A slot taken by another key says nothing about this one, so the row is
+   kept: a collision only lets a duplicate survive this run, never loses the latest row of a key; the next
+   run, with another seed, most likely separates the two keys. A key whose latest row is a tombstone (the
+   `tombstone_column` is true) is dropped once that row is older than `tombstone_retention_s` (measured from
+   its ledger's commit), so readers had time to see the delete.
+
+The kept rows go to new ledgers; one manifest CAS swaps them in for exactly the ledgers that were compacted
+(ledgers appended meanwhile stay, after them); then the old ledgers are deleted. Interrupted before the swap,
+the new ledgers are orphans (collected after the grace period); after it, the old ones are (their deletion is
+retried by orphan collection). Running it again is harmless: it is idempotent.
+
+`compact_dataset` runs in one process (`octavo dataset compact NAME`, or a call from a Spark driver): memory is
+the offset map plus one entry at a time, whatever the dataset's size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from octavo.client.client import Client
+from octavo.client.dataset import (
+    KEY_MAP_SLOTS_DEFAULT,
+    KEY_MAP_SLOTS_MAX,
+    TOMBSTONE_RETENTION_S_DEFAULT,
+    DatasetError,
+    DatasetLedger,
+    Manifest,
+)
+from octavo.spark.arrowio import Options, client_options, decode_entry, new_write_id, write_ledger
+
+
+def key_bytes(value: Any) -> bytes:
+    """A key's bytes for hashing: the same value always gives the same bytes within one column type."""
+    if isinstance(value, bytes):
+        return b"b" + value
+    if isinstance(value, str):
+        return b"s" + value.encode()
+    return b"r" + repr(value).encode()
+
+
+class OffsetMap:
+    """A fixed-size map from key digest to the latest position seen, direct-mapped (no probing)."""
+
+    def __init__(self, slots: int, seed: bytes) -> None:
+        if not 1 <= slots <= KEY_MAP_SLOTS_MAX:
+            raise ValueError(f"key map slots must be in [1, {KEY_MAP_SLOTS_MAX}], got {slots}")
+        self.slots = slots
+        self.seed = seed
+        self.hi = array("Q", bytes(8 * slots))
+        self.lo = array("Q", bytes(8 * slots))
+        self.pos = array("q", b"\xff" * (8 * slots))  # -1: empty
+
+    def digest(self, key: Any) -> tuple[int, int]:
+        d = hashlib.blake2b(key_bytes(key), digest_size=16, key=self.seed).digest()
+        return int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little")
+
+    def put(self, key: Any, position: int) -> None:
+        self.put_digest(*self.digest(key), position)
+
+    def put_digest(self, hi: int, lo: int, position: int) -> None:
+        slot = hi % self.slots
+        if position >= self.pos[slot] or (self.hi[slot], self.lo[slot]) != (hi, lo):
+            self.hi[slot], self.lo[slot], self.pos[slot] = hi, lo, position
+
+    def superseded(self, key: Any, position: int) -> bool:
+        """True only if a later row of this very key is known: the row can go."""
+        hi, lo = self.digest(key)
+        slot = hi % self.slots
+        return self.hi[slot] == hi and self.lo[slot] == lo and self.pos[slot] > position
+
+    def latest(self, key: Any, position: int) -> bool:
+        """True if this row is known to be its key's latest (for tombstone removal)."""
+        hi, lo = self.digest(key)
+        slot = hi % self.slots
+        return self.hi[slot] == hi and self.lo[slot] == lo and self.pos[slot] == position
+
+
+@dataclass
+class CompactionResult:
+    dataset: str
+    rows_before: int
+    rows_after: int
+    ledgers_before: int
+    ledgers_after: int
+    tombstones_dropped: int
+    duration_s: float
+
+
+def _rows(client: Client, opts: Options, ledgers: list[DatasetLedger]) -> Any:
+    """Async iterator of (ledger, record batch) in manifest order."""
+
+    async def gen() -> Any:
+        for x in ledgers:
+            if x.entries <= 0:
+                continue
+            handle = await client.open_ledger(x.ledger_id, password=opts.password, recovery=False)
+            async for entry in handle.read(0, x.entries - 1):
+                for batch in decode_entry(entry.data):
+                    yield x, batch
+
+    return gen()
+
+
+def _keep_mask(batch: pa.RecordBatch, key_column: str, tombstone_column: str, offset_map: OffsetMap,
+               first_position: int, tombstone_expired: bool) -> tuple[list[bool], int]:
+    keys = batch.column(key_column).to_pylist()
+    tombs = (batch.column(tombstone_column).to_pylist() if tombstone_column in batch.schema.names
+             else [False] * len(keys))
+    mask = []
+    dropped_tombstones = 0
+    for i, key in enumerate(keys):
+        position = first_position + i
+        if key is None:
+            mask.append(True)  # rows without a key are never compacted away
+        elif offset_map.superseded(key, position):
+            mask.append(False)
+        elif tombs[i] and tombstone_expired and offset_map.latest(key, position):
+            mask.append(False)
+            dropped_tombstones += 1
+        else:
+            mask.append(True)
+    return mask, dropped_tombstones
+
+
+async def compact_dataset(opts: Options, slots: int = KEY_MAP_SLOTS_DEFAULT, tombstone_column: str = "deleted",
+                          tombstone_retention_s: float = TOMBSTONE_RETENTION_S_DEFAULT,
+                          seed: bytes | None = None) -> CompactionResult:
+    """Compact a keyed dataset in this process (bounded memory: the offset map plus one entry at a time)."""
+    t0 = time.monotonic()
+    seed = seed or os.urandom(16)
+    async with Client(opts.etcd, opts.cluster, client_options()) as client:
+        manifest: Manifest = await client.datasets.get(opts.dataset)
+        key = manifest.key_column or opts.key_column
+        if not key:
+            raise DatasetError(f"dataset {opts.dataset!r} has no key column (write it with option key_column)")
+        snapshot = list(manifest.ledgers)
+        offset_map = OffsetMap(slots, seed)
+        position = 0
+        async for _, batch in _rows(client, opts, snapshot):
+            if key not in batch.schema.names:
+                raise DatasetError(f"dataset {opts.dataset!r}: key column {key!r} is not in its rows")
+            for value in batch.column(key).to_pylist():
+                if value is not None:
+                    offset_map.put(value, position)
+                position += 1
+        now_ms = time.time() * 1000
+        state = {"position": 0, "tombstones": 0}
+
+        async def kept() -> Any:
+            async for ledger, batch in _rows(client, opts, snapshot):
+                expired = now_ms - ledger.committed_unix_ms >= tombstone_retention_s * 1000
+                mask, dropped = _keep_mask(batch, key, tombstone_column, offset_map, state["position"], expired)
+                state["position"] += batch.num_rows
+                state["tombstones"] += dropped
+                filtered = batch.filter(pa.array(mask, type=pa.bool_()))
+                if filtered.num_rows:
+                    yield filtered
+
+        new = await write_ledger(opts, kept(), new_write_id())
+        if new.rows == 0:
+            await client.delete_ledger(new.ledger_id)
+            ledgers = []
+        else:
+            ledgers = [new]
+        await client.datasets.commit(opts.dataset, manifest.schema, ledgers, replace=[x.ledger_id for x in snapshot])
+        return CompactionResult(opts.dataset, sum(x.rows for x in snapshot), new.rows, len(snapshot), len(ledgers),
+                                state["tombstones"], time.monotonic() - t0)

@@ -1,0 +1,259 @@
+"""The Spark data source on local Spark and a real cluster (etcd + bookie processes). One Spark session for the
+module (it costs ~10-30 s and ~1 GB here); everything Spark is under the `spark` marker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark", reason="the spark extra (pyspark, pyarrow) is not installed")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from octavo.client import SyncClient  # noqa: E402
+from octavo.client.dataset import META_DATASET  # noqa: E402
+from octavo.client.localcluster import LocalCluster  # noqa: E402
+from octavo.spark.arrowio import OptionError, Options  # noqa: E402
+from octavo.spark.keycompact import OffsetMap, compact_dataset  # noqa: E402
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(str(tmp_path_factory.mktemp("spark")), bookies=4) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("octavo-tests")
+               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
+               .config("spark.task.maxFailures", "2")
+               .config("spark.sql.streaming.checkpointLocation", str(tmp_path_factory.mktemp("ckpt")))
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def frame(spark, n: int, parts: int = 4, offset: int = 0):  # type: ignore[no-untyped-def]
+    return spark.range(offset, offset + n, numPartitions=parts).selectExpr(
+        "id", "id % 97 as k", "cast(id * 7 as string) as s", "cast(id as double) / 3 as d")
+
+
+def checksum(df) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    rows = df.selectExpr("count(*) as n", "sum(crc32(concat_ws('|', id, k, s, d))) as c").collect()[0]
+    return int(rows["n"]), int(rows["c"] or 0)
+
+
+def read(spark, cluster: LocalCluster, name: str, **options: str):  # type: ignore[no-untyped-def]
+    reader = spark.read.format("octavo").option("etcd", cluster.etcd_endpoint)
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return reader.load(name)
+
+
+def write(df, cluster: LocalCluster, name: str, mode: str = "append", **options: str) -> None:  # type: ignore[no-untyped-def]
+    writer = df.write.format("octavo").option("etcd", cluster.etcd_endpoint).mode(mode)
+    for k, v in options.items():
+        writer = writer.option(k, v)
+    writer.save(name)
+
+
+def test_write_then_read_back_every_row(spark, cluster: LocalCluster) -> None:  # type: ignore[no-untyped-def]
+    df = frame(spark, 200_000)
+    write(df, cluster, "events", rows_per_entry="5000")
+    back = read(spark, cluster, "events")
+    assert back.schema == df.schema
+    assert checksum(back) == checksum(df)
+    assert back.rdd.getNumPartitions() == 4  # one partition per ledger (one per task)
+    split = read(spark, cluster, "events", entries_per_partition="3")
+    assert split.rdd.getNumPartitions() > 4 and checksum(split) == checksum(df)
+    projected = read(spark, cluster, "events", columns="id,s")
+    assert projected.columns == ["id", "s"] and projected.count() == 200_000
+    with SyncClient(cluster.etcd_endpoint) as client:
+        manifest = client._loop.run(client._client.datasets.get("events"))
+    assert manifest.rows == 200_000 and len(manifest.ledgers) == 4
+
+
+def test_append_twice_and_overwrite(spark, cluster: LocalCluster) -> None:  # type: ignore[no-untyped-def]
+    first, second = frame(spark, 1000), frame(spark, 500, parts=2, offset=1000)
+    write(first, cluster, "twice")
+    write(second, cluster, "twice")
+    assert checksum(read(spark, cluster, "twice")) == checksum(first.union(second))
+    write(frame(spark, 10, parts=1), cluster, "twice", mode="overwrite")
+    assert read(spark, cluster, "twice").count() == 10
+    with pytest.raises(Exception, match="already exists"):
+        write(first, cluster, "twice", if_exists="error")
+    write(first, cluster, "twice", if_exists="ignore")  # an existing dataset: nothing happens
+    assert read(spark, cluster, "twice").count() == 10
+    with pytest.raises(Exception, match="another schema"):
+        write(spark.range(5).selectExpr("id as other"), cluster, "twice")
+
+
+def test_bad_options_get_clear_errors(spark, cluster: LocalCluster) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(OptionError, match="etcd is required"):
+        Options.parse({"dataset": "x"})
+    with pytest.raises(OptionError, match="ensemble_size must be an integer"):
+        Options.parse({"etcd": "h:1", "dataset": "x", "ensemble_size": "three"})
+    with pytest.raises(OptionError, match="ack_quorum must be in"):
+        Options.parse({"etcd": "h:1", "dataset": "x", "write_quorum": "2", "ack_quorum": "3"})
+    with pytest.raises(OptionError, match="dataset name"):
+        Options.parse({"etcd": "h:1", "dataset": "../etc"})
+    with pytest.raises(Exception, match="does not exist"):
+        read(spark, cluster, "never-written").count()
+
+
+def test_a_task_failure_leaves_nothing_visible_and_its_ledgers_are_collected(spark, cluster: LocalCluster) -> None:  # type: ignore[no-untyped-def]
+    from pyspark.sql.functions import udf
+
+    @udf("long")
+    def explode_on_last(x: int) -> int:
+        if x == 2999:
+            raise RuntimeError("injected task failure")
+        return x
+
+    df = frame(spark, 3000, parts=3).withColumn("id", explode_on_last("id"))
+    with pytest.raises(Exception, match="injected task failure"):
+        write(df, cluster, "failing", orphan_grace_s="0")
+    with pytest.raises(Exception, match="does not exist"):
+        read(spark, cluster, "failing").count()  # not even partly visible
+    with SyncClient(cluster.etcd_endpoint) as client:
+        leftover = [m.ledger_id for m in client._loop.run(client._client.all_ledger_metadata())
+                    if m.custom_metadata.get(META_DATASET) == "failing"]
+        # the next commit to the dataset collects whatever a failed attempt left behind
+        write(frame(spark, 10, parts=1), cluster, "failing", orphan_grace_s="0")
+        after = [m.ledger_id for m in client._loop.run(client._client.all_ledger_metadata())
+                 if m.custom_metadata.get(META_DATASET) == "failing"]
+    assert not set(leftover) & set(after)
+    assert read(spark, cluster, "failing").count() == 10
+
+
+def test_a_streaming_query_restarted_from_its_checkpoint_writes_no_duplicates(
+        spark, cluster: LocalCluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    source = tmp_path / "in"
+    source.mkdir()
+    checkpoint = str(tmp_path / "ckpt")
+    schema = "id LONG, v STRING"
+
+    def run_once() -> None:
+        stream = spark.readStream.schema(schema).json(str(source))
+        query = (stream.writeStream.format("octavo").option("etcd", cluster.etcd_endpoint)
+                 .option("checkpointLocation", checkpoint).option("stream_id", "ingest")
+                 .trigger(availableNow=True).start("streamed"))
+        query.awaitTermination(120)
+
+    for i in range(3):
+        (source / f"f{i}.json").write_text("\n".join(f'{{"id": {i * 100 + j}, "v": "x{j}"}}' for j in range(100)))
+    run_once()
+    (source / "f3.json").write_text("\n".join(f'{{"id": {300 + j}, "v": "y"}}' for j in range(50)))
+    # Simulate a crash after the sink committed but before Spark recorded the batch: drop its commit log
+    # entry, so the restarted query runs the same batch id again.
+    run_once()
+    commits = sorted(Path(checkpoint, "commits").iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1)
+    last = [p for p in commits if p.name.isdigit()][-1]
+    last.unlink()
+    (last.parent / f".{last.name}.crc").unlink(missing_ok=True)
+    run_once()
+    back = read(spark, cluster, "streamed")
+    assert back.count() == 350 and back.select("id").distinct().count() == 350
+
+
+def test_a_streaming_read_tails_new_commits(spark, cluster: LocalCluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    write(frame(spark, 100, parts=1), cluster, "tailed")
+    out = []
+
+    def collect(batch_df, batch_id: int) -> None:  # type: ignore[no-untyped-def]
+        out.extend(r["id"] for r in batch_df.select("id").collect())
+
+    stream = spark.readStream.format("octavo").option("etcd", cluster.etcd_endpoint).load("tailed")
+    query = (stream.writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "c"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert sorted(out) == list(range(100))
+    write(frame(spark, 50, parts=1, offset=100), cluster, "tailed")
+    query = (stream.writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "c"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert sorted(out) == list(range(150))  # the restarted query reads only what is new
+
+
+def test_key_compaction_keeps_exactly_the_latest_row_per_key(spark, cluster: LocalCluster) -> None:  # type: ignore[no-untyped-def]
+    from pyspark.sql.functions import expr
+
+    base = spark.range(0, 2000, numPartitions=2).select(expr("id % 300 as key"), expr("id as version"),
+                                                        expr("false as deleted"))
+    write(base, cluster, "keyed", key_column="key")
+    tombs = spark.range(0, 10, numPartitions=1).select(expr("id as key"), expr("5000 + id as version"),
+                                                       expr("true as deleted"))
+    write(tombs, cluster, "keyed")
+    opts = Options.parse({"etcd": cluster.etcd_endpoint, "dataset": "keyed"})
+    result = asyncio.run(compact_dataset(opts, slots=64, tombstone_retention_s=0))
+    assert result.rows_before == 2010 and 0 < result.tombstones_dropped <= 10
+    rows = {(r["key"], r["version"]) for r in read(spark, cluster, "keyed").collect()}
+    latest = {k: max(v for v in range(2000) if v % 300 == k) for k in range(10, 300)}
+    # 64 slots for 300 keys: collisions may keep older duplicates this run, but never lose a latest row; a
+    # deleted key whose rows survive (a collision) keeps its tombstone too, so it still reads as deleted
+    assert set(latest.items()) <= rows
+    assert all((k, 5000 + k) in rows for k, _ in rows if k < 10)
+    # a map with room to spare and a fixed seed (no collision among these 300 keys): exactly one row per key
+    again = asyncio.run(compact_dataset(opts, slots=1 << 20, tombstone_retention_s=0, seed=b"octavo-test-seed"))
+    assert again.rows_after == 290
+    final = {r["key"]: r["version"] for r in read(spark, cluster, "keyed").collect()}
+    assert final == latest
+
+
+def test_a_bookie_killed_during_a_write_loses_no_committed_row(spark, cluster: LocalCluster) -> None:  # type: ignore[no-untyped-def]
+    df = frame(spark, 300_000, parts=4)
+    import threading
+
+    victim = cluster.bookies["bookie-1"]
+    killer = threading.Timer(1.5, victim.kill)
+    killer.start()
+    try:
+        write(df, cluster, "survivor", rows_per_entry="2000")
+    finally:
+        killer.cancel()
+        killer.join()
+        if not victim.alive():
+            victim.start()
+    assert checksum(read(spark, cluster, "survivor")) == checksum(df)
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(st.integers(0, 40), min_size=1, max_size=200), slots=st.integers(1, 16),
+       seed=st.binary(min_size=16, max_size=16))
+def test_offset_map_collisions_never_lose_the_latest_value(keys: list[int], slots: int, seed: bytes) -> None:
+    m = OffsetMap(slots, seed)
+    for pos, k in enumerate(keys):
+        m.put(k, pos)
+    latest = {k: pos for pos, k in enumerate(keys)}
+    kept = [pos for pos, k in enumerate(keys) if not m.superseded(k, pos)]
+    assert set(latest.values()) <= set(kept)  # every key's latest row survives
+    big = OffsetMap(1 << 16, seed)  # with room for every key, exactly the latest rows are kept
+    for pos, k in enumerate(keys):
+        big.put(k, pos)
+    assert [pos for pos, k in enumerate(keys) if not big.superseded(k, pos)] == sorted(latest.values())
+
+
+def test_offset_map_memory_is_fixed() -> None:
+    m = OffsetMap(1000, b"0" * 16)
+    before = (len(m.hi), len(m.lo), len(m.pos))
+    for i in range(100_000):
+        m.put(i, i)
+    assert (len(m.hi), len(m.lo), len(m.pos)) == before == (1000, 1000, 1000)
+    with pytest.raises(ValueError, match="slots"):
+        OffsetMap(0, b"")
