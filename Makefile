@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup demo demo-bookie test lint typecheck pytest bench proto clean
+.PHONY: setup demo demo-cluster demo-bookie test lint typecheck pytest bench proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: setup
+	$(BIN)/python examples/spark_pipeline.py
+
+demo-cluster: setup
 	$(BIN)/python examples/cluster_demo.py
 
 demo-bookie: setup

@@ -121,7 +121,7 @@ def test_a_task_failure_leaves_nothing_visible_and_its_ledgers_are_collected(spa
     from pyspark.sql.functions import udf
 
     @udf("long")
-    def explode_on_last(x: int) -> int:
+    def explode_on_last(x):  # type: ignore[no-untyped-def]
         if x == 2999:
             raise RuntimeError("injected task failure")
         return x

@@ -275,7 +275,7 @@ class WriteHandle:
 
     async def _change_ensemble(self, failed: str) -> None:
         async with self._change_lock:
-            if self._error is not None or failed not in self.metadata.last_ensemble:
+            if self._error is not None or self._closed or failed not in self.metadata.last_ensemble:
                 return
             self._failed_bookies.add(failed)
             try:
@@ -350,17 +350,20 @@ class WriteHandle:
         if self._error is not None:
             raise self._error
         store = self._client.metadata_store
-        closed = self.metadata.with_state(CLOSED, last_entry_id=self._lac, length=self._length)
-        revision = await store.update_ledger(closed, self._revision)
-        if revision is None:
-            current, _ = await store.read_ledger(self.ledger_id)
+        # An ensemble change may still be running (a bookie failed after the last entry was acknowledged at
+        # the ack quorum): let it finish, and keep it from starting during the close.
+        async with self._change_lock:
+            closed = self.metadata.with_state(CLOSED, last_entry_id=self._lac, length=self._length)
+            revision = await store.update_ledger(closed, self._revision)
+            if revision is None:
+                current, _ = await store.read_ledger(self.ledger_id)
+                self._closed = True
+                if not (current.state == CLOSED and current.last_entry_id == self._lac):
+                    raise LedgerFencedError(f"ledger {self.ledger_id} is {current.state} in etcd (last entry "
+                                            f"{current.last_entry_id}): a recovery open took it over")
+            else:
+                self.metadata, self._revision = closed, revision
             self._closed = True
-            if not (current.state == CLOSED and current.last_entry_id == self._lac):
-                raise LedgerFencedError(f"ledger {self.ledger_id} is {current.state} in etcd (last entry "
-                                        f"{current.last_entry_id}): a recovery open took it over")
-        else:
-            self.metadata, self._revision = closed, revision
-        self._closed = True
         await asyncio.gather(*(self._write_close(b) for b in self.metadata.last_ensemble), return_exceptions=True)
 
     async def _write_close(self, bookie_id: str) -> None:

@@ -22,7 +22,7 @@ from octavo.client.dataset import META_DATASET, META_WRITE, DatasetLedger, check
 from octavo.client.errors import EntryTooLargeError, OctavoError
 
 # Appended bytes a task keeps in flight (the client bounds this too); entries go out in groups of this size.
-GROUP_BYTES = 4 * 1024 * 1024
+GROUP_BYTES = 1024 * 1024
 ENTRY_BYTES_MAX = 4 * 1024 * 1024 - 64 * 1024  # under the bookies' default entry limit, room for framing
 COMPRESSIONS = ("lz4", "zstd", "none")
 

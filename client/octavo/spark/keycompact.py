@@ -3,13 +3,15 @@
 Two passes over the dataset's ledgers, in manifest order (the order rows were committed):
 
 1. **Offset map**: every row's key is hashed (BLAKE2b-128 keyed with a seed that changes every run) into a
-   fixed-size, direct-mapped table of `slots` entries (two uint64 digest halves and an int64 position), and
-   the row's position (its rank in manifest order) is stored in the key's slot. Memory is fixed:
-   24 bytes x slots, a named limit (KEY_MAP_SLOTS_MAX).
-2. **Rewrite**: a row is dropped only when its key's slot holds the same digest and a *later* position (a
-   newer row of the same key exists). A slot taken by another key says nothing about this one, so the row is
-   kept: a collision only lets a duplicate survive this run, never loses the latest row of a key; the next
-   run, with another seed, most likely separates the two keys. A key whose latest row is a tombstone (the
+   fixed-size open-addressing table of `slots` entries (two uint64 digest halves and an int64 position;
+   up to 32 probes), and the row's position (its rank in manifest order) is stored in the key's slot.
+   Memory is fixed: 24 bytes x slots, a named limit (KEY_MAP_SLOTS_MAX). A key that finds no free slot
+   (the map is too small for the dataset's keys) is not tracked.
+2. **Rewrite**: a row is dropped only when the map holds its key's digest with a *later* position (a newer
+   row of the same key exists). An untracked key says nothing, so its rows are kept: a collision only lets
+   a duplicate survive this run, never loses the latest row of a key; the next run, with another seed and
+   a map sized for the keys, removes it. The digests are compared whole (128 bits), so two keys are never
+   taken for one. A key whose latest row is a tombstone (the
    `tombstone_column` is true) is dropped once that row is older than `tombstone_retention_s` (measured from
    its ledger's commit), so readers had time to see the delete.
 
@@ -55,7 +57,11 @@ def key_bytes(value: Any) -> bytes:
 
 
 class OffsetMap:
-    """A fixed-size map from key digest to the latest position seen, direct-mapped (no probing)."""
+    """A fixed-size map from a key's 128-bit digest to the latest position seen (open addressing: up to
+    PROBES_MAX slots are tried, starting where the digest says). A key that finds no free slot is not
+    tracked (`untracked` counts them): its rows are all kept this run."""
+
+    PROBES_MAX = 32
 
     def __init__(self, slots: int, seed: bytes) -> None:
         if not 1 <= slots <= KEY_MAP_SLOTS_MAX:
@@ -65,30 +71,42 @@ class OffsetMap:
         self.hi = array("Q", bytes(8 * slots))
         self.lo = array("Q", bytes(8 * slots))
         self.pos = array("q", b"\xff" * (8 * slots))  # -1: empty
+        self.untracked = 0
 
     def digest(self, key: Any) -> tuple[int, int]:
         d = hashlib.blake2b(key_bytes(key), digest_size=16, key=self.seed).digest()
         return int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little")
 
-    def put(self, key: Any, position: int) -> None:
-        self.put_digest(*self.digest(key), position)
+    def _find(self, hi: int, lo: int) -> int:
+        """The slot holding this digest, or the empty slot where it would go; -1 if the probes are full."""
+        slots, his, los, pos = self.slots, self.hi, self.lo, self.pos
+        start = hi % slots
+        for i in range(min(self.PROBES_MAX, slots)):
+            slot = (start + i) % slots
+            if pos[slot] < 0 or (his[slot] == hi and los[slot] == lo):
+                return slot
+        return -1
 
-    def put_digest(self, hi: int, lo: int, position: int) -> None:
-        slot = hi % self.slots
-        if position >= self.pos[slot] or (self.hi[slot], self.lo[slot]) != (hi, lo):
+    def put(self, key: Any, position: int) -> None:
+        hi, lo = self.digest(key)
+        slot = self._find(hi, lo)
+        if slot < 0:
+            self.untracked += 1
+            return
+        if position > self.pos[slot]:
             self.hi[slot], self.lo[slot], self.pos[slot] = hi, lo, position
+
+    def _position(self, key: Any) -> int:
+        slot = self._find(*self.digest(key))
+        return -1 if slot < 0 else self.pos[slot]
 
     def superseded(self, key: Any, position: int) -> bool:
         """True only if a later row of this very key is known: the row can go."""
-        hi, lo = self.digest(key)
-        slot = hi % self.slots
-        return self.hi[slot] == hi and self.lo[slot] == lo and self.pos[slot] > position
+        return self._position(key) > position
 
     def latest(self, key: Any, position: int) -> bool:
         """True if this row is known to be its key's latest (for tombstone removal)."""
-        hi, lo = self.digest(key)
-        slot = hi % self.slots
-        return self.hi[slot] == hi and self.lo[slot] == lo and self.pos[slot] == position
+        return self._position(key) == position
 
 
 @dataclass
