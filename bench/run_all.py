@@ -12,6 +12,7 @@ BENCHES = [
     ["grpc_bench.py"],
     ["index_choice.py"],
     ["compaction_bench.py"],
+    ["spark_bench.py"],
     ["cluster_bench.py"],  # needs Debian's nats-server and the bench extra (nats-py)
 ]
 
