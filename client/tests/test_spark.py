@@ -216,6 +216,25 @@ def test_key_compaction_keeps_exactly_the_latest_row_per_key(spark, cluster: Loc
     assert final == latest
 
 
+def test_key_compaction_as_a_spark_job(spark, cluster: LocalCluster) -> None:  # type: ignore[no-untyped-def]
+    from pyspark.sql.functions import expr
+
+    from octavo.spark.keycompact import compact_with_spark
+
+    rounds = [spark.range(0, 3000, numPartitions=3).select(
+        expr("id % 500 as key"), expr(f"{r} * 10000 + id as version"), expr("false as deleted")) for r in range(2)]
+    write(rounds[0], cluster, "keyed-spark", key_column="key")
+    write(rounds[1], cluster, "keyed-spark")
+    write(spark.range(0, 20, numPartitions=1).select(expr("id as key"), expr("cast(99999 as long) as version"),
+                                                     expr("true as deleted")), cluster, "keyed-spark")
+    opts = Options.parse({"etcd": cluster.etcd_endpoint, "dataset": "keyed-spark"})
+    result = compact_with_spark(spark, opts, slots=1 << 16, tombstone_retention_s=0, seed=b"octavo-test-seed")
+    assert result.ledgers_before == 7 and result.rows_before == 6020 and result.tombstones_dropped == 20
+    got = {(r["key"], r["version"]) for r in read(spark, cluster, "keyed-spark").collect()}
+    expected = {(k, 10000 + max(v for v in range(3000) if v % 500 == k)) for k in range(20, 500)}
+    assert got == expected
+
+
 def test_a_bookie_killed_during_a_write_loses_no_committed_row(spark, cluster: LocalCluster) -> None:  # type: ignore[no-untyped-def]
     df = frame(spark, 300_000, parts=4)
     import threading
@@ -257,3 +276,28 @@ def test_offset_map_memory_is_fixed() -> None:
     assert (len(m.hi), len(m.lo), len(m.pos)) == before == (1000, 1000, 1000)
     with pytest.raises(ValueError, match="slots"):
         OffsetMap(0, b"")
+
+
+def test_the_dataset_cli(spark, cluster: LocalCluster) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import subprocess
+
+    write(frame(spark, 100, parts=2), cluster, "cli-ds")
+
+    def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "octavo.cli.main", "dataset", *argv, "--etcd",
+                               cluster.etcd_endpoint], capture_output=True, text=True, timeout=120)
+
+    out = cli("ls", "--json")
+    assert out.returncode == 0 and "cli-ds" in json.loads(out.stdout)
+    out = cli("show", "cli-ds", "--json")
+    assert out.returncode == 0 and sum(x["rows"] for x in json.loads(out.stdout)["ledgers"]) == 100
+    out = cli("compact", "cli-ds")
+    assert out.returncode == 1 and "no key column" in out.stderr
+    out = cli("gc", "cli-ds", "--grace-s", "0")
+    assert out.returncode == 0 and "deleted 0 orphan ledgers" in out.stdout
+    out = cli("drop", "cli-ds")
+    assert out.returncode == 0 and "dropped cli-ds (2 ledgers)" in out.stdout
+    out = cli("drop", "cli-ds")
+    assert out.returncode == 1 and "does not exist" in out.stderr
+    assert "cli-ds" not in json.loads(cli("ls", "--json").stdout)

@@ -3,6 +3,7 @@
     octavo dataset ls      --etcd E [--cluster C] [--json]
     octavo dataset show NAME --etcd E [--json]
     octavo dataset compact NAME --etcd E [--slots N] [--tombstone-column C] [--tombstone-retention-s S] [--json]
+                               [--spark [--spark-master M]]    both passes as Spark jobs
     octavo dataset drop NAME --etcd E
     octavo dataset gc NAME --etcd E [--grace-s S]        delete ledgers no manifest references (orphans)
 
@@ -45,6 +46,9 @@ def add_parser(sub: Any) -> None:
             c.add_argument("--tombstone-retention-s", type=float, default=TOMBSTONE_RETENTION_S_DEFAULT,
                            help="tombstones are dropped once older than this")
             c.add_argument("--password", default="", help="the dataset's ledger password")
+            c.add_argument("--spark", action="store_true",
+                           help="run both passes as Spark jobs, one task per ledger (for large datasets)")
+            c.add_argument("--spark-master", default="local[2]", help="the Spark master for --spark")
         if name == "gc":
             c.add_argument("--grace-s", type=float, default=3600.0, help="only ledgers older than this")
 
@@ -91,8 +95,32 @@ async def _run(args: Namespace) -> Any:
 
         opts = Options.parse({"etcd": args.etcd, "cluster": args.cluster, "dataset": args.name,
                               "password": args.password})
-        r = await compact_dataset(opts, slots=args.slots, tombstone_column=args.tombstone_column,
-                                  tombstone_retention_s=args.tombstone_retention_s)
+        if args.spark:
+            r = await asyncio.get_running_loop().run_in_executor(None, _compact_with_spark, args, opts)
+        else:
+            r = await compact_dataset(opts, slots=args.slots, tombstone_column=args.tombstone_column,
+                                      tombstone_retention_s=args.tombstone_retention_s)
         return {**asdict(r), "text": (f"compacted {r.dataset}: {r.rows_before} rows in {r.ledgers_before} ledgers -> "
                                       f"{r.rows_after} rows in {r.ledgers_after}; {r.tombstones_dropped} tombstones "
                                       f"dropped; {r.duration_s:.1f}s")}
+
+
+def _compact_with_spark(args: Namespace, opts: Any) -> Any:
+    import os
+
+    from octavo.spark.keycompact import compact_with_spark
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(args.spark_master).appName(f"octavo-compact-{args.name}")
+    if args.spark_master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = (builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+                   .config("spark.ui.enabled", "false"))
+    spark = builder.getOrCreate()
+    try:
+        return compact_with_spark(spark, opts, slots=args.slots, tombstone_column=args.tombstone_column,
+                                  tombstone_retention_s=args.tombstone_retention_s)
+    finally:
+        spark.stop()

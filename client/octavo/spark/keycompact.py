@@ -88,7 +88,10 @@ class OffsetMap:
         return -1
 
     def put(self, key: Any, position: int) -> None:
-        hi, lo = self.digest(key)
+        self.put_digest(*self.digest(key), position)
+
+    def put_digest(self, hi: int, lo: int, position: int) -> None:
+        """Record a position for a digest; the highest position wins whatever the order of the calls."""
         slot = self._find(hi, lo)
         if slot < 0:
             self.untracked += 1
@@ -199,3 +202,110 @@ async def compact_dataset(opts: Options, slots: int = KEY_MAP_SLOTS_DEFAULT, tom
         await client.datasets.commit(opts.dataset, manifest.schema, ledgers, replace=[x.ledger_id for x in snapshot])
         return CompactionResult(opts.dataset, sum(x.rows for x in snapshot), new.rows, len(snapshot), len(ledgers),
                                 state["tombstones"], time.monotonic() - t0)
+
+
+def _ledger_rows(opts: Options, ledger: DatasetLedger) -> Any:
+    """(batch) of one ledger, in order, through a blocking client (inside a Spark task)."""
+    from octavo.client.client import SyncClient
+
+    if ledger.entries <= 0:
+        return
+    with SyncClient(opts.etcd, opts.cluster, client_options()) as client:
+        handle = client.open_ledger(ledger.ledger_id, password=opts.password, recovery=False)
+        for entry in handle.read(0, ledger.entries - 1):
+            yield from decode_entry(entry.data)
+
+
+def _kept_rows(opts: Options, ledger: DatasetLedger, index: int, key: str, tombstone_column: str,
+               offset_map: OffsetMap, expired: bool, counts: dict[str, int]) -> Any:
+    rank = 0
+    for batch in _ledger_rows(opts, ledger):
+        mask, dropped = _keep_mask(batch, key, tombstone_column, offset_map,
+                                   (index << POSITION_LEDGER_SHIFT) | rank, expired)
+        rank += batch.num_rows
+        counts["tombstones"] += dropped
+        filtered = batch.filter(pa.array(mask, type=pa.bool_()))
+        if filtered.num_rows:
+            yield filtered
+
+
+# A row's position in a Spark pass: its ledger's index in the manifest, then its rank in the ledger.
+POSITION_LEDGER_SHIFT = 40
+
+
+def compact_with_spark(spark: Any, opts: Options, slots: int = KEY_MAP_SLOTS_DEFAULT,
+                       tombstone_column: str = "deleted",
+                       tombstone_retention_s: float = TOMBSTONE_RETENTION_S_DEFAULT,
+                       seed: bytes | None = None) -> CompactionResult:
+    """Key compaction as two Spark jobs, one task per ledger: (1) each task hashes its keys and sends back the
+    latest position of each digest it saw, which the driver folds into the offset map (memory: the map);
+    (2) the map is broadcast and each task writes the rows it keeps into a new ledger; the driver swaps them
+    in with one CAS. Same map, same guarantees as compact_dataset."""
+    import asyncio
+
+    t0 = time.monotonic()
+    seed = seed or os.urandom(16)
+
+    async def snapshot() -> Manifest:
+        async with Client(opts.etcd, opts.cluster, client_options()) as client:
+            return await client.datasets.get(opts.dataset)
+
+    manifest = asyncio.run(snapshot())
+    key = manifest.key_column or opts.key_column
+    if not key:
+        raise DatasetError(f"dataset {opts.dataset!r} has no key column (write it with option key_column)")
+    ledgers = list(manifest.ledgers)
+    if len(ledgers) >= 1 << (63 - POSITION_LEDGER_SHIFT):
+        raise DatasetError(f"dataset {opts.dataset!r} has too many ledgers for one Spark compaction")
+    sc = spark.sparkContext
+    indexed = sc.parallelize(list(enumerate(ledgers)), max(1, len(ledgers)))
+
+    def digests(part: Any) -> Any:
+        probe = OffsetMap(1, seed)  # only its digest function
+        for index, ledger in part:
+            latest: dict[tuple[int, int], int] = {}
+            rank = 0
+            for batch in _ledger_rows(opts, ledger):
+                for value in batch.column(key).to_pylist():
+                    if value is not None:
+                        latest[probe.digest(value)] = (index << POSITION_LEDGER_SHIFT) | rank
+                    rank += 1
+            for (hi, lo), position in latest.items():
+                yield hi, lo, position
+
+    offset_map = OffsetMap(slots, seed)
+    for hi, lo, position in indexed.mapPartitions(digests).toLocalIterator():
+        offset_map.put_digest(hi, lo, position)
+    shared = sc.broadcast((offset_map.slots, offset_map.hi.tobytes(), offset_map.lo.tobytes(),
+                           offset_map.pos.tobytes()))
+    now_ms = time.time() * 1000
+    write_id = new_write_id()
+
+    def rewrite(part: Any) -> Any:
+        n, his, los, poss = shared.value
+        local = OffsetMap(1, seed)
+        local.slots = n
+        local.hi, local.lo, local.pos = array("Q"), array("Q"), array("q")
+        local.hi.frombytes(his)
+        local.lo.frombytes(los)
+        local.pos.frombytes(poss)
+        for index, ledger in part:
+            expired = now_ms - ledger.committed_unix_ms >= tombstone_retention_s * 1000
+            counts = {"tombstones": 0}
+            batches = _kept_rows(opts, ledger, index, key, tombstone_column, local, expired, counts)
+            written = asyncio.run(write_ledger(opts, batches, write_id))
+            yield written, counts["tombstones"]
+
+    results = indexed.mapPartitions(rewrite).collect()
+    new = [x for x, _ in results if x.rows > 0]
+    empty = [x.ledger_id for x, _ in results if x.rows == 0]
+
+    async def swap() -> None:
+        async with Client(opts.etcd, opts.cluster, client_options()) as client:
+            for lid in empty:
+                await client.delete_ledger(lid)
+            await client.datasets.commit(opts.dataset, manifest.schema, new, replace=[x.ledger_id for x in ledgers])
+
+    asyncio.run(swap())
+    return CompactionResult(opts.dataset, sum(x.rows for x in ledgers), sum(x.rows for x in new), len(ledgers),
+                            len(new), sum(t for _, t in results), time.monotonic() - t0)
