@@ -301,3 +301,36 @@ def test_the_dataset_cli(spark, cluster: LocalCluster) -> None:  # type: ignore[
     out = cli("drop", "cli-ds")
     assert out.returncode == 1 and "does not exist" in out.stderr
     assert "cli-ds" not in json.loads(cli("ls", "--json").stdout)
+
+
+def test_an_interrupted_key_compaction_leaves_orphans_that_are_collected_and_can_run_again(
+        spark, cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    from pyspark.sql.functions import expr
+
+    from octavo.client.dataset import DatasetStore
+
+    write(spark.range(0, 1000, numPartitions=2).select(expr("id % 100 as key"), expr("id as version")),
+          cluster, "interrupted", key_column="key")
+    opts = Options.parse({"etcd": cluster.etcd_endpoint, "dataset": "interrupted"})
+    real_commit = DatasetStore.commit
+
+    async def crash(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("died before the swap")
+
+    monkeypatch.setattr(DatasetStore, "commit", crash)
+    with pytest.raises(RuntimeError, match="before the swap"):
+        asyncio.run(compact_dataset(opts, seed=b"octavo-test-seed"))
+    monkeypatch.setattr(DatasetStore, "commit", real_commit)
+    assert read(spark, cluster, "interrupted").count() == 1000  # readers never saw a half-done compaction
+
+    async def orphans() -> list[int]:
+        from octavo.client import Client
+
+        async with Client(cluster.etcd_endpoint) as client:
+            return await client.datasets.collect_orphans("interrupted", await client.all_ledger_metadata(), 0)
+
+    assert len(asyncio.run(orphans())) == 1  # the compaction's output ledger
+    result = asyncio.run(compact_dataset(opts, seed=b"octavo-test-seed"))
+    assert result.rows_after == 100
+    assert sorted(r["version"] for r in read(spark, cluster, "interrupted").collect()) == list(range(900, 1000))
+    assert asyncio.run(orphans()) == []  # the replaced ledgers were deleted by the swap
