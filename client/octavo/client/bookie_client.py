@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,7 +91,7 @@ class BookieClient:
             *CHANNEL_OPTIONS,
         ])
         self._stub = pb_grpc.BookieStub(self._channel)
-        self._queue: list[_Add] = []
+        self._queue: deque[_Add] = deque()
         self._wake = asyncio.Event()
         self._window = asyncio.Semaphore(REQUESTS_IN_FLIGHT_MAX)
         self._pending: dict[int, list[_Add]] = {}
@@ -166,7 +167,7 @@ class BookieClient:
             add = self._queue[0]
             if taken and (entries + len(add.entry_ids) > REQUEST_ENTRIES_MAX or size + add.size > REQUEST_BYTES_MAX):
                 break
-            taken.append(self._queue.pop(0))
+            taken.append(self._queue.popleft())
             entries += len(add.entry_ids)
             size += add.size
         self._request_id += 1
@@ -237,7 +238,7 @@ class BookieClient:
 
     def _fail_all(self, error: Exception) -> None:
         pending, self._pending = self._pending, {}
-        queued, self._queue = self._queue, []
+        queued, self._queue = self._queue, deque()
         for taken in pending.values():
             for add in taken:
                 add.finish(error)
