@@ -18,7 +18,7 @@ from octavo.node.config import NodeConfig
 from octavo.node.errors import StorageError
 from octavo.node.fileio import FileIO
 from octavo.node.storage import LOGS_DIR, Storage
-from octavo.node.testing import payload_for, small_config
+from octavo.node.testing import payload_for, roll_and_flush, small_config
 from octavo.v1 import bookie_pb2 as pb
 
 KEY = b"k"
@@ -41,11 +41,7 @@ def fill(s: Storage, ledgers: list[int], batches: int) -> None:
 
 
 def flushed(s: Storage) -> None:
-    s.roll()
-    deadline = time.monotonic() + 10
-    while s.pending_flushes() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert s.pending_flushes() == 0
+    roll_and_flush(s)
 
 
 def log_files(cfg: NodeConfig) -> dict[str, int]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -10,7 +9,7 @@ import pytest
 from octavo.node.config import NodeConfig
 from octavo.node.errors import StorageError
 from octavo.node.storage import LOGS_DIR, Storage
-from octavo.node.testing import payload_for
+from octavo.node.testing import payload_for, roll_and_flush
 from octavo.v1 import bookie_pb2 as pb
 
 KEY = b"k"
@@ -25,11 +24,7 @@ def fill(s: Storage, ledgers: list[int], batches: int, first_batch: int = 0) -> 
 
 
 def flushed(s: Storage) -> None:
-    s.roll()
-    deadline = time.monotonic() + 10
-    while s.pending_flushes() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert s.pending_flushes() == 0
+    roll_and_flush(s)
 
 
 def logs(cfg: NodeConfig) -> set[str]:

@@ -41,6 +41,16 @@ def small_config(data_dir: Path | str, **overrides: object) -> NodeConfig:
     return NodeConfig(**values)  # type: ignore[arg-type]
 
 
+def roll_and_flush(storage: Any, timeout_s: float = 10.0) -> None:
+    """Roll the active log and wait until the flusher has flushed every rolled log (tests of GC/compaction)."""
+    storage.roll()
+    deadline = time.monotonic() + timeout_s
+    while storage.pending_flushes() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if storage.pending_flushes():
+        raise AssertionError(f"{storage.pending_flushes()} rolled logs still not flushed after {timeout_s}s")
+
+
 class BookieProcess:
     """One `octavo node` process on 127.0.0.1 with a port chosen by the OS."""
 
