@@ -85,6 +85,24 @@ async def test_bookie_sigkilled_mid_write_loses_nothing(cluster: LocalCluster) -
         assert await read_back(client, writer.ledger_id) == [data(writer.ledger_id, i) for i in range(6000)]
 
 
+@pytest.mark.parametrize("delay_ms", [0, 5, 20])
+async def test_close_right_after_a_bookie_dies_closes_the_ledger(cluster: LocalCluster, delay_ms: int) -> None:
+    """The last entries are acknowledged by the ack quorum, then a bookie of the ensemble dies: its unanswered
+    requests start an ensemble change that races the close. The close must land on top of the change (it
+    once lost its CAS to it and reported a recovery open)."""
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        writer = await client.create_ledger(3, 3, 2, password=PW)
+        victim = writer.metadata.last_ensemble[2]
+        pending = [asyncio.ensure_future(writer.append(data(writer.ledger_id, i))) for i in range(300)]
+        await asyncio.sleep(delay_ms / 1000)
+        cluster.bookies[victim].kill()
+        assert await asyncio.gather(*pending) == list(range(300))
+        await writer.close()
+        meta = await client.ledger_metadata(writer.ledger_id)
+        assert meta.state == "CLOSED" and meta.last_entry_id == 299
+        assert await read_back(client, writer.ledger_id) == [data(writer.ledger_id, i) for i in range(300)]
+
+
 async def test_striped_ledger_survives_a_killed_bookie(cluster: LocalCluster) -> None:
     async with Client(cluster.etcd_endpoint, options=FAST) as client:
         writer = await client.create_ledger(4, 2, 2, password=PW)

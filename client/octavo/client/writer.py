@@ -350,20 +350,29 @@ class WriteHandle:
         if self._error is not None:
             raise self._error
         store = self._client.metadata_store
-        # An ensemble change may still be running (a bookie failed after the last entry was acknowledged at
-        # the ack quorum): let it finish, and keep it from starting during the close.
-        async with self._change_lock:
+        # An ensemble change may run concurrently (a bookie failed after the last entry was acknowledged at the
+        # ack quorum) and move the metadata's revision under the close: then the CAS loses to our own change,
+        # and the close waits for the change and closes on top of it. With etcd down, the CAS fails at once
+        # (MetadataUnavailableError) and the close can be retried.
+        for _ in range(ENSEMBLE_CHANGE_ATTEMPTS_MAX):
             closed = self.metadata.with_state(CLOSED, last_entry_id=self._lac, length=self._length)
             revision = await store.update_ledger(closed, self._revision)
-            if revision is None:
-                current, _ = await store.read_ledger(self.ledger_id)
-                self._closed = True
-                if not (current.state == CLOSED and current.last_entry_id == self._lac):
-                    raise LedgerFencedError(f"ledger {self.ledger_id} is {current.state} in etcd (last entry "
-                                            f"{current.last_entry_id}): a recovery open took it over")
-            else:
+            if revision is not None:
                 self.metadata, self._revision = closed, revision
-            self._closed = True
+                break
+            current, _ = await store.read_ledger(self.ledger_id)
+            if current.state == CLOSED and current.last_entry_id == self._lac:
+                break
+            if current.state != OPEN:
+                self._closed = True
+                raise LedgerFencedError(f"ledger {self.ledger_id} is {current.state} in etcd (last entry "
+                                        f"{current.last_entry_id}): a recovery open took it over")
+            async with self._change_lock:  # our own ensemble change: let it land, then close on top of it
+                if self._error is not None:
+                    raise self._error
+        else:
+            raise MetadataUnavailableError(f"ledger {self.ledger_id}: the close kept losing its CAS")
+        self._closed = True
         await asyncio.gather(*(self._write_close(b) for b in self.metadata.last_ensemble), return_exceptions=True)
 
     async def _write_close(self, bookie_id: str) -> None:
