@@ -66,7 +66,7 @@ class Client:
         self.options = options or ClientOptions()
         self.etcd = EtcdClient(etcd, timeout_s=self.options.metadata_timeout_s)
         self.metadata_store = MetadataStore(self.etcd, Layout(cluster))
-        self.datasets = DatasetStore(self.etcd, Layout(cluster), self.delete_ledger)
+        self.datasets = DatasetStore(self.etcd, self.metadata_store.layout, self.delete_ledger)
         self._bookie_clients: dict[str, BookieClient] = {}
         self._registrations: dict[str, BookieInfo] = {}
         self._registrations_at = -1e9

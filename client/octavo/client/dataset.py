@@ -21,6 +21,7 @@ import logging
 import re
 import time
 from dataclasses import asdict, dataclass, field
+from dataclasses import replace as copy_with
 from typing import Any
 
 from octavo.client.errors import NoSuchLedgerError, OctavoError
@@ -202,7 +203,7 @@ class DatasetStore:
                 raise DatasetError(f"dataset {name!r} has another schema; append needs the same columns and types "
                                    f"(stored: {current.schema}; given: {schema})")
             merged = checked
-        manifest = Manifest(**{**asdict(current), "ledgers": list(current.ledgers), "streams": dict(current.streams)})
+        manifest = copy_with(current, ledgers=list(current.ledgers), streams=dict(current.streams))
         manifest.schema = merged
         replaced: list[int] = []
         if replace is not None:

@@ -73,6 +73,18 @@ class OffsetMap:
         self.pos = array("q", b"\xff" * (8 * slots))  # -1: empty
         self.untracked = 0
 
+    def to_bytes(self) -> tuple[int, bytes, bytes, bytes]:
+        """The map's arrays as bytes (to broadcast to Spark tasks)."""
+        return self.slots, self.hi.tobytes(), self.lo.tobytes(), self.pos.tobytes()
+
+    @classmethod
+    def from_bytes(cls, data: tuple[int, bytes, bytes, bytes], seed: bytes) -> OffsetMap:
+        slots, hi, lo, pos = data
+        m = cls.__new__(cls)
+        m.slots, m.seed, m.untracked = slots, seed, 0
+        m.hi, m.lo, m.pos = array("Q", hi), array("Q", lo), array("q", pos)
+        return m
+
     def digest(self, key: Any) -> tuple[int, int]:
         d = hashlib.blake2b(key_bytes(key), digest_size=16, key=self.seed).digest()
         return int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little")
@@ -276,19 +288,12 @@ def compact_with_spark(spark: Any, opts: Options, slots: int = KEY_MAP_SLOTS_DEF
     offset_map = OffsetMap(slots, seed)
     for hi, lo, position in indexed.mapPartitions(digests).toLocalIterator():
         offset_map.put_digest(hi, lo, position)
-    shared = sc.broadcast((offset_map.slots, offset_map.hi.tobytes(), offset_map.lo.tobytes(),
-                           offset_map.pos.tobytes()))
+    shared = sc.broadcast(offset_map.to_bytes())
     now_ms = time.time() * 1000
     write_id = new_write_id()
 
     def rewrite(part: Any) -> Any:
-        n, his, los, poss = shared.value
-        local = OffsetMap(1, seed)
-        local.slots = n
-        local.hi, local.lo, local.pos = array("Q"), array("Q"), array("q")
-        local.hi.frombytes(his)
-        local.lo.frombytes(los)
-        local.pos.frombytes(poss)
+        local = OffsetMap.from_bytes(shared.value, seed)
         for index, ledger in part:
             expired = now_ms - ledger.committed_unix_ms >= tombstone_retention_s * 1000
             counts = {"tombstones": 0}

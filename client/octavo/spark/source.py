@@ -59,13 +59,18 @@ async def _manifest(opts: Options) -> Any:
         return await client.datasets.get(opts.dataset)
 
 
+# Orphan collection reads every ledger's metadata: every batch write does it, a stream every this many batches.
+ORPHAN_SCAN_EVERY_STREAM_BATCHES = 50
+
+
 async def _commit(opts: Options, schema: str, ledgers: list[DatasetLedger], mode: str,
                   stream: tuple[str, int] | None = None) -> None:
     async with Client(opts.etcd, opts.cluster, client_options()) as client:
         await client.datasets.commit(opts.dataset, schema, ledgers, mode=mode, key_column=opts.key_column,
                                      stream=stream)
-        metas = await client.all_ledger_metadata()
-        await client.datasets.collect_orphans(opts.dataset, metas, opts.orphan_grace_s)
+        if stream is None or stream[1] % ORPHAN_SCAN_EVERY_STREAM_BATCHES == 0:
+            metas = await client.all_ledger_metadata()
+            await client.datasets.collect_orphans(opts.dataset, metas, opts.orphan_grace_s)
 
 
 async def _delete(opts: Options, ledger_ids: list[int]) -> None:

@@ -266,7 +266,7 @@ class Storage:
         self._recovery_point = point
         from octavo.node.compaction import recover_interrupted
 
-        self.compaction_recovery = recover_interrupted(self)
+        recover_interrupted(self)  # each roll-back or finish is logged
         self._recover_logs(point, unclean)
         # The marker says "a bookie runs here"; a start that finds it knows the last stop was unclean.
         self.io.write_file_atomic(running_marker, str(os.getpid()).encode())
