@@ -199,8 +199,8 @@ async def bench(args: argparse.Namespace, etcd: str, nats_servers: str) -> str:
     ratios: dict[tuple[int, int], float] = {}
     async with Client(etcd) as client:
         run_id = 0
-        for size in SIZES:
-            for ledgers in LEDGER_COUNTS:
+        for size in args.sizes:
+            for ledgers in args.ledgers:
                 total = max(total_for(size, args.seconds), ledgers * 10)
                 octavo_runs, nats_runs = [], []
                 for _ in range(args.rounds):
@@ -215,6 +215,9 @@ async def bench(args: argparse.Namespace, etcd: str, nats_servers: str) -> str:
                              f"{n:,.0f} ({n * mb:,.1f} MB/s)", f"{o / n:.1f}x"])
                 plot_rows.append((label, o * mb, n * mb))
                 print(f"{label:>16}: octavo {o:,.0f}/s  jetstream {n:,.0f}/s  ({o / n:.1f}x)", flush=True)
+        if args.no_report:
+            await nc.close()
+            return ""
         # Latency at a fixed rate, 1 KB, one ledger.
         payload = os.urandom(1024)
         writer = await client.create_ledger(3, 3, 2, password=b"bench")
@@ -279,8 +282,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=2.0, help="about how long each run lasts")
+    ap.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")], default=SIZES,
+                    help="entry sizes to run, comma-separated (a partial run writes no report)")
+    ap.add_argument("--ledgers", type=lambda v: [int(x) for x in v.split(",")], default=LEDGER_COUNTS,
+                    help="ledger counts to run, comma-separated (a partial run writes no report)")
     ap.add_argument("--no-report", action="store_true")
     args = ap.parse_args()
+    if args.sizes != SIZES or args.ledgers != LEDGER_COUNTS:
+        args.no_report = True
     root = tempfile.mkdtemp(prefix="octavo-cluster-bench-", dir=os.environ.get("OCTAVO_BENCH_DIR"))
     cluster = LocalCluster(os.path.join(root, "octavo"), bookies=3,
                            bookie_args=["--log-size-bytes-max", str(256 << 20)], new_session=True)

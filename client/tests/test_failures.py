@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,6 +84,33 @@ async def test_bookie_sigkilled_mid_write_loses_nothing(cluster: LocalCluster) -
         assert len(writer.metadata.ensembles) >= 2
         await writer.close()
         assert await read_back(client, writer.ledger_id) == [data(writer.ledger_id, i) for i in range(6000)]
+
+
+async def test_a_hung_bookie_is_replaced_after_the_add_timeout(cluster: LocalCluster) -> None:
+    """A bookie that stops answering (SIGSTOP: its connection stays open) holds up a Qa = Qw ledger until its
+    oldest unanswered request is add_timeout_s old; then its stream fails, the ensemble changes, and every
+    append is acknowledged on the replacement."""
+    options = ClientOptions(add_timeout_s=1.5, read_timeout_s=3.0, speculative_read_delay_s=0.1,
+                            bookie_list_ttl_s=0.2, metadata_timeout_s=2.0)
+    async with Client(cluster.etcd_endpoint, options=options) as client:
+        writer = await client.create_ledger(3, 3, 3, password=PW)
+        assert await writer.append_many([data(writer.ledger_id, i) for i in range(100)]) == list(range(100))
+        victim = writer.metadata.last_ensemble[0]
+        proc = cluster.bookies[victim].proc
+        assert proc is not None
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            ids = await asyncio.wait_for(
+                writer.append_many([data(writer.ledger_id, i) for i in range(100, 400)]), timeout=30)
+            waited = time.monotonic() - started
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        assert ids == list(range(100, 400))
+        assert waited >= 1.0, "acknowledged by all three while one was stopped?"
+        assert writer.ensemble_changes >= 1 and victim not in writer.metadata.last_ensemble
+        await writer.close()
+        assert await read_back(client, writer.ledger_id) == [data(writer.ledger_id, i) for i in range(400)]
 
 
 @pytest.mark.parametrize("delay_ms", [0, 5, 20])

@@ -125,6 +125,59 @@ def test_batch_over_its_limits_is_refused_whole(conn: BookieConnection) -> None:
     assert conn.read(ledger, 0, 0).error == pb.NO_SUCH_LEDGER  # nothing of either was written
 
 
+def flat(request_id: int, groups: list[tuple[int, bytes, list[int], list[bytes]]], **columns: object) -> pb.AddRequest:
+    """A flat-form request (what the client library sends): one group per (ledger, key, ids, payloads)."""
+    fields: dict[str, object] = dict(
+        request_id=request_id, group_ledger_ids=[g[0] for g in groups], group_master_keys=[g[1] for g in groups],
+        group_lacs=[-1] * len(groups), group_entry_counts=[len(g[2]) for g in groups],
+        entry_ids=[e for g in groups for e in g[2]], payloads=[p for g in groups for p in g[3]])
+    fields.update(columns)
+    return pb.AddRequest(**fields)  # type: ignore[arg-type]
+
+
+def test_flat_form_stores_many_ledgers_and_lists_only_refused_groups(conn: BookieConnection) -> None:
+    a, b, c = new_ledger(), new_ledger(), new_ledger()
+    conn.add(c, KEY, [0], [b"c0"])
+    conn.read_lac(c, fence=True, master_key=KEY)
+    groups = [(a, KEY, [0, 1, 2], [b"a0", b"a1", b"a2"]), (b, KEY, [0], [b"b0"]), (c, KEY, [1], [b"c1"]),
+              (a, KEY, [3], [b"a3"]), (b, b"another key", [1], [b"b1"])]
+    resp = conn.add_requests([flat(7, groups)])[0]
+    assert resp.request_id == 7 and not resp.error and resp.group_count == 5
+    refused = {r.group: (list(r.codes), r.message) for r in resp.refused_groups}
+    assert sorted(refused) == [2, 4]
+    assert refused[2][0] == [pb.FENCED] and "fenced" in refused[2][1]
+    assert refused[4][0] == [pb.UNAUTHORIZED]
+    assert conn.read_all(a, 0, 3) == {i: (pb.OK, b"a%d" % i) for i in range(4)}
+    assert conn.read_all(b, 0, 0) == {0: (pb.OK, b"b0")}
+    # A LAC-only group (no entries) is answered as stored and moves the bookie's LAC.
+    resp = conn.add_requests([flat(8, [(a, KEY, [], [])], group_lacs=[3])])[0]
+    assert resp.group_count == 1 and not resp.refused_groups
+    assert conn.read_lac(a).last_add_confirmed == 3
+
+
+@pytest.mark.parametrize(("columns", "text"), [
+    ({"group_lacs": []}, "group columns differ in length"),
+    ({"group_recovery": [True, False, True]}, "group columns differ in length"),
+    ({"group_entry_counts": [1, 2]}, "group entry counts add up to 3, with 2 entry ids and 2 payloads"),
+    ({"payloads": [b"x"]}, "with 2 entry ids and 1 payloads"),
+    ({"ledgers": [pb.LedgerAdds(ledger_id=1, master_key=KEY)]}, "either ledgers or group columns"),
+])
+def test_malformed_flat_requests_are_refused_whole(conn: BookieConnection, columns: dict[str, object],
+                                                   text: str) -> None:
+    a, b = new_ledger(), new_ledger()
+    resp = conn.add_requests([flat(9, [(a, KEY, [0], [b"x"]), (b, KEY, [0], [b"y"])], **columns)])[0]
+    assert resp.error == pb.INVALID and text in resp.error_message
+    assert conn.read(a, 0, 0).error == pb.NO_SUCH_LEDGER and conn.read(b, 0, 0).error == pb.NO_SUCH_LEDGER
+
+
+def test_flat_request_over_the_batch_limits_is_refused_whole(conn: BookieConnection) -> None:
+    a, b = new_ledger(), new_ledger()
+    resp = conn.add_requests([flat(10, [(a, KEY, list(range(300)), [b"x"] * 300),
+                                        (b, KEY, list(range(201)), [b"y"] * 201)])])[0]
+    assert resp.error == pb.TOO_LARGE and "501 entries, over batch_entries_max=500" in resp.error_message
+    assert conn.read(a, 0, 0).error == pb.NO_SUCH_LEDGER
+
+
 def test_message_over_the_transport_limit_is_a_grpc_status(conn: BookieConnection) -> None:
     ledger = new_ledger()
     with pytest.raises(grpc.RpcError) as e:

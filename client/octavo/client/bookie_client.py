@@ -15,13 +15,13 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 
 from octavo.client.errors import BookieUnavailableError
 from octavo.client.etcd import CHANNEL_OPTIONS
+from octavo.client.wire import encode_add_request
 from octavo.v1 import bookie_pb2 as pb
 from octavo.v1 import bookie_pb2_grpc as pb_grpc
 
@@ -31,52 +31,61 @@ log = logging.getLogger(__name__)
 # are 10,000 entries and 16 MiB). One entry may be as large as the bookie's entry_size_bytes_max.
 REQUEST_ENTRIES_MAX = 4_096
 REQUEST_BYTES_MAX = 4 * 1024 * 1024
-REQUESTS_IN_FLIGHT_MAX = 16
+REQUESTS_IN_FLIGHT_MAX = 2
 CALL_TIMEOUT_S = 10.0
 MESSAGE_BYTES_MAX = 128 * 1024 * 1024
 
 
-# Called once per add with the per-entry codes, or with the exception that failed it.
-AddCallback = Callable[[list[int] | BaseException], None]
+class AddGroup(NamedTuple):
+    """One ledger's entries for one request; a writer shares one group between the bookies of a write set."""
 
-
-@dataclass(slots=True)
-class _Add:
     ledger_id: int
     master_key: bytes
     last_add_confirmed: int
     recovery: bool
-    entry_ids: list[int]
-    payloads: list[bytes]
-    callback: AddCallback = field(repr=False)
-    size: int = 0
-    done: bool = False
+    entry_ids: Sequence[int]
+    payloads: Sequence[bytes]
+    size: int  # payload bytes
 
-    def finish(self, result: list[int] | BaseException) -> None:
-        if not self.done:
-            self.done = True
-            self.callback(result)
+
+def add_group(ledger_id: int, master_key: bytes, entry_ids: Sequence[int], payloads: Sequence[bytes],
+              last_add_confirmed: int, recovery: bool = False) -> AddGroup:
+    return AddGroup(ledger_id, master_key, last_add_confirmed, recovery, entry_ids, payloads,
+                    sum(map(len, payloads)))
+
+
+# Called once per queued group, with the group and: None when every entry was stored (the common case, kept
+# cheap), the per-entry codes when one was not, or the exception that failed the add.
+AddCallback = Callable[[AddGroup, list[int] | BaseException | None], None]
 
 
 class _Joined:
-    """Joins the results of an add split over several requests into one callback, in order."""
+    """Joins the results of a group split over several requests into one callback, in order."""
 
-    def __init__(self, pieces: int, callback: AddCallback) -> None:
-        self.parts: list[list[int] | None] = [None] * pieces
+    def __init__(self, group: AddGroup, sizes: list[int], callback: AddCallback) -> None:
+        self.group = group
+        self.sizes = sizes
+        self.parts: list[list[int] | None] = [None] * len(sizes)
+        self.left = len(sizes)
         self.callback = callback
         self.failed = False
 
     def piece(self, k: int) -> AddCallback:
-        def done(result: list[int] | BaseException) -> None:
+        def done(_: AddGroup, result: list[int] | BaseException | None) -> None:
             if self.failed:
                 return
             if isinstance(result, BaseException):
                 self.failed = True
-                self.callback(result)
+                self.callback(self.group, result)
                 return
             self.parts[k] = result
-            if all(part is not None for part in self.parts):
-                self.callback([code for part in self.parts for code in part or []])
+            self.left -= 1
+            if self.left == 0:
+                if all(part is None for part in self.parts):
+                    self.callback(self.group, None)
+                else:
+                    self.callback(self.group, [code for part, n in zip(self.parts, self.sizes, strict=True)
+                                               for code in (part if part is not None else [pb.OK] * n)])
         return done
 
 
@@ -91,10 +100,15 @@ class BookieClient:
             *CHANNEL_OPTIONS,
         ])
         self._stub = pb_grpc.BookieStub(self._channel)
-        self._queue: deque[_Add] = deque()
+        # Requests go out pre-encoded (wire.encode_add_request): upb serializes large payload lists slowly.
+        self._add_entries = self._channel.stream_stream("/octavo.v1.Bookie/AddEntries", request_serializer=None,
+                                                        response_deserializer=pb.AddResponse.FromString)
+        self._queue: deque[tuple[AddGroup, AddCallback]] = deque()
         self._wake = asyncio.Event()
         self._window = asyncio.Semaphore(REQUESTS_IN_FLIGHT_MAX)
-        self._pending: dict[int, list[_Add]] = {}
+        # Requests written and not answered, oldest first: request id -> (when it was sent, its groups).
+        self._pending: dict[int, tuple[float, list[tuple[AddGroup, AddCallback]]]] = {}
+        self._watchdog: asyncio.TimerHandle | None = None
         self._request_id = 0
         self._call: Any = None
         self._sender: asyncio.Task[None] | None = None
@@ -116,65 +130,83 @@ class BookieClient:
             last_add_confirmed: int, recovery: bool = False) -> asyncio.Future[list[int]]:
         """Queue entries of one ledger; the future gets one ResultCode per entry, or BookieUnavailableError."""
         future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+        n = len(entry_ids)
 
-        def settle(result: list[int] | BaseException) -> None:
+        def settle(_: AddGroup, result: list[int] | BaseException | None) -> None:
             if future.done():
                 return
             if isinstance(result, BaseException):
                 future.set_exception(result)
             else:
-                future.set_result(result)
+                future.set_result([pb.OK] * n if result is None else result)
 
-        self.add_with_callback(ledger_id, master_key, entry_ids, payloads, last_add_confirmed, recovery, settle)
+        self.add_group(add_group(ledger_id, master_key, entry_ids, payloads, last_add_confirmed, recovery), settle)
         return future
 
-    def add_with_callback(self, ledger_id: int, master_key: bytes, entry_ids: list[int], payloads: list[bytes],
-                          last_add_confirmed: int, recovery: bool, callback: AddCallback) -> None:
-        """Queue entries of one ledger; `callback` gets the codes (or the exception) exactly once. The cheap
-        path for writers: no future and no timer per add (a request that goes unanswered fails the stream)."""
+    def add_group(self, group: AddGroup, callback: AddCallback) -> None:
+        """Queue a group; `callback` gets it back with None (all stored), the codes, or the exception,
+        exactly once. The cheap path for writers: no future and no timer per add (a request that goes
+        unanswered fails the stream)."""
         if self._closed:
-            callback(BookieUnavailableError(f"bookie {self.bookie_id}: client closed"))
+            callback(group, BookieUnavailableError(f"bookie {self.bookie_id}: client closed"))
             return
-        pieces: list[tuple[int, int, int]] = []
-        start = size = 0
-        for i, payload in enumerate(payloads):
-            if i > start and (i - start >= REQUEST_ENTRIES_MAX or size + len(payload) > REQUEST_BYTES_MAX):
-                pieces.append((start, i, size))
-                start, size = i, 0
-            size += len(payload)
-        pieces.append((start, len(payloads), size))
-        if len(pieces) == 1:
-            self._queue.append(_Add(ledger_id, master_key, last_add_confirmed, recovery, entry_ids, payloads,
-                                    callback, size))
+        if len(group.entry_ids) <= REQUEST_ENTRIES_MAX and group.size <= REQUEST_BYTES_MAX:
+            self._queue.append((group, callback))
         else:
-            joined = _Joined(len(pieces), callback)
+            pieces: list[tuple[int, int, int]] = []
+            start = size = 0
+            for i, payload in enumerate(group.payloads):
+                if i > start and (i - start >= REQUEST_ENTRIES_MAX or size + len(payload) > REQUEST_BYTES_MAX):
+                    pieces.append((start, i, size))
+                    start, size = i, 0
+                size += len(payload)
+            pieces.append((start, len(group.payloads), size))
+            joined = _Joined(group, [b - a for a, b, _ in pieces], callback)
             for k, (a, b, piece_size) in enumerate(pieces):
-                self._queue.append(_Add(ledger_id, master_key, last_add_confirmed, recovery, entry_ids[a:b],
-                                        payloads[a:b], joined.piece(k), piece_size))
-        self._wake.set()
+                self._queue.append((group._replace(entry_ids=group.entry_ids[a:b], payloads=group.payloads[a:b],
+                                                   size=piece_size), joined.piece(k)))
+        if not self._wake.is_set():
+            self._wake.set()
         if self._sender is None or self._sender.done():
             self._start_stream()
 
     def _start_stream(self) -> None:
-        self._call = self._stub.AddEntries(timeout=None)
+        self._call = self._add_entries(timeout=None)
         self._sender = asyncio.create_task(self._send_loop(self._call), name=f"octavo-send-{self.bookie_id}")
         self._receiver = asyncio.create_task(self._receive_loop(self._call), name=f"octavo-recv-{self.bookie_id}")
 
-    def _take_request(self) -> tuple[pb.AddRequest, list[_Add]]:
-        taken: list[_Add] = []
+    def _take_request(self) -> tuple[int, bytes, list[tuple[AddGroup, AddCallback]]]:
+        """Whatever is queued, within the request limits, as one request in the flat form."""
+        taken: list[tuple[AddGroup, AddCallback]] = []
         entries = size = 0
-        while self._queue:
-            add = self._queue[0]
-            if taken and (entries + len(add.entry_ids) > REQUEST_ENTRIES_MAX or size + add.size > REQUEST_BYTES_MAX):
+        ledger_ids: list[int] = []
+        keys: list[bytes] = []
+        lacs: list[int] = []
+        counts: list[int] = []
+        entry_ids: list[int] = []
+        payloads: list[bytes] = []
+        recovery = False
+        queue = self._queue
+        while queue:
+            group = queue[0][0]
+            n = len(group.entry_ids)
+            if taken and (entries + n > REQUEST_ENTRIES_MAX or size + group.size > REQUEST_BYTES_MAX):
                 break
-            taken.append(self._queue.popleft())
-            entries += len(add.entry_ids)
-            size += add.size
+            taken.append(queue.popleft())
+            entries += n
+            size += group.size
+            ledger_ids.append(group[0])
+            keys.append(group[1])
+            lacs.append(group[2])
+            recovery = recovery or group[3]
+            counts.append(n)
+            entry_ids += group[4]
+            payloads += group[5]
         self._request_id += 1
-        request = pb.AddRequest(request_id=self._request_id, ledgers=[
-            pb.LedgerAdds(ledger_id=a.ledger_id, master_key=a.master_key, last_add_confirmed=a.last_add_confirmed,
-                          recovery=a.recovery, entry_ids=a.entry_ids, payloads=a.payloads) for a in taken])
-        return request, taken
+        request = pb.AddRequest(request_id=self._request_id, group_ledger_ids=ledger_ids, group_master_keys=keys,
+                                group_lacs=lacs, group_entry_counts=counts, entry_ids=entry_ids,
+                                group_recovery=[g.recovery for g, _ in taken] if recovery else ())
+        return self._request_id, encode_add_request(request, payloads), taken
 
     async def _send_loop(self, call: Any) -> None:
         try:
@@ -187,34 +219,52 @@ class BookieClient:
                 if not self._queue:
                     self._window.release()
                     continue
-                request, taken = self._take_request()
-                self._pending[request.request_id] = taken
-                asyncio.get_running_loop().call_later(self.add_timeout_s, self._check_timeout, call,
-                                                      request.request_id)
+                request_id, request, taken = self._take_request()
+                loop = asyncio.get_running_loop()
+                self._pending[request_id] = (loop.time(), taken)
+                if self._watchdog is None:
+                    self._watchdog = loop.call_later(self.add_timeout_s, self._check_timeout)
                 await call.write(request)
         except asyncio.CancelledError:
             raise
         except Exception as e:
             self._stream_failed(call, e)
 
-    def _check_timeout(self, call: Any, request_id: int) -> None:
-        """A request still unanswered after add_timeout_s fails the stream, and every add in flight on it."""
-        if call is self._call and request_id in self._pending:
+    def _check_timeout(self) -> None:
+        """One timer per stream, not one per request: the oldest request still unanswered after add_timeout_s
+        fails the stream, and every add in flight on it; otherwise the timer moves to the oldest's deadline."""
+        self._watchdog = None
+        call = self._call
+        if call is None or not self._pending:
+            return
+        loop = asyncio.get_running_loop()
+        oldest = next(iter(self._pending.values()))[0]
+        if loop.time() - oldest >= self.add_timeout_s:
             self._stream_failed(call, BookieUnavailableError(
                 f"bookie {self.bookie_id} at {self.address}: no answer within {self.add_timeout_s}s"))
+        else:
+            self._watchdog = loop.call_at(oldest + self.add_timeout_s, self._check_timeout)
 
     async def _receive_loop(self, call: Any) -> None:
         try:
             async for response in call:
-                taken = self._pending.pop(response.request_id, [])
+                taken = self._pending.pop(response.request_id, (0.0, []))[1]
                 self._window.release()
-                if response.error:
-                    err = BookieUnavailableError(f"bookie {self.bookie_id} refused a request: {response.error_message}")
-                    for add in taken:
-                        add.finish(err)
+                if response.error or response.group_count != len(taken):
+                    err = BookieUnavailableError(
+                        f"bookie {self.bookie_id} refused a request: {response.error_message}" if response.error
+                        else f"bookie {self.bookie_id} answered {response.group_count} of {len(taken)} groups "
+                             "(does it speak the flat add form?)")
+                    for group, callback in taken:
+                        callback(group, err)
                     continue
-                for add, result in zip(taken, response.results, strict=False):
-                    add.finish(list(result.codes) or [pb.OK] * len(add.entry_ids))
+                if not response.refused_groups:
+                    for group, callback in taken:
+                        callback(group, None)
+                    continue
+                refused = {r.group: list(r.codes) for r in response.refused_groups}
+                for k, (group, callback) in enumerate(taken):
+                    callback(group, refused.get(k))
             raise BookieUnavailableError(f"bookie {self.bookie_id} closed the add stream")
         except asyncio.CancelledError:
             raise
@@ -239,11 +289,14 @@ class BookieClient:
     def _fail_all(self, error: Exception) -> None:
         pending, self._pending = self._pending, {}
         queued, self._queue = self._queue, deque()
-        for taken in pending.values():
-            for add in taken:
-                add.finish(error)
-        for add in queued:
-            add.finish(error)
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        for _, taken in pending.values():
+            for group, callback in taken:
+                callback(group, error)
+        for group, callback in queued:
+            callback(group, error)
 
     # -- reads and ledger calls ------------------------------------------------------------------------
     async def read(self, ledger_id: int, entry_ids: Sequence[int], timeout_s: float = CALL_TIMEOUT_S) -> Any:

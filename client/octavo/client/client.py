@@ -42,7 +42,7 @@ from octavo.client.ledger_metadata import (
 from octavo.client.metadata import BookieInfo, MetadataStore
 from octavo.client.reader import Entry, ReadHandle
 from octavo.client.recovery import recover_ledger
-from octavo.client.writer import WriteHandle
+from octavo.client.writer import WriteHandle, WriteScheduler
 
 T = TypeVar("T")
 
@@ -72,6 +72,7 @@ class Client:
         self._registrations_at = -1e9
         self._closing: set[asyncio.Task[None]] = set()
         self._writers: weakref.WeakSet[WriteHandle] = weakref.WeakSet()
+        self.write_scheduler = WriteScheduler()
         self.closed = False
 
     async def __aenter__(self) -> Client:
@@ -86,6 +87,7 @@ class Client:
         self.closed = True
         for writer in list(self._writers):
             writer.abandon(LedgerClosedError("the client was closed with this append in flight"))
+        self.write_scheduler.cancel()
         clients, self._bookie_clients = self._bookie_clients, {}
         await asyncio.gather(*(c.close() for c in clients.values()), return_exceptions=True)
         await self.etcd.close()

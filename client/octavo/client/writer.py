@@ -1,26 +1,36 @@
 """The write handle: pipelined, batched appends to a write quorum, acknowledged in order.
 
 Every append gets the next entry id and goes to the Qw bookies of its write set (entry e: positions starting
-at e mod E of the last ensemble). Appends made in the same event-loop turn go out together, one batch per
-bookie. An entry is acknowledged once Qa bookies of its write set have it *and* every entry before it is
-acknowledged; the last-add-confirmed (LAC) is the highest such entry and rides on every add.
+at e mod E of the last ensemble). Appends made in the same event-loop turn go out together: one flush per
+turn for all of the client's handles, one batch per (ledger, bookie), and the client's connection to each
+bookie packs the batches of every ledger into one request.
+
+Acknowledgement is tracked per bookie, not per entry: a bookie answers its requests in order, so each
+bookie of the last ensemble has a mark, the highest entry id it stored with every entry of its write sets
+before it. An entry is acknowledged once Qa bookies of its write set have marks at or past it *and* every
+entry before it is acknowledged; the last-add-confirmed (LAC) is the highest such entry and rides on every
+add. A bookie whose stream failed or that refused an add gets no further marks (a later answer on a new
+stream must not vouch for the failed request's entries).
 
 A bookie that fails, refuses (READ_ONLY, INTERNAL, ...) or leaves a request unanswered for add_timeout_s (its
-stream then fails) is replaced:
-a new ensemble segment starting at the first unacknowledged entry (LAC + 1) is written to etcd with a CAS, and
-every unacknowledged entry whose write set now includes the replacement is sent to it. A FENCED answer means
-a recovery open took the ledger over: every pending and later append fails with LedgerFencedError.
+stream then fails) is replaced: a new ensemble segment starting at the first unacknowledged entry (LAC + 1)
+is written to etcd with a CAS, and every unacknowledged entry whose write set now includes the replacement
+is sent to it. While a change is in flight the LAC stands still (as in BookKeeper): an entry acknowledged
+during the change would belong to the new segment without a copy on the replacement. A FENCED answer means a
+recovery open took the ledger over: every pending and later append fails with LedgerFencedError.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from octavo.client.bookie_client import AddCallback, AddGroup, add_group
 from octavo.client.errors import (
     BookieUnavailableError,
     EntryTooLargeError,
@@ -45,18 +55,51 @@ ENSEMBLE_CHANGE_METADATA_WAIT_S = 30.0
 LAC_UPDATE_DELAY_S = 0.05
 
 
-def _ignore(_: object) -> None:
+def _ignore(_: AddGroup, __: object) -> None:
     """Answers to LAC-only adds change nothing: a lost one only leaves readers one batch behind."""
 
 
-@dataclass(eq=False)
-class _Pending:
-    entry_id: int
-    data: bytes
-    # Only entries someone waits for have a future: acknowledgement is in order, so append_many waits for
-    # its last entry alone, and every failure fails all pending entries, that one included.
-    future: asyncio.Future[int] | None = field(repr=False)
-    acked: set[str] = field(default_factory=set)
+class WriteScheduler:
+    """One per client: runs the flushes of every handle with appends this event-loop turn in one callback,
+    and the explicit LAC updates of idle handles on one timer, instead of a callback or timer per handle."""
+
+    def __init__(self) -> None:
+        self._flush: list[WriteHandle] = []
+        self._lac_due: set[WriteHandle] = set()
+        self._lac_timer: asyncio.TimerHandle | None = None
+
+    def flush_soon(self, handle: WriteHandle) -> None:
+        self._flush.append(handle)
+        if len(self._flush) == 1:
+            asyncio.get_running_loop().call_soon(self._run_flushes)
+
+    def _run_flushes(self) -> None:
+        todo, self._flush = self._flush, []
+        for handle in todo:
+            try:
+                handle._flush()
+            except Exception:  # one handle's bug must not strand the others' appends
+                log.exception("ledger %d: flush failed", handle.ledger_id)
+
+    def lac_later(self, handle: WriteHandle) -> None:
+        self._lac_due.add(handle)
+        if self._lac_timer is None:
+            self._lac_timer = asyncio.get_running_loop().call_later(LAC_UPDATE_DELAY_S, self._run_lacs)
+
+    def _run_lacs(self) -> None:
+        self._lac_timer = None
+        due, self._lac_due = self._lac_due, set()
+        for handle in due:
+            try:
+                handle._send_lac_if_idle()
+            except Exception:
+                log.exception("ledger %d: LAC update failed", handle.ledger_id)
+
+    def cancel(self) -> None:
+        if self._lac_timer is not None:
+            self._lac_timer.cancel()
+            self._lac_timer = None
+        self._lac_due.clear()
 
 
 class WriteHandle:
@@ -69,8 +112,15 @@ class WriteHandle:
         self._next_entry = 0
         self._lac = -1
         self._length = 0
-        self._pending: dict[int, _Pending] = {}
-        self._unsent: list[_Pending] = []
+        # Payloads of the entries not yet acknowledged: entry e is _data[e - (LAC + 1)].
+        self._data: list[bytes] = []
+        self._sent_to = 0  # entries below this id have been handed to the bookies
+        self._waiters: deque[tuple[int, asyncio.Future[int]]] = deque()  # (entry id, future), in id order
+        # Per bookie of the last ensemble: the highest entry id it stored, with every entry of its write sets
+        # before it (answers on one bookie's stream come in request order).
+        self._marks: dict[str, int] = dict.fromkeys(metadata.last_ensemble, -1)
+        self._dead: set[str] = set()  # bookies whose answers no longer count
+        self._callbacks: dict[str, AddCallback] = {}  # per bookie: _on_result bound to it
         self._flush_scheduled = False
         self._inflight_bytes = 0
         self._room = asyncio.Event()
@@ -94,29 +144,64 @@ class WriteHandle:
     def last_add_confirmed(self) -> int:
         return self._lac
 
+    @property
+    def _pending(self) -> bool:
+        """Some appended entry is not acknowledged yet."""
+        return self._next_entry > self._lac + 1
+
     # -- appends ---------------------------------------------------------------------------------------
     async def append(self, data: bytes) -> int:
         """Append one entry; returns its entry id once it is acknowledged. Many appends may be in flight
         (gather them); they are acknowledged in entry-id order. For many entries, append_many is cheaper."""
+        data = self._checked([data])[0]
         await self._wait_for_room(len(data))
-        future = self._enqueue(data)
+        future = self._enqueue([data], len(data), want_future=True)
         assert future is not None
         return await future
 
     async def append_many(self, entries: Sequence[bytes]) -> list[int]:
         """Append entries in order, all pipelined; returns their ids once all are acknowledged. Much cheaper
-        per entry than gathering append() calls: one future for the whole batch."""
+        per entry than gathering append() calls: one future for the whole batch. Every entry is checked
+        before any is appended: a bad one fails the call with nothing appended."""
         if not entries:
             return []
+        datas = self._checked(entries)
         first = self._next_entry
+        limit = self._options.inflight_bytes_max
+        n = len(datas)
+        i = 0
         last: asyncio.Future[int] | None = None
-        for i, data in enumerate(entries):
-            if self._inflight_bytes and self._inflight_bytes + len(data) > self._options.inflight_bytes_max:
-                await self._wait_for_room(len(data))
-            last = self._enqueue(data, want_future=i == len(entries) - 1) or last
+        while i < n:
+            room = limit - self._inflight_bytes
+            j, size = i, 0
+            while j < n and (size + len(datas[j]) <= room or (j == i and not self._inflight_bytes)):
+                size += len(datas[j])
+                j += 1
+            if j == i:
+                await self._wait_for_room(len(datas[i]))
+                continue
+            last = self._enqueue(datas[i:j] if i or j < n else datas, size, want_future=j == n)
+            i = j
         assert last is not None
         end = await last
         return list(range(first, end + 1))
+
+    def _checked(self, entries: Sequence[bytes]) -> list[bytes]:
+        if self._error is not None:
+            raise self._error
+        if self._closing:
+            raise LedgerClosedError(f"ledger {self.ledger_id} is closed to appends")
+        datas = list(entries)
+        for k, data in enumerate(datas):
+            if type(data) is not bytes:
+                if not isinstance(data, (bytes, bytearray, memoryview)):
+                    raise TypeError(f"append takes bytes, got {type(data).__name__}")
+                datas[k] = bytes(data)
+        limit = self._options.entry_size_bytes_max
+        largest = max(map(len, datas))
+        if largest > limit:
+            raise EntryTooLargeError(f"entry of {largest} bytes is over entry_size_bytes_max={limit}")
+        return datas
 
     async def _wait_for_room(self, size: int) -> None:
         while self._inflight_bytes and self._inflight_bytes + size > self._options.inflight_bytes_max:
@@ -124,113 +209,131 @@ class WriteHandle:
                 raise self._error
             self._room.clear()
             await self._room.wait()
-
-    def _enqueue(self, data: bytes, want_future: bool = True) -> asyncio.Future[int] | None:
         if self._error is not None:
             raise self._error
         if self._closing:
             raise LedgerClosedError(f"ledger {self.ledger_id} is closed to appends")
-        if not isinstance(data, bytes):
-            if not isinstance(data, (bytearray, memoryview)):
-                raise TypeError(f"append takes bytes, got {type(data).__name__}")
-            data = bytes(data)
-        limit = self._options.entry_size_bytes_max
-        if len(data) > limit:
-            raise EntryTooLargeError(f"entry of {len(data)} bytes is over entry_size_bytes_max={limit}")
-        loop = asyncio.get_running_loop()
-        pending = _Pending(self._next_entry, data, loop.create_future() if want_future else None)
-        self._next_entry += 1
-        self._pending[pending.entry_id] = pending
-        self._unsent.append(pending)
-        self._inflight_bytes += len(data)
+
+    def _enqueue(self, datas: list[bytes], size: int, want_future: bool) -> asyncio.Future[int] | None:
+        """Give the next ids to `datas` (checked); the future, if wanted, resolves with the last id."""
+        self._data += datas
+        self._next_entry += len(datas)
+        self._inflight_bytes += size
+        future = None
+        if want_future:
+            future = asyncio.get_running_loop().create_future()
+            self._waiters.append((self._next_entry - 1, future))
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            loop.call_soon(self._flush)
-        return pending.future
+            self._client.write_scheduler.flush_soon(self)
+        return future
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        batch, self._unsent = self._unsent, []
-        batch = [p for p in batch if p.entry_id in self._pending]
-        if not batch or self._error is not None:
+        first, end = self._sent_to, self._next_entry
+        if first >= end or self._error is not None:
             return
+        self._sent_to = end
+        base = self._lac + 1
+        datas = self._data[first - base:end - base]
         meta = self.metadata
         ensemble = meta.last_ensemble
         if meta.write_quorum == meta.ensemble_size:
+            group = add_group(self.ledger_id, self._master_key, range(first, end), datas, self._lac)
             for bookie in ensemble:
-                self._send(bookie, batch)
+                self._send(bookie, group)
             return
-        groups: dict[str, list[_Pending]] = {}
-        for p in batch:
-            for position in write_set(p.entry_id, meta.ensemble_size, meta.write_quorum):
-                groups.setdefault(ensemble[position], []).append(p)
-        for bookie, entries in groups.items():
-            self._send(bookie, entries)
+        groups: dict[str, tuple[list[int], list[bytes]]] = {}
+        for k, data in enumerate(datas):
+            eid = first + k
+            for position in write_set(eid, meta.ensemble_size, meta.write_quorum):
+                ids_, datas_ = groups.setdefault(ensemble[position], ([], []))
+                ids_.append(eid)
+                datas_.append(data)
+        for bookie, (ids_, datas_) in groups.items():
+            self._send(bookie, add_group(self.ledger_id, self._master_key, ids_, datas_, self._lac))
 
-    def _send(self, bookie_id: str, entries: list[_Pending]) -> None:
+    def _send(self, bookie_id: str, group: AddGroup) -> None:
         try:
             bookie = self._client.bookie_client(bookie_id)
         except BookieUnavailableError as e:
-            asyncio.get_running_loop().call_soon(self._bookie_failed, bookie_id, str(e))
+            self._bookie_failed(bookie_id, str(e))
             return
         self.outstanding_requests += 1
-        self._lac_sent = max(self._lac_sent, self._lac)
-        bookie.add_with_callback(self.ledger_id, self._master_key, [p.entry_id for p in entries],
-                                 [p.data for p in entries], self._lac, False,
-                                 lambda result: self._on_result(bookie_id, entries, result))
+        if self._lac > self._lac_sent:
+            self._lac_sent = self._lac
+        callback = self._callbacks.get(bookie_id)
+        if callback is None:
+            callback = self._callbacks[bookie_id] = functools.partial(self._on_result, bookie_id)
+        bookie.add_group(group, callback)
 
-    def _on_result(self, bookie_id: str, entries: list[_Pending], result: list[int] | BaseException) -> None:
+    def _on_result(self, bookie_id: str, group: AddGroup, result: list[int] | BaseException | None) -> None:
         self.outstanding_requests -= 1
+        if result is None:  # the common case: every entry stored
+            last = group.entry_ids[-1]
+            if bookie_id not in self._dead and last > self._marks.get(bookie_id, last):
+                self._marks[bookie_id] = last
+                self._advance()
+            return
         if isinstance(result, BaseException):
             self._bookie_failed(bookie_id, str(result))
             return
         refused = ""
-        codes = result
-        meta = self.metadata
-        if (codes.count(pb.OK) == len(entries) and meta.write_quorum == meta.ensemble_size
-                and bookie_id in meta.last_ensemble and entries[0].entry_id >= meta.ensembles[-1][0]):
-            # The common case: every entry stored, and this bookie is in every write set of the last segment.
-            for p in entries:
-                p.acked.add(bookie_id)
-            self._advance()
-            return
-        for p, code in zip(entries, codes, strict=False):
+        for eid, code in zip(group.entry_ids, result, strict=False):
             if code == pb.OK:
-                if p.entry_id in self._pending and bookie_id in meta.write_set_bookies(p.entry_id):
-                    p.acked.add(bookie_id)
-            elif code == pb.FENCED:
-                if self._closed or p.entry_id <= self._lac:
+                continue
+            if code == pb.FENCED:
+                if self._closed or eid <= self._lac:
                     continue  # a late copy of an acknowledged entry, refused after the close: nothing is lost
                 self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced by a recovery open: no more "
                                              "appends can be acknowledged"))
                 return
-            elif code == pb.UNAUTHORIZED:
+            if code == pb.UNAUTHORIZED:
                 self._fail(WrongPasswordError(f"bookie {bookie_id} refused the master key of ledger "
                                               f"{self.ledger_id}"))
                 return
-            else:
-                refused = pb.ResultCode.Name(code)  # type: ignore[arg-type]
+            refused = pb.ResultCode.Name(code)  # type: ignore[arg-type]
         if refused:
             self._bookie_failed(bookie_id, f"refused adds: {refused}")
-        self._advance()
+            return
+        last = group.entry_ids[-1]
+        if bookie_id not in self._dead and last > self._marks.get(bookie_id, last):
+            self._marks[bookie_id] = last
+            self._advance()
 
     def _advance(self) -> None:
-        qa = self.metadata.ack_quorum
-        pending = self._pending
-        while True:
-            p = pending.get(self._lac + 1)
-            if p is None or len(p.acked) < qa:
-                break
-            del pending[p.entry_id]
-            self._lac = p.entry_id
-            self._length += len(p.data)
-            self._inflight_bytes -= len(p.data)
-            if p.future is not None and not p.future.done():
-                p.future.set_result(p.entry_id)
-        self._room.set()
-        if not pending and self._lac > self._lac_sent and not self._lac_timer_armed and not self._closing:
+        if self._changing or self._error is not None:
+            return  # the LAC stands still while the ensemble changes
+        meta = self.metadata
+        qa = meta.ack_quorum
+        marks = self._marks
+        if meta.write_quorum == meta.ensemble_size:
+            top = sorted(marks.values())[-qa] if len(marks) >= qa else -1
+            top = min(top, self._sent_to - 1)
+        else:
+            top = self._lac
+            while top + 1 < self._sent_to:
+                e = top + 1
+                if sum(1 for b in meta.write_set_bookies(e) if marks.get(b, -1) >= e) < qa:
+                    break
+                top = e
+        if top > self._lac:
+            k = top - self._lac
+            done = self._data[:k]
+            del self._data[:k]
+            size = sum(map(len, done))
+            self._length += size
+            self._inflight_bytes -= size
+            self._lac = top
+            waiters = self._waiters
+            while waiters and waiters[0][0] <= top:
+                eid, future = waiters.popleft()
+                if not future.done():
+                    future.set_result(eid)
+            self._room.set()
+        if not self._pending and self._lac > self._lac_sent and not self._lac_timer_armed and not self._closing:
             self._lac_timer_armed = True
-            asyncio.get_running_loop().call_later(LAC_UPDATE_DELAY_S, self._send_lac_if_idle)
+            self._client.write_scheduler.lac_later(self)
 
     def _send_lac_if_idle(self) -> None:
         """Explicit LAC (BookKeeper's explicitLac): adds carry the LAC of when they were sent, so after the
@@ -245,7 +348,7 @@ class WriteHandle:
                 bookie = self._client.bookie_client(bookie_id)
             except BookieUnavailableError:
                 continue
-            bookie.add_with_callback(self.ledger_id, self._master_key, [], [], self._lac, False, _ignore)
+            bookie.add_group(add_group(self.ledger_id, self._master_key, (), (), self._lac), _ignore)
 
     def abandon(self, error: OctavoError) -> None:
         """The client is going away: fail what is pending, change nothing in etcd."""
@@ -255,43 +358,50 @@ class WriteHandle:
         if self._error is None:
             self._error = error
             log.info("ledger %d: %s", self.ledger_id, error)
-        for p in self._pending.values():
-            if p.future is not None and not p.future.done():
-                p.future.set_exception(error)
-        self._pending.clear()
-        self._unsent.clear()
+        waiters, self._waiters = self._waiters, deque()
+        for _, future in waiters:
+            if not future.done():
+                future.set_exception(error)
         self._room.set()
 
     # -- ensemble change -------------------------------------------------------------------------------
     def _bookie_failed(self, bookie_id: str, reason: str) -> None:
-        if self._error is not None or bookie_id in self._changing or self._client.closed:
+        if self._error is not None or self._client.closed:
             return
         if bookie_id not in self.metadata.last_ensemble:
             return  # already replaced
+        self._dead.add(bookie_id)  # its later answers must not vouch for the entries this failure lost
+        if bookie_id in self._changing:
+            return
         log.info("ledger %d: bookie %s failed (%s); changing the ensemble", self.ledger_id, bookie_id, reason)
         self._changing.add(bookie_id)
-        task = asyncio.get_running_loop().create_task(self._change_ensemble(bookie_id))
-        task.add_done_callback(lambda _: self._changing.discard(bookie_id))
+        asyncio.get_running_loop().create_task(self._change_ensemble(bookie_id))
 
     async def _change_ensemble(self, failed: str) -> None:
-        async with self._change_lock:
-            if self._error is not None or self._closed or failed not in self.metadata.last_ensemble:
-                return
-            self._failed_bookies.add(failed)
-            try:
-                replacement = await self._write_new_segment(failed)
-            except OctavoError as e:
-                self._fail(e)
-                return
-            self.ensemble_changes += 1
-            resend = []
-            for p in self._pending.values():
-                p.acked.discard(failed)
-                if replacement in self.metadata.write_set_bookies(p.entry_id) and p not in self._unsent:
-                    resend.append(p)
-            if resend:
-                self._send(replacement, resend)
-            self._advance()
+        try:
+            async with self._change_lock:
+                if self._error is not None or self._closed or failed not in self.metadata.last_ensemble:
+                    return
+                self._failed_bookies.add(failed)
+                try:
+                    replacement = await self._write_new_segment(failed)
+                except OctavoError as e:
+                    self._fail(e)
+                    return
+                self.ensemble_changes += 1
+                self._marks.pop(failed, None)
+                self._marks[replacement] = self._lac
+                # Every entry sent and not acknowledged whose write set now has the replacement goes to it;
+                # entries not flushed yet go with their flush.
+                base = self._lac + 1
+                meta = self.metadata
+                ids = [e for e in range(base, self._sent_to) if replacement in meta.write_set_bookies(e)]
+                if ids:
+                    self._send(replacement, add_group(self.ledger_id, self._master_key, ids,
+                                                      [self._data[e - base] for e in ids], self._lac))
+        finally:
+            self._changing.discard(failed)
+        self._advance()
 
     async def _write_new_segment(self, failed: str) -> str:
         """Replace `failed` in a new segment; an etcd outage is waited out for up to

@@ -40,6 +40,15 @@ class Registration:
         self.disk_usage_ratio = 0.0
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        # Ledger ids from here on were allocated after this bookie started (read at start, before serving):
+        # this bookie cannot have held state for them that a restart lost, so their first add needs no etcd
+        # lookup. None until read: every unknown ledger is looked up.
+        self.new_ledgers_from: int | None = None
+
+    async def read_ledger_counter(self) -> None:
+        """Remember the next ledger id etcd will allocate (see new_ledgers_from)."""
+        current = await self.etcd.get(self.store.layout.ledger_id_counter)
+        self.new_ledgers_from = int(current.value) if current else 0
 
     async def check_cookie(self) -> None:
         """Raise CookieMismatchError if this data directory is not the one registered for this bookie id."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import logging
 import os
 import signal
@@ -24,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from octavo.client.errors import MetadataUnavailableError
+from octavo.client.wire import encode_read_response
 from octavo.node.compaction import MAJOR, MINOR, CompactionProgress, CompactionReport, Compactor
 from octavo.node.config import NodeConfig
 from octavo.node.disk import DiskMonitor
@@ -56,36 +58,74 @@ class BookieService(pb_grpc.BookieServicer):
             yield await self._add(request)
 
     async def _add(self, request: pb.AddRequest) -> pb.AddResponse:
+        flat = bool(request.group_ledger_ids or request.entry_ids or request.payloads)
+        if flat and request.ledgers:
+            return _refused(request, pb.INVALID, "a request carries either ledgers or group columns, not both")
+        batches = self._flat_batches(request) if flat else [
+            # Materialize each repeated field once: every access to a protobuf repeated bytes field copies the
+            # payload out of the message, so walking it twice would copy the batch twice.
+            LedgerBatch(adds.ledger_id, adds.master_key, list(adds.entry_ids), list(adds.payloads),
+                        adds.last_add_confirmed, adds.recovery) for adds in request.ledgers]
+        if isinstance(batches, pb.AddResponse):
+            return batches
         cfg = self.config
-        # Materialize each repeated field once: every access to a protobuf repeated bytes field copies the
-        # payload out of the message, so walking it twice would copy the batch twice.
-        batches = [(adds, list(adds.entry_ids), list(adds.payloads)) for adds in request.ledgers]
-        total_entries = sum(len(ids) for _, ids, _ in batches)
-        total_bytes = sum(sum(map(len, payloads)) for _, _, payloads in batches)
+        total_entries = sum(len(b.entry_ids) for b in batches)
+        total_bytes = sum(sum(map(len, b.payloads)) for b in batches)
         if total_entries > cfg.batch_entries_max:
-            return pb.AddResponse(request_id=request.request_id, error=pb.TOO_LARGE, error_message=(
-                f"request carries {total_entries} entries, over batch_entries_max={cfg.batch_entries_max}"))
+            return _refused(request, pb.TOO_LARGE, f"request carries {total_entries} entries, over "
+                                                   f"batch_entries_max={cfg.batch_entries_max}")
         if total_bytes > cfg.batch_bytes_max:
-            return pb.AddResponse(request_id=request.request_id, error=pb.TOO_LARGE, error_message=(
-                f"request carries {total_bytes} payload bytes, over batch_bytes_max={cfg.batch_bytes_max}"))
+            return _refused(request, pb.TOO_LARGE, f"request carries {total_bytes} payload bytes, over "
+                                                   f"batch_bytes_max={cfg.batch_bytes_max}")
         results: list[tuple[list[Code], str] | None] = [None] * len(batches)
-        todo: list[int] = []
-        for i, (adds, ids, _) in enumerate(batches):
-            refused = await self._check_unknown_ledger(adds)
-            if refused is not None:
-                results[i] = ([refused[0]] * len(ids), refused[1])
-            else:
-                todo.append(i)
+        unknown = [i for i, b in enumerate(batches) if self._needs_lookup(b.ledger_id)]
+        if unknown:  # looked up concurrently: a request may open many ledgers at once
+            refusals = await asyncio.gather(*(self._check_unknown_ledger(batches[i].ledger_id, batches[i].recovery)
+                                              for i in unknown))
+            for i, refused in zip(unknown, refusals, strict=True):
+                if refused is not None:
+                    results[i] = ([refused[0]] * len(batches[i].entry_ids), refused[1])
+        todo = [i for i, result in enumerate(results) if result is None]
         if todo:
-            written = await self._add_batch([LedgerBatch(batches[i][0].ledger_id, batches[i][0].master_key,
-                                                         batches[i][1], batches[i][2],
-                                                         batches[i][0].last_add_confirmed, batches[i][0].recovery)
-                                             for i in todo], total_entries)
+            written = await self._add_batch([batches[i] for i in todo] if len(todo) < len(batches) else batches,
+                                            total_entries)
             for i, result in zip(todo, written, strict=True):
                 results[i] = result
+        if flat:
+            return pb.AddResponse(request_id=request.request_id, group_count=len(batches), refused_groups=[
+                pb.GroupResult(group=i, codes=result[0], message=result[1])
+                for i, result in enumerate(results) if result is not None and any(result[0])])
         return pb.AddResponse(request_id=request.request_id, results=[
-            pb.LedgerAddResult(ledger_id=adds.ledger_id, codes=result[0], message=result[1])
-            for (adds, _, _), result in zip(batches, results, strict=True) if result is not None])
+            pb.LedgerAddResult(ledger_id=batch.ledger_id, codes=result[0], message=result[1])
+            for batch, result in zip(batches, results, strict=True) if result is not None])
+
+    @staticmethod
+    def _flat_batches(request: pb.AddRequest) -> list[LedgerBatch] | pb.AddResponse:
+        """The groups of a flat request as batches, or the INVALID answer to malformed columns."""
+        ledger_ids = list(request.group_ledger_ids)
+        keys = list(request.group_master_keys)
+        lacs = list(request.group_lacs)
+        recovery = list(request.group_recovery) or [False] * len(ledger_ids)
+        counts = list(request.group_entry_counts)
+        groups = len(ledger_ids)
+        if not len(keys) == len(lacs) == len(recovery) == len(counts) == groups:
+            return _refused(request, pb.INVALID, (
+                f"group columns differ in length: {groups} ledger ids, {len(keys)} master keys, {len(lacs)} "
+                f"LACs, {len(recovery)} recovery flags, {len(counts)} entry counts"))
+        entry_ids = list(request.entry_ids)
+        payloads = list(request.payloads)
+        if not sum(counts) == len(entry_ids) == len(payloads):
+            return _refused(request, pb.INVALID, (
+                f"group entry counts add up to {sum(counts)}, with {len(entry_ids)} entry ids and "
+                f"{len(payloads)} payloads"))
+        batches = []
+        offset = 0
+        for g in range(groups):
+            end = offset + counts[g]
+            batches.append(LedgerBatch(ledger_ids[g], keys[g], entry_ids[offset:end], payloads[offset:end],
+                                       lacs[g], recovery[g]))
+            offset = end
+        return batches
 
     async def _add_batch(self, batches: list[LedgerBatch], total_entries: int) -> list[tuple[list[Code], str]]:
         storage = self.storage
@@ -107,13 +147,21 @@ class BookieService(pb_grpc.BookieServicer):
                 return [([pb.INTERNAL] * len(b.entry_ids), f"internal error: {type(e).__name__}: {e}")
                         for b in batches]
 
-    async def _check_unknown_ledger(self, adds: pb.LedgerAdds) -> tuple[Code, str] | None:
-        """A ledger this bookie holds no state for (new, or forgotten after a lost disk) is looked up in etcd
-        before an add is accepted: a ledger that etcd says is being recovered or is closed must never take
-        an add from its old writer here, whatever this bookie remembers."""
-        ledger_id = adds.ledger_id
-        if self.registration is None or ledger_id < 0 or self.storage.ledger_state(ledger_id) is not None:
-            return None
+    def _needs_lookup(self, ledger_id: int) -> bool:
+        """A ledger this bookie holds no state for, and that may have existed before this bookie started."""
+        registration = self.registration
+        if registration is None or ledger_id < 0 or self.storage.ledger_state(ledger_id) is not None:
+            return False
+        born_after = registration.new_ledgers_from
+        return born_after is None or ledger_id < born_after or ledger_id in self._not_open
+
+    async def _check_unknown_ledger(self, ledger_id: int, recovery: bool) -> tuple[Code, str] | None:
+        """A ledger this bookie holds no state for that existed before it started (it may have forgotten it
+        with the unsynced tail of an unclean stop) is looked up in etcd before an add is accepted: a ledger
+        that etcd says is being recovered or is closed must never take an add from its old writer here,
+        whatever this bookie remembers. Ledgers created after the start (id >= new_ledgers_from) cannot have
+        been forgotten and skip the lookup."""
+        assert self.registration is not None
         if ledger_id not in self._not_open:
             try:
                 meta = await self.registration.ledger_metadata(ledger_id)
@@ -126,7 +174,7 @@ class BookieService(pb_grpc.BookieServicer):
             if meta.state == "OPEN":
                 return None
             self._not_open.add(ledger_id)
-        if adds.recovery:
+        if recovery:
             return None
         return pb.FENCED, f"ledger {ledger_id} is being recovered or is closed (etcd): adds from its writer are refused"
 
@@ -153,7 +201,7 @@ class BookieService(pb_grpc.BookieServicer):
             code = pb.UNKNOWN if self.storage.tail_maybe_lost else pb.NO_SUCH_LEDGER
             return pb.ReadResponse(ledger_id=request.ledger_id, error=code,
                                    error_message=f"ledger {request.ledger_id} is not known to this bookie")
-        entries: list[pb.ReadEntry] = []
+        entries: list[tuple[int, int, bytes, str]] = []
         size = 0
         for entry_id in ids:
             if len(entries) >= max_entries:
@@ -161,16 +209,17 @@ class BookieService(pb_grpc.BookieServicer):
             try:
                 payload = self.storage.read_entry(request.ledger_id, entry_id)
             except StorageError as e:
-                entries.append(pb.ReadEntry(entry_id=entry_id, code=e.code, message=e.message))
+                entries.append((entry_id, e.code, b"", e.message))
                 if stop_on_failure:
                     break
                 continue
             if entries and size + len(payload) > max_bytes:
                 break
             size += len(payload)
-            entries.append(pb.ReadEntry(entry_id=entry_id, code=pb.OK, payload=payload))
-        return pb.ReadResponse(ledger_id=request.ledger_id, entries=entries,
-                               last_add_confirmed=state.last_add_confirmed)
+            entries.append((entry_id, pb.OK, payload, ""))
+        # Pre-encoded: upb serializes many large payloads far below memory speed (see octavo.client.wire).
+        return encode_read_response(pb.ReadResponse(ledger_id=request.ledger_id,  # type: ignore[return-value]
+                                                    last_add_confirmed=state.last_add_confirmed), entries)
 
     async def ReadLastAddConfirmed(self, request: pb.ReadLacRequest,
                                    context: grpc.aio.ServicerContext) -> pb.ReadLacResponse:
@@ -193,6 +242,11 @@ class BookieService(pb_grpc.BookieServicer):
         except StorageError as e:
             return pb.WriteCloseResponse(code=e.code, message=e.message)
         return pb.WriteCloseResponse(code=pb.OK)
+
+
+def _refused(request: pb.AddRequest, code: Code, message: str) -> pb.AddResponse:
+    """A request refused as a whole: nothing of it was written."""
+    return pb.AddResponse(request_id=request.request_id, error=code, error_message=message)
 
 
 def _run_pb(report: CompactionReport) -> pb.CompactionRun:
@@ -372,6 +426,11 @@ def _safe_parser(message_type: Any) -> Any:
     return parse
 
 
+def _serialize(message: Any) -> bytes:
+    """Responses may come pre-encoded (bytes) from a handler that encodes its payloads itself."""
+    return message if isinstance(message, bytes) else message.SerializeToString()  # type: ignore[no-any-return]
+
+
 def _unary(behavior: Any, request_type: Any, response_type: Any) -> Any:
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if isinstance(request, Malformed):
@@ -379,7 +438,7 @@ def _unary(behavior: Any, request_type: Any, response_type: Any) -> Any:
         return await behavior(request, context)
 
     return grpc.unary_unary_rpc_method_handler(handle, request_deserializer=_safe_parser(request_type),
-                                               response_serializer=response_type.SerializeToString)
+                                               response_serializer=_serialize)
 
 
 def _stream(behavior: Any, request_type: Any, response_type: Any) -> Any:
@@ -482,6 +541,7 @@ class BookieServer:
             self.registration = Registration(self.storage, self.bookie_id, advertised)
             self.registration.disk_usage_ratio = max((u.ratio for u in self.disk.usages), default=0.0)
             await self.registration.check_cookie()  # before serving anything from this disk
+            await self.registration.read_ledger_counter()
         server.add_generic_rpc_handlers((bookie_handler(BookieService(self.storage, self.registration)),))
         server.add_generic_rpc_handlers((admin_handler(BookieAdminService(self)),))
         await server.start()
@@ -639,6 +699,10 @@ async def serve(config: NodeConfig, ready_file: str | None = None) -> None:
     except BaseException:
         await node.stop()
         raise
+    # Startup objects (modules, descriptors, the ledger table) live as long as the process: moved out of the
+    # collector's reach, a full collection no longer walks them and stalls every add on this bookie.
+    gc.collect()
+    gc.freeze()
     if ready_file:
         tmp = ready_file + ".tmp"
         with open(tmp, "w") as f:

@@ -148,18 +148,56 @@ class AddRequest(_message.Message):
 
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     LEDGERS_FIELD_NUMBER: _builtins.int
+    GROUP_LEDGER_IDS_FIELD_NUMBER: _builtins.int
+    GROUP_MASTER_KEYS_FIELD_NUMBER: _builtins.int
+    GROUP_LACS_FIELD_NUMBER: _builtins.int
+    GROUP_RECOVERY_FIELD_NUMBER: _builtins.int
+    GROUP_ENTRY_COUNTS_FIELD_NUMBER: _builtins.int
+    ENTRY_IDS_FIELD_NUMBER: _builtins.int
+    PAYLOADS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     @_builtins.property
-    def ledgers(self) -> _containers.RepeatedCompositeFieldContainer[Global___LedgerAdds]: ...
+    def ledgers(self) -> _containers.RepeatedCompositeFieldContainer[Global___LedgerAdds]:
+        """The nested form: one message per ledger. Either this or the group columns below, never both."""
+
+    @_builtins.property
+    def group_ledger_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The flat form (what the client library sends): columns instead of one message per ledger, so a
+        request carrying many ledgers costs a few list copies on each side, not a message per ledger.
+        Group g is one ledger's part: group_ledger_ids[g], group_master_keys[g], group_lacs[g] (its
+        last-add-confirmed, -1 if none), group_recovery[g], and the next group_entry_counts[g] pairs of
+        (entry_ids, payloads). All group_* lists have the same length; the counts add up to the length of
+        entry_ids, which equals the length of payloads. A group with no entries is a LAC-only add.
+        """
+
+    @_builtins.property
+    def group_master_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]: ...
+    @_builtins.property
+    def group_lacs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def group_recovery(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]: ...
+    @_builtins.property
+    def group_entry_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def entry_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def payloads(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]: ...
     def __init__(
         self,
         *,
         request_id: _builtins.int = ...,
         ledgers: _abc.Iterable[Global___LedgerAdds] | None = ...,
+        group_ledger_ids: _abc.Iterable[_builtins.int] | None = ...,
+        group_master_keys: _abc.Iterable[_builtins.bytes] | None = ...,
+        group_lacs: _abc.Iterable[_builtins.int] | None = ...,
+        group_recovery: _abc.Iterable[_builtins.bool] | None = ...,
+        group_entry_counts: _abc.Iterable[_builtins.int] | None = ...,
+        entry_ids: _abc.Iterable[_builtins.int] | None = ...,
+        payloads: _abc.Iterable[_builtins.bytes] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ledgers", b"ledgers", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_ids", b"entry_ids", "group_entry_counts", b"group_entry_counts", "group_lacs", b"group_lacs", "group_ledger_ids", b"group_ledger_ids", "group_master_keys", b"group_master_keys", "group_recovery", b"group_recovery", "ledgers", b"ledgers", "payloads", b"payloads", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -204,12 +242,26 @@ class AddResponse(_message.Message):
     RESULTS_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    REFUSED_GROUPS_FIELD_NUMBER: _builtins.int
+    GROUP_COUNT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     error: Global___ResultCode.ValueType
     """A request-level failure (e.g. batch over its limit): no entry of the request was written."""
     error_message: _builtins.str
+    group_count: _builtins.int
+    """A flat request's number of groups, echoed: a bookie that does not know the flat form answers 0, and
+    the client then fails the request instead of reading the empty answer as "all stored".
+    """
     @_builtins.property
-    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___LedgerAddResult]: ...
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___LedgerAddResult]:
+        """Answers a nested request: results[k] answers ledgers[k]."""
+
+    @_builtins.property
+    def refused_groups(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupResult]:
+        """Answers a flat request: only the groups with an entry that is not OK are listed, in group order;
+        every group not listed had all its entries stored.
+        """
+
     def __init__(
         self,
         *,
@@ -217,14 +269,45 @@ class AddResponse(_message.Message):
         results: _abc.Iterable[Global___LedgerAddResult] | None = ...,
         error: Global___ResultCode.ValueType = ...,
         error_message: _builtins.str = ...,
+        refused_groups: _abc.Iterable[Global___GroupResult] | None = ...,
+        group_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "error_message", b"error_message", "request_id", b"request_id", "results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "error_message", b"error_message", "group_count", b"group_count", "refused_groups", b"refused_groups", "request_id", b"request_id", "results", b"results"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AddResponse: _TypeAlias = AddResponse  # noqa: Y015
+
+@_typing.final
+class GroupResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    CODES_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    group: _builtins.int
+    message: _builtins.str
+    """The first non-OK code's explanation."""
+    @_builtins.property
+    def codes(self) -> _containers.RepeatedScalarFieldContainer[Global___ResultCode.ValueType]:
+        """codes[i] answers the group's i-th entry."""
+
+    def __init__(
+        self,
+        *,
+        group: _builtins.int = ...,
+        codes: _abc.Iterable[Global___ResultCode.ValueType] | None = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["codes", b"codes", "group", b"group", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GroupResult: _TypeAlias = GroupResult  # noqa: Y015
 
 @_typing.final
 class ReadRequest(_message.Message):

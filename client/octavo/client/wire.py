@@ -1,0 +1,70 @@
+"""Hand-written protobuf encoding for the messages that carry payloads.
+
+upb (the protobuf runtime) serializes a message with large repeated bytes fields far below memory speed:
+measured on this kind of machine, 6-10 ms for a 4 MiB AddRequest of 64 KB payloads, against 0.1 ms to
+copy the same bytes. The wire format lets a message be written in pieces: fields may come in any order,
+and a repeated field's records are concatenated by the parser. So the small fields are serialized by upb
+into a head, and each payload is appended as its own record (tag, length varint, bytes) with one join,
+one pass over the payload bytes. The result parses to exactly the message upb would have built (tested
+against upb in client/tests/test_wire.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from octavo.v1 import bookie_pb2 as pb
+
+# Field number << 3 | wire type 2 (length-delimited).
+_ADD_PAYLOADS_TAG = bytes([9 << 3 | 2])
+_READ_ENTRIES_TAG = bytes([2 << 3 | 2])
+_READ_ENTRY_PAYLOAD_TAG = bytes([3 << 3 | 2])
+
+_prefixes: dict[int, bytes] = {}
+_PREFIX_CACHE_MAX = 4096
+
+
+def varint(n: int) -> bytes:
+    """An unsigned varint (n >= 0)."""
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _payload_prefix(size: int) -> bytes:
+    prefix = _prefixes.get(size)
+    if prefix is None:
+        prefix = _ADD_PAYLOADS_TAG + varint(size)
+        if len(_prefixes) < _PREFIX_CACHE_MAX:
+            _prefixes[size] = prefix
+    return prefix
+
+
+def encode_add_request(request: pb.AddRequest, payloads: Iterable[bytes]) -> bytes:
+    """`request` (every field but payloads) serialized with `payloads` appended as its payloads field."""
+    parts = [request.SerializeToString()]
+    append = parts.append
+    prefix = _payload_prefix
+    for payload in payloads:
+        append(prefix(len(payload)))
+        append(payload)
+    return b"".join(parts)
+
+
+def encode_read_response(response: pb.ReadResponse, entries: Sequence[tuple[int, int, bytes, str]]) -> bytes:
+    """`response` (every field but entries) serialized with `entries` appended: (entry id, code, payload,
+    message) each, the payload sent only when the code is OK."""
+    parts = [response.SerializeToString()]
+    append = parts.append
+    for entry_id, code, payload, message in entries:
+        head = pb.ReadEntry(entry_id=entry_id, code=code, message=message).SerializeToString()  # type: ignore[arg-type]
+        if code == pb.OK and payload:
+            body_len = len(head) + 1 + len(varint(len(payload))) + len(payload)
+            append(_READ_ENTRIES_TAG + varint(body_len) + head + _READ_ENTRY_PAYLOAD_TAG + varint(len(payload)))
+            append(payload)
+        else:
+            append(_READ_ENTRIES_TAG + varint(len(head)) + head)
+    return b"".join(parts)
