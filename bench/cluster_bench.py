@@ -28,21 +28,27 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import grpc
 from common import REPORT, machine_line, median, table, write_section
 
 from octavo.client import Client
 from octavo.client.localcluster import LocalCluster, free_port
+from octavo.v1 import bookie_pb2 as pb
+from octavo.v1 import bookie_pb2_grpc as pb_grpc
 
 SIZES = [100, 1024, 64 * 1024]
 LEDGER_COUNTS = [1, 50, 500]
+# The client's in-flight budget, shared by its ledgers: bytes, as a producer's buffer memory is (Kafka's
+# buffer.memory defaults to 32 MiB). A cap on entries starves small entries (2,000 x 100 B is 200 KB).
 INFLIGHT_BYTES = 8 * 1024 * 1024
-INFLIGHT_ENTRIES_MAX = 2000
+# The window of earlier runs, kept to show how many ledgers fare when each gets only a few entries.
+SMALL_WINDOW_ENTRIES = 2000
 LATENCY_RATE = 2000
 PLOT = REPORT.parent / "benchmarks-cluster.svg"
 
 
-def inflight(size: int) -> int:
-    return max(1, min(INFLIGHT_ENTRIES_MAX, INFLIGHT_BYTES // size))
+def inflight(size: int, entries_max: int | None = None) -> int:
+    return max(1, min(entries_max or INFLIGHT_BYTES, INFLIGHT_BYTES // size))
 
 
 # -- NATS JetStream ------------------------------------------------------------------------------------
@@ -97,50 +103,58 @@ async def nats_stream(servers: str):  # type: ignore[no-untyped-def]
 
 
 # -- drivers --------------------------------------------------------------------------------------------
-async def run_octavo(client: Client, size: int, ledgers: int, total: int) -> float:
+async def drive(ledgers: int, chunk: int, seconds: float, write: Callable[[int, int], Awaitable[object]]) -> float:
+    """Every ledger writes `chunk` entries and waits for all of them, again and again, until `seconds` have
+    passed (the chunk under way finishes). Returns entries per second over the whole run."""
+    done = [0] * ledgers
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+
+    async def one(i: int) -> None:
+        while time.perf_counter() < deadline:
+            await write(i, chunk)
+            done[i] += chunk
+
+    await asyncio.gather(*(one(i) for i in range(ledgers)))
+    return sum(done) / (time.perf_counter() - t0)
+
+
+async def run_octavo(client: Client, size: int, ledgers: int, seconds: float,
+                     entries_max: int | None = None) -> float:
     writers = [await client.create_ledger(3, 3, 2, password=b"bench") for _ in range(ledgers)]
     payload = os.urandom(size)
-    chunk = max(1, inflight(size) // ledgers)
-    per = total // ledgers
-
-    async def one(writer) -> None:  # type: ignore[no-untyped-def]
-        done = 0
-        while done < per:
-            n = min(chunk, per - done)
-            await writer.append_many([payload] * n)
-            done += n
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(one(w) for w in writers))
-    elapsed = time.perf_counter() - t0
+    chunk = max(1, inflight(size, entries_max) // ledgers)
+    rate = await drive(ledgers, chunk, seconds, lambda i, n: writers[i].append_many([payload] * n))
     await asyncio.gather(*(w.close() for w in writers))
-    return per * ledgers / elapsed
+    # Drop what the run wrote, as the JetStream side purges its stream: the ledgers are deleted and every
+    # bookie runs a GC pass, so runs do not pile gigabytes of page cache on one another.
+    for writer in writers:
+        await client.delete_ledger(writer.ledger_id)
+    for bookie in (await client.bookies(refresh=True)).values():
+        async with grpc.aio.insecure_channel(bookie.address) as channel:
+            await pb_grpc.BookieAdminStub(channel).RunGc(pb.RunGcRequest(), timeout=60)
+    return rate
 
 
-async def run_nats(js, size: int, ledgers: int, total: int, run_id: int) -> float:  # type: ignore[no-untyped-def]
+async def run_nats(js, size: int, ledgers: int, seconds: float, run_id: int) -> float:  # type: ignore[no-untyped-def]
     payload = os.urandom(size)
     chunk = max(1, inflight(size) // ledgers)
-    per = total // ledgers
 
-    async def one(subject: str) -> None:
-        done = 0
-        while done < per:
-            n = min(chunk, per - done)
-            await asyncio.gather(*(js.publish(subject, payload) for _ in range(n)))
-            done += n
+    async def write(i: int, n: int) -> None:
+        subject = f"bench.r{run_id}.l{i}"
+        await asyncio.gather(*(js.publish(subject, payload) for _ in range(n)))
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*(one(f"bench.r{run_id}.l{i}") for i in range(ledgers)))
-    elapsed = time.perf_counter() - t0
+    rate = await drive(ledgers, chunk, seconds, write)
     await js.purge_stream("BENCH")
-    return per * ledgers / elapsed
+    return rate
 
 
 async def fixed_rate(send: Callable[[], Awaitable[object]], seconds: float) -> list[float]:
-    """Latencies (ms) of sends issued at LATENCY_RATE per second, measured from their scheduled time."""
+    """Latencies (ms) of sends issued at LATENCY_RATE per second, measured from their scheduled time. Finished
+    sends are not kept (thousands of finished tasks held to the end would only feed the garbage collector)."""
     loop = asyncio.get_running_loop()
     latencies: list[float] = []
-    tasks = []
+    running: set[asyncio.Future[None]] = set()
     n = int(LATENCY_RATE * seconds)
     t0 = loop.time()
 
@@ -153,20 +167,17 @@ async def fixed_rate(send: Callable[[], Awaitable[object]], seconds: float) -> l
         delay = scheduled - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.ensure_future(timed(scheduled)))
-    await asyncio.gather(*tasks)
+        task = asyncio.ensure_future(timed(scheduled))
+        running.add(task)
+        task.add_done_callback(running.discard)
+    while running:
+        await asyncio.gather(*running)
     return latencies
 
 
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
-
-
-def total_for(size: int, seconds: float) -> int:
-    """Entries per run: about `seconds` of work at the rates seen on this kind of machine."""
-    expected = {100: 40_000, 1024: 30_000, 64 * 1024: 1_500}[size]
-    return max(500, int(expected * seconds)) // 500 * 500
 
 
 # -- report ---------------------------------------------------------------------------------------------
@@ -197,17 +208,23 @@ async def bench(args: argparse.Namespace, etcd: str, nats_servers: str) -> str:
     rows = []
     plot_rows = []
     ratios: dict[tuple[int, int], float] = {}
+    kept: dict[int, float] = {}
     async with Client(etcd) as client:
         run_id = 0
+        # Rounds go over every ledger count in turn (and the two systems alternate), so the runs compared
+        # with each other see the same state of a shared, noisy machine; "kept" ratios are taken per round.
+        octavo_runs: dict[tuple[int, int], list[float]] = {}
+        nats_runs: dict[tuple[int, int], list[float]] = {}
         for size in args.sizes:
-            for ledgers in args.ledgers:
-                total = max(total_for(size, args.seconds), ledgers * 10)
-                octavo_runs, nats_runs = [], []
-                for _ in range(args.rounds):
+            for _ in range(args.rounds):
+                for ledgers in args.ledgers:
                     run_id += 1
-                    octavo_runs.append(await run_octavo(client, size, ledgers, total))
-                    nats_runs.append(await run_nats(js, size, ledgers, total, run_id))
-                o, n = median(octavo_runs), median(nats_runs)
+                    octavo_runs.setdefault((size, ledgers), []).append(
+                        await run_octavo(client, size, ledgers, args.seconds))
+                    nats_runs.setdefault((size, ledgers), []).append(
+                        await run_nats(js, size, ledgers, args.seconds, run_id))
+            for ledgers in args.ledgers:
+                o, n = median(octavo_runs[(size, ledgers)]), median(nats_runs[(size, ledgers)])
                 ratios[(size, ledgers)] = o / n
                 mb = size / 1e6
                 label = f"{size:,} B x {ledgers}"
@@ -215,15 +232,35 @@ async def bench(args: argparse.Namespace, etcd: str, nats_servers: str) -> str:
                              f"{n:,.0f} ({n * mb:,.1f} MB/s)", f"{o / n:.1f}x"])
                 plot_rows.append((label, o * mb, n * mb))
                 print(f"{label:>16}: octavo {o:,.0f}/s  jetstream {n:,.0f}/s  ({o / n:.1f}x)", flush=True)
+            if {1, 500} <= set(args.ledgers):
+                kept[size] = median([b / a for a, b in zip(octavo_runs[(size, 1)], octavo_runs[(size, 500)],
+                                                           strict=True)])
+                print(f"{size:,} B: 500 ledgers keep {kept[size]:.0%} of one ledger (median of per-round ratios)",
+                      flush=True)
+        # The same 1-vs-500 comparison with the small window of earlier runs (2,000 entries, 4 per ledger).
+        small: dict[int, float] = {}
+        for size in (100, 1024):
+            if size not in args.sizes or not {1, 500} <= set(args.ledgers):
+                continue
+            pairs = []
+            for _ in range(args.rounds):
+                one = await run_octavo(client, size, 1, args.seconds, SMALL_WINDOW_ENTRIES)
+                pairs.append((one, await run_octavo(client, size, 500, args.seconds, SMALL_WINDOW_ENTRIES)))
+            small[size] = median([b / a for a, b in pairs])
+            print(f"small window {size:,} B: 1 ledger {median([a for a, _ in pairs]):,.0f}/s, 500 ledgers "
+                  f"{median([b for _, b in pairs]):,.0f}/s ({small[size]:.0%})", flush=True)
         if args.no_report:
             await nc.close()
             return ""
-        # Latency at a fixed rate, 1 KB, one ledger.
+        # Latency at a fixed rate, 1 KB, one ledger: the two systems alternate, samples of all rounds pooled.
         payload = os.urandom(1024)
-        writer = await client.create_ledger(3, 3, 2, password=b"bench")
-        octavo_lat = await fixed_rate(lambda: writer.append(payload), args.seconds)
-        await writer.close()
-        nats_lat = await fixed_rate(lambda: js.publish("bench.latency", payload), args.seconds)
+        octavo_lat: list[float] = []
+        nats_lat: list[float] = []
+        for _ in range(args.rounds):
+            writer = await client.create_ledger(3, 3, 2, password=b"bench")
+            octavo_lat += await fixed_rate(lambda: writer.append(payload), args.seconds)  # noqa: B023
+            await writer.close()
+            nats_lat += await fixed_rate(lambda: js.publish("bench.latency", payload), args.seconds)
     await nc.close()
     lat_rows = [[name, f"{percentile(v, 50):.2f}", f"{percentile(v, 99):.2f}", f"{percentile(v, 99.9):.2f}"]
                 for name, v in (("Octavo", octavo_lat), ("NATS JetStream", nats_lat))]
@@ -292,7 +329,7 @@ def main() -> None:
         args.no_report = True
     root = tempfile.mkdtemp(prefix="octavo-cluster-bench-", dir=os.environ.get("OCTAVO_BENCH_DIR"))
     cluster = LocalCluster(os.path.join(root, "octavo"), bookies=3,
-                           bookie_args=["--log-size-bytes-max", str(256 << 20)], new_session=True)
+                           bookie_args=["--log-size-bytes-max", str(64 << 20)], new_session=True)
     nats = NatsCluster(os.path.join(root, "nats"))
     try:
         cluster.start()

@@ -30,8 +30,13 @@ log = logging.getLogger(__name__)
 # One AddRequest carries at most this much; a bookie's batch limits must be at least as large (its defaults
 # are 10,000 entries and 16 MiB). One entry may be as large as the bookie's entry_size_bytes_max.
 REQUEST_ENTRIES_MAX = 4_096
-REQUEST_BYTES_MAX = 4 * 1024 * 1024
-REQUESTS_IN_FLIGHT_MAX = 2
+REQUEST_BYTES_MAX = 1024 * 1024
+# A new request goes out while fewer than REQUESTS_IN_FLIGHT_SMALL are unanswered, or, when what is queued
+# fills a request, while fewer than REQUESTS_IN_FLIGHT_MAX are. Small adds therefore wait behind two requests
+# and go out together (a busy writer batches more per request: the fewer messages, the cheaper), while large
+# ones keep the stream full.
+REQUESTS_IN_FLIGHT_SMALL = 2
+REQUESTS_IN_FLIGHT_MAX = 8
 CALL_TIMEOUT_S = 10.0
 MESSAGE_BYTES_MAX = 128 * 1024 * 1024
 
@@ -105,7 +110,9 @@ class BookieClient:
                                                         response_deserializer=pb.AddResponse.FromString)
         self._queue: deque[tuple[AddGroup, AddCallback]] = deque()
         self._wake = asyncio.Event()
-        self._window = asyncio.Semaphore(REQUESTS_IN_FLIGHT_MAX)
+        self._window_open = asyncio.Event()
+        self._window_open.set()
+        self._queued_bytes = 0
         # Requests written and not answered, oldest first: request id -> (when it was sent, its groups).
         self._pending: dict[int, tuple[float, list[tuple[AddGroup, AddCallback]]]] = {}
         self._watchdog: asyncio.TimerHandle | None = None
@@ -165,6 +172,9 @@ class BookieClient:
             for k, (a, b, piece_size) in enumerate(pieces):
                 self._queue.append((group._replace(entry_ids=group.entry_ids[a:b], payloads=group.payloads[a:b],
                                                    size=piece_size), joined.piece(k)))
+        self._queued_bytes += group.size
+        if self._queued_bytes >= REQUEST_BYTES_MAX and not self._window_open.is_set():
+            self._update_window()
         if not self._wake.is_set():
             self._wake.set()
         if self._sender is None or self._sender.done():
@@ -203,10 +213,19 @@ class BookieClient:
             entry_ids += group[4]
             payloads += group[5]
         self._request_id += 1
-        request = pb.AddRequest(request_id=self._request_id, group_ledger_ids=ledger_ids, group_master_keys=keys,
-                                group_lacs=lacs, group_entry_counts=counts, entry_ids=entry_ids,
-                                group_recovery=[g.recovery for g, _ in taken] if recovery else ())
-        return self._request_id, encode_add_request(request, payloads), taken
+        self._queued_bytes -= size
+        try:
+            request = pb.AddRequest(request_id=self._request_id, group_ledger_ids=ledger_ids,
+                                    group_master_keys=keys, group_lacs=lacs, group_entry_counts=counts,
+                                    entry_ids=entry_ids,
+                                    group_recovery=[g.recovery for g, _ in taken] if recovery else ())
+            encoded = encode_add_request(request, payloads)
+        except Exception as e:  # taken off the queue: they must still get their answer
+            for group, callback in taken:
+                callback(group, BookieUnavailableError(f"bookie {self.bookie_id}: cannot encode an add request: "
+                                                       f"{type(e).__name__}: {e}"))
+            raise
+        return self._request_id, encoded, taken
 
     async def _send_loop(self, call: Any) -> None:
         try:
@@ -215,13 +234,13 @@ class BookieClient:
                     self._wake.clear()
                     await self._wake.wait()
                     continue
-                await self._window.acquire()
-                if not self._queue:
-                    self._window.release()
+                if not self._window_open.is_set():
+                    await self._window_open.wait()
                     continue
                 request_id, request, taken = self._take_request()
                 loop = asyncio.get_running_loop()
                 self._pending[request_id] = (loop.time(), taken)
+                self._update_window()
                 if self._watchdog is None:
                     self._watchdog = loop.call_later(self.add_timeout_s, self._check_timeout)
                 await call.write(request)
@@ -229,6 +248,14 @@ class BookieClient:
             raise
         except Exception as e:
             self._stream_failed(call, e)
+
+    def _update_window(self) -> None:
+        unanswered = len(self._pending)
+        if unanswered < REQUESTS_IN_FLIGHT_SMALL or (
+                unanswered < REQUESTS_IN_FLIGHT_MAX and self._queued_bytes >= REQUEST_BYTES_MAX):
+            self._window_open.set()
+        else:
+            self._window_open.clear()
 
     def _check_timeout(self) -> None:
         """One timer per stream, not one per request: the oldest request still unanswered after add_timeout_s
@@ -249,7 +276,7 @@ class BookieClient:
         try:
             async for response in call:
                 taken = self._pending.pop(response.request_id, (0.0, []))[1]
-                self._window.release()
+                self._update_window()
                 if response.error or response.group_count != len(taken):
                     err = BookieUnavailableError(
                         f"bookie {self.bookie_id} refused a request: {response.error_message}" if response.error
@@ -284,11 +311,12 @@ class BookieClient:
         err = error if isinstance(error, BookieUnavailableError) else BookieUnavailableError(
             f"bookie {self.bookie_id} at {self.address}: {_describe(error)}")
         self._fail_all(err)
-        self._window = asyncio.Semaphore(REQUESTS_IN_FLIGHT_MAX)
+        self._window_open.set()
 
     def _fail_all(self, error: Exception) -> None:
         pending, self._pending = self._pending, {}
         queued, self._queue = self._queue, deque()
+        self._queued_bytes = 0
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None

@@ -11,7 +11,7 @@ against upb in client/tests/test_wire.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from octavo.v1 import bookie_pb2 as pb
 
@@ -19,10 +19,6 @@ from octavo.v1 import bookie_pb2 as pb
 _ADD_PAYLOADS_TAG = bytes([9 << 3 | 2])
 _READ_ENTRIES_TAG = bytes([2 << 3 | 2])
 _READ_ENTRY_PAYLOAD_TAG = bytes([3 << 3 | 2])
-
-_prefixes: dict[int, bytes] = {}
-_PREFIX_CACHE_MAX = 4096
-
 
 def varint(n: int) -> bytes:
     """An unsigned varint (n >= 0)."""
@@ -34,21 +30,29 @@ def varint(n: int) -> bytes:
     return bytes(out)
 
 
-def _payload_prefix(size: int) -> bytes:
-    prefix = _prefixes.get(size)
-    if prefix is None:
+_PREFIX_CACHE_MAX = 4096
+
+
+class _PrefixCache(dict[int, bytes]):
+    """Payload record prefixes (tag and length) by payload size; a miss computes one (and keeps it while
+    there is room), a hit stays in C."""
+
+    def __missing__(self, size: int) -> bytes:
         prefix = _ADD_PAYLOADS_TAG + varint(size)
-        if len(_prefixes) < _PREFIX_CACHE_MAX:
-            _prefixes[size] = prefix
-    return prefix
+        if len(self) < _PREFIX_CACHE_MAX:
+            self[size] = prefix
+        return prefix
 
 
-def encode_add_request(request: pb.AddRequest, payloads: Iterable[bytes]) -> bytes:
+_prefixes = _PrefixCache()
+
+
+def encode_add_request(request: pb.AddRequest, payloads: Sequence[bytes]) -> bytes:
     """`request` (every field but payloads) serialized with `payloads` appended as its payloads field."""
     parts = [request.SerializeToString()]
     append = parts.append
-    prefix = _payload_prefix
-    for payload in payloads:
+    prefix = _prefixes.__getitem__
+    for payload in payloads:  # measured faster than zip/chain over the same two lists
         append(prefix(len(payload)))
         append(payload)
     return b"".join(parts)

@@ -168,6 +168,10 @@ class WriteHandle:
         datas = self._checked(entries)
         first = self._next_entry
         limit = self._options.inflight_bytes_max
+        total = sum(map(len, datas))
+        if self._inflight_bytes + total <= limit:  # the common case: all of it fits the window at once
+            end = await self._enqueue_future(datas, total)
+            return list(range(first, end + 1))
         n = len(datas)
         i = 0
         last: asyncio.Future[int] | None = None
@@ -180,11 +184,16 @@ class WriteHandle:
             if j == i:
                 await self._wait_for_room(len(datas[i]))
                 continue
-            last = self._enqueue(datas[i:j] if i or j < n else datas, size, want_future=j == n)
+            last = self._enqueue(datas[i:j], size, want_future=j == n)
             i = j
         assert last is not None
         end = await last
         return list(range(first, end + 1))
+
+    def _enqueue_future(self, datas: list[bytes], size: int) -> asyncio.Future[int]:
+        future = self._enqueue(datas, size, want_future=True)
+        assert future is not None
+        return future
 
     def _checked(self, entries: Sequence[bytes]) -> list[bytes]:
         if self._error is not None:
@@ -192,11 +201,12 @@ class WriteHandle:
         if self._closing:
             raise LedgerClosedError(f"ledger {self.ledger_id} is closed to appends")
         datas = list(entries)
-        for k, data in enumerate(datas):
-            if type(data) is not bytes:
-                if not isinstance(data, (bytes, bytearray, memoryview)):
-                    raise TypeError(f"append takes bytes, got {type(data).__name__}")
-                datas[k] = bytes(data)
+        if len(set(map(type, datas))) != 1 or type(datas[0]) is not bytes:  # set(map()) keeps the check in C
+            for k, data in enumerate(datas):
+                if type(data) is not bytes:
+                    if not isinstance(data, (bytes, bytearray, memoryview)):
+                        raise TypeError(f"append takes bytes, got {type(data).__name__}")
+                    datas[k] = bytes(data)
         limit = self._options.entry_size_bytes_max
         largest = max(map(len, datas))
         if largest > limit:

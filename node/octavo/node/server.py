@@ -78,7 +78,7 @@ class BookieService(pb_grpc.BookieServicer):
             return _refused(request, pb.TOO_LARGE, f"request carries {total_bytes} payload bytes, over "
                                                    f"batch_bytes_max={cfg.batch_bytes_max}")
         results: list[tuple[list[Code], str] | None] = [None] * len(batches)
-        unknown = [i for i, b in enumerate(batches) if self._needs_lookup(b.ledger_id)]
+        unknown = self._needing_lookup(batches)
         if unknown:  # looked up concurrently: a request may open many ledgers at once
             refusals = await asyncio.gather(*(self._check_unknown_ledger(batches[i].ledger_id, batches[i].recovery)
                                               for i in unknown))
@@ -147,13 +147,20 @@ class BookieService(pb_grpc.BookieServicer):
                 return [([pb.INTERNAL] * len(b.entry_ids), f"internal error: {type(e).__name__}: {e}")
                         for b in batches]
 
-    def _needs_lookup(self, ledger_id: int) -> bool:
-        """A ledger this bookie holds no state for, and that may have existed before this bookie started."""
+    def _needing_lookup(self, batches: list[LedgerBatch]) -> list[int]:
+        """The batches of ledgers this bookie holds no state for that may have existed before it started."""
         registration = self.registration
-        if registration is None or ledger_id < 0 or self.storage.ledger_state(ledger_id) is not None:
-            return False
+        if registration is None:
+            return []
         born_after = registration.new_ledgers_from
-        return born_after is None or ledger_id < born_after or ledger_id in self._not_open
+        if born_after is None:
+            born_after = 1 << 63
+        not_open = self._not_open
+        known = self.storage.ledger_state
+        # Cheapest tests first: in the common case every ledger is newer than the start, or known.
+        return [i for i, b in enumerate(batches)
+                if (b.ledger_id < born_after or b.ledger_id in not_open) and b.ledger_id >= 0
+                and known(b.ledger_id) is None]
 
     async def _check_unknown_ledger(self, ledger_id: int, recovery: bool) -> tuple[Code, str] | None:
         """A ledger this bookie holds no state for that existed before it started (it may have forgotten it
