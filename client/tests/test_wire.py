@@ -22,8 +22,9 @@ def test_add_request_encoding_matches_upb(request_id: int, groups: list) -> None
                    group_entry_counts=[len(g[4]) for g in groups], entry_ids=[e for g in groups for e, _ in g[4]])
     payloads = [p for g in groups for _, p in g[4]]
     expected = pb.AddRequest(request_id=request_id, payloads=payloads, **columns)  # type: ignore[arg-type]
-    encoded = encode_add_request(pb.AddRequest(request_id=request_id, **columns), payloads)  # type: ignore[arg-type]
-    assert pb.AddRequest.FromString(encoded) == expected
+    for size in (-1, sum(map(len, payloads))):  # by hand, and (small payloads) through upb
+        encoded = encode_add_request(pb.AddRequest(request_id=request_id, **columns), payloads, size)  # type: ignore[arg-type]
+        assert pb.AddRequest.FromString(encoded) == expected
 
 
 @settings(max_examples=200, deadline=None)

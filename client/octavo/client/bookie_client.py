@@ -219,7 +219,7 @@ class BookieClient:
                                     group_master_keys=keys, group_lacs=lacs, group_entry_counts=counts,
                                     entry_ids=entry_ids,
                                     group_recovery=[g.recovery for g, _ in taken] if recovery else ())
-            encoded = encode_add_request(request, payloads)
+            encoded = encode_add_request(request, payloads, size)
         except Exception as e:  # taken off the queue: they must still get their answer
             for group, callback in taken:
                 callback(group, BookieUnavailableError(f"bookie {self.bookie_id}: cannot encode an add request: "

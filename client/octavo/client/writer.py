@@ -26,6 +26,7 @@ import asyncio
 import functools
 import logging
 import random
+import time
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -135,6 +136,7 @@ class WriteHandle:
         self.outstanding_requests = 0  # bookie add calls sent and not yet answered
         self._lac_sent = -1
         self._lac_timer_armed = False
+        self._idle_since = 0.0  # when the last pending entry was acknowledged
 
     @property
     def ledger_id(self) -> int:
@@ -283,7 +285,8 @@ class WriteHandle:
             last = group.entry_ids[-1]
             if bookie_id not in self._dead and last > self._marks.get(bookie_id, last):
                 self._marks[bookie_id] = last
-                self._advance()
+                if last > self._lac:  # else the LAC is already past everything this answer vouches for
+                    self._advance()
             return
         if isinstance(result, BaseException):
             self._bookie_failed(bookie_id, str(result))
@@ -341,9 +344,11 @@ class WriteHandle:
                 if not future.done():
                     future.set_result(eid)
             self._room.set()
-        if not self._pending and self._lac > self._lac_sent and not self._lac_timer_armed and not self._closing:
-            self._lac_timer_armed = True
-            self._client.write_scheduler.lac_later(self)
+            if not self._pending:
+                self._idle_since = time.monotonic()
+                if self._lac > self._lac_sent and not self._lac_timer_armed and not self._closing:
+                    self._lac_timer_armed = True
+                    self._client.write_scheduler.lac_later(self)
 
     def _send_lac_if_idle(self) -> None:
         """Explicit LAC (BookKeeper's explicitLac): adds carry the LAC of when they were sent, so after the
@@ -351,6 +356,10 @@ class WriteHandle:
         (no entries), so readers of the open ledger see everything acknowledged."""
         self._lac_timer_armed = False
         if self._pending or self._error is not None or self._closed or self._client.closed:
+            return
+        if time.monotonic() - self._idle_since < LAC_UPDATE_DELAY_S:  # idle only for a moment: look again later
+            self._lac_timer_armed = True
+            self._client.write_scheduler.lac_later(self)
             return
         self._lac_sent = self._lac
         for bookie_id in self.metadata.last_ensemble:
