@@ -15,6 +15,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import chain
 from typing import Any, NamedTuple
 
 import grpc
@@ -189,36 +190,31 @@ class BookieClient:
         """Whatever is queued, within the request limits, as one request in the flat form."""
         taken: list[tuple[AddGroup, AddCallback]] = []
         entries = size = 0
-        ledger_ids: list[int] = []
-        keys: list[bytes] = []
-        lacs: list[int] = []
-        counts: list[int] = []
-        entry_ids: list[int] = []
-        payloads: list[bytes] = []
-        recovery = False
         queue = self._queue
         while queue:
             group = queue[0][0]
-            n = len(group.entry_ids)
-            if taken and (entries + n > REQUEST_ENTRIES_MAX or size + group.size > REQUEST_BYTES_MAX):
+            n = len(group[4])
+            if taken and (entries + n > REQUEST_ENTRIES_MAX or size + group[6] > REQUEST_BYTES_MAX):
                 break
             taken.append(queue.popleft())
             entries += n
-            size += group.size
-            ledger_ids.append(group[0])
-            keys.append(group[1])
-            lacs.append(group[2])
-            recovery = recovery or group[3]
-            counts.append(n)
-            entry_ids += group[4]
-            payloads += group[5]
+            size += group[6]
+        # Column by column: comprehensions run faster than one loop appending to six lists.
+        groups = [g for g, _ in taken]
+        ledger_ids = [g[0] for g in groups]
+        keys = [g[1] for g in groups]
+        lacs = [g[2] for g in groups]
+        recovery = any(g[3] for g in groups)
+        counts = [len(g[4]) for g in groups]
+        entry_ids = list(chain.from_iterable(g[4] for g in groups))
+        payloads = list(chain.from_iterable(g[5] for g in groups))
         self._request_id += 1
         self._queued_bytes -= size
         try:
             request = pb.AddRequest(request_id=self._request_id, group_ledger_ids=ledger_ids,
                                     group_master_keys=keys, group_lacs=lacs, group_entry_counts=counts,
                                     entry_ids=entry_ids,
-                                    group_recovery=[g.recovery for g, _ in taken] if recovery else ())
+                                    group_recovery=[g[3] for g in groups] if recovery else ())
             encoded = encode_add_request(request, payloads, size)
         except Exception as e:  # taken off the queue: they must still get their answer
             for group, callback in taken:

@@ -250,8 +250,9 @@ class WriteHandle:
         datas = self._data[first - base:end - base]
         meta = self.metadata
         ensemble = meta.last_ensemble
-        if meta.write_quorum == meta.ensemble_size:
-            group = add_group(self.ledger_id, self._master_key, range(first, end), datas, self._lac)
+        if meta.write_quorum == meta.ensemble_size:  # one group, shared by every bookie of the ensemble
+            group = AddGroup(self.ledger_id, self._master_key, self._lac, False, range(first, end), datas,
+                             sum(map(len, datas)))
             for bookie in ensemble:
                 self._send(bookie, group)
             return
