@@ -328,6 +328,46 @@ async def test_bookie_copies_back_the_tail_it_lost(cluster: LocalCluster) -> Non
         await striped.close()
 
 
+def test_the_lac_stands_still_while_an_ensemble_change_is_in_flight(tmp_path: Path) -> None:
+    """A bookie dies while etcd is down, so the ensemble change cannot land: the two live bookies still store
+    every new entry, but none is acknowledged until the new segment is in etcd, and then every entry of the
+    new segment is on the replacement too (an entry acknowledged during the change would otherwise belong to
+    the new segment with no copy on the replacement)."""
+    async def scenario(cluster: LocalCluster) -> None:
+        async with Client(cluster.etcd_endpoint, options=FAST) as client:
+            writer = await client.create_ledger(3, 3, 2, password=PW)
+            ledger = writer.ledger_id
+            assert await writer.append_many([data(ledger, i) for i in range(50)]) == list(range(50))
+            victim = writer.metadata.last_ensemble[0]
+            assert cluster.etcd is not None
+            cluster.etcd.stop()
+            cluster.bookies[victim].kill()
+            pending = [asyncio.ensure_future(writer.append(data(ledger, i))) for i in range(50, 150)]
+            deadline = time.monotonic() + 20
+            while not writer.changing_ensemble:
+                assert time.monotonic() < deadline, "the dead bookie was never noticed"
+                await asyncio.sleep(0.01)
+            lac = writer.last_add_confirmed
+            more = [asyncio.ensure_future(writer.append(data(ledger, i))) for i in range(150, 200)]
+            await asyncio.sleep(1.5)
+            assert writer.changing_ensemble and writer.last_add_confirmed == lac
+            assert not any(f.done() for f in more)
+            cluster.etcd.start()
+            ids = await asyncio.wait_for(asyncio.gather(*pending, *more), timeout=60)
+            assert list(ids) == list(range(50, 200))
+            first, ensemble = writer.metadata.ensembles[-1]
+            assert first == lac + 1 and victim not in ensemble
+            (replacement,) = set(ensemble) - set(writer.metadata.ensembles[0][1])
+            await quiet(writer)  # Qa answers acknowledged the entries; wait for the replacement's too
+            with BookieConnection(cluster.bookies[replacement].address) as conn:
+                assert conn.read_all(ledger, first, 199) == {e: (pb.OK, data(ledger, e)) for e in range(first, 200)}
+            await writer.close()
+            assert await read_back(client, ledger) == [data(ledger, i) for i in range(200)]
+
+    with LocalCluster(str(tmp_path / "c"), bookies=4, bookie_args=BOOKIE_ARGS) as cluster:
+        asyncio.run(scenario(cluster))
+
+
 def test_etcd_stopped(tmp_path: Path) -> None:
     async def scenario(cluster: LocalCluster) -> None:
         async with Client(cluster.etcd_endpoint, options=FAST) as client:

@@ -147,6 +147,11 @@ class WriteHandle:
         return self._lac
 
     @property
+    def changing_ensemble(self) -> bool:
+        """A bookie failed and its replacement is not in etcd yet: acknowledgements wait for it."""
+        return bool(self._changing)
+
+    @property
     def _pending(self) -> bool:
         """Some appended entry is not acknowledged yet."""
         return self._next_entry > self._lac + 1
