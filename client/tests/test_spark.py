@@ -26,7 +26,10 @@ pytestmark = pytest.mark.spark
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def cluster(spark: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Started after Spark: PySpark launches its JVM with a fork (it passes a preexec_fn), and a fork while gRPC
+    threads are busy in this process can leave the child broken ("Java gateway process exited"), which CI
+    once hit. `make test` also runs this module in a pytest process of its own, before any gRPC use."""
     with LocalCluster(str(tmp_path_factory.mktemp("spark")), bookies=4) as c:
         yield c
 
