@@ -120,7 +120,8 @@ class WriteHandle:
         # Per bookie of the last ensemble: the highest entry id it stored, with every entry of its write sets
         # before it (answers on one bookie's stream come in request order).
         self._marks: dict[str, int] = dict.fromkeys(metadata.last_ensemble, -1)
-        self._dead: set[str] = set()  # bookies whose answers no longer count
+        # Bookies that failed this handle: their answers no longer count and they are never chosen again.
+        self._dead: set[str] = set()
         self._callbacks: dict[str, AddCallback] = {}  # per bookie: _on_result bound to it
         self._flush_scheduled = False
         self._inflight_bytes = 0
@@ -129,7 +130,6 @@ class WriteHandle:
         self._error: OctavoError | None = None
         self._closing = False
         self._closed = False
-        self._failed_bookies: set[str] = set()
         self._change_lock = asyncio.Lock()
         self._changing: set[str] = set()
         self.ensemble_changes = 0
@@ -407,7 +407,6 @@ class WriteHandle:
             async with self._change_lock:
                 if self._error is not None or self._closed or failed not in self.metadata.last_ensemble:
                     return
-                self._failed_bookies.add(failed)
                 try:
                     replacement = await self._write_new_segment(failed)
                 except OctavoError as e:
@@ -447,7 +446,7 @@ class WriteHandle:
         for _ in range(ENSEMBLE_CHANGE_ATTEMPTS_MAX):
             ensemble = list(self.metadata.last_ensemble)
             writable = await self._client.writable_bookies()
-            candidates = [b for b in writable if b not in ensemble and b not in self._failed_bookies]
+            candidates = [b for b in writable if b not in ensemble and b not in self._dead]
             if not candidates:
                 raise NotEnoughBookiesError(
                     f"ledger {self.ledger_id}: no writable bookie to replace {failed} (ensemble {ensemble}, "
