@@ -146,3 +146,53 @@ def test_first_add_of_an_unknown_ledger_is_checked_in_etcd(etcd: EtcdProcess, cl
         r = conn.add(gone_id, b"k", [0], [b"x"]).results[0]
         assert list(r.codes) == [pb.NO_SUCH_LEDGER] and "does not exist in the cluster metadata" in r.message
     bookie.stop()
+
+
+def test_copied_data_directory_is_refused_under_a_new_id(etcd: EtcdProcess, cluster_name: str,
+                                                         tmp_path: Path) -> None:
+    """The cookie binds both ways: a copy of bookie-1's directory started as bookie-3 holds bookie-1's
+    instance id and is refused, and nothing of it is registered."""
+    import shutil
+
+    bookie = BookieProcess(str(tmp_path / "b1"), args=cluster_args(etcd, cluster_name, "bookie-1"))
+    bookie.start()
+    bookie.stop()
+    shutil.copytree(tmp_path / "b1", tmp_path / "clone")
+    run = subprocess.run([sys.executable, "-m", "octavo.cli.main", "node", "--data-dir", str(tmp_path / "clone"),
+                          "--port", "0", *cluster_args(etcd, cluster_name, "bookie-3")],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1, run.stderr
+    assert "which is bookie bookie-1's; it cannot join as bookie bookie-3: was it copied?" in run.stderr
+    assert "Refusing to start" in run.stderr and "Traceback" not in run.stderr
+    assert asyncio.run(registered(etcd, cluster_name)) == {}
+
+    async def cookie_of(bookie_id: str) -> object:
+        async with EtcdClient(etcd.endpoint) as client:
+            return await MetadataStore(client, Layout(cluster_name)).read_cookie(bookie_id)
+
+    assert asyncio.run(cookie_of("bookie-3")) is None  # the refused start left no cookie behind
+    bookie.start()  # the original still starts under its own id
+    bookie.stop()
+
+
+def test_a_cookie_from_before_instance_keys_gets_its_binding(etcd: EtcdProcess, cluster_name: str,
+                                                             tmp_path: Path) -> None:
+    bookie = BookieProcess(str(tmp_path / "b1"), args=cluster_args(etcd, cluster_name, "bookie-1"))
+    bookie.start()
+    bookie.stop()
+    layout = Layout(cluster_name)
+
+    async def instance_keys() -> list[bytes]:
+        async with EtcdClient(etcd.endpoint) as client:
+            return [kv.value for kv in await client.get_prefix(layout.root + b"instances/")]
+
+    async def drop_instance_keys() -> None:
+        async with EtcdClient(etcd.endpoint) as client:
+            for kv in await client.get_prefix(layout.root + b"instances/"):
+                await client.delete(kv.key)
+
+    assert asyncio.run(instance_keys()) == [b"bookie-1"]
+    asyncio.run(drop_instance_keys())  # as a cluster written before the binding existed
+    bookie.start()
+    bookie.stop()
+    assert asyncio.run(instance_keys()) == [b"bookie-1"]

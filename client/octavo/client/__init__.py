@@ -3,6 +3,7 @@
 from octavo.client.client import Client, ClientOptions, SyncClient
 from octavo.client.errors import (
     BookieUnavailableError,
+    EntryRefusedError,
     EntryTooLargeError,
     LedgerClosedError,
     LedgerFencedError,
@@ -18,7 +19,8 @@ from octavo.client.reader import Entry, ReadHandle
 from octavo.client.writer import WriteHandle
 
 __all__ = [
-    "BookieUnavailableError", "Client", "ClientOptions", "Entry", "EntryTooLargeError", "LedgerClosedError",
-    "LedgerFencedError", "MetadataUnavailableError", "NoSuchLedgerError", "NotEnoughBookiesError", "OctavoError",
-    "ReadError", "ReadHandle", "RecoveryError", "SyncClient", "WriteHandle", "WrongPasswordError",
+    "BookieUnavailableError", "Client", "ClientOptions", "Entry", "EntryRefusedError", "EntryTooLargeError",
+    "LedgerClosedError", "LedgerFencedError", "MetadataUnavailableError", "NoSuchLedgerError",
+    "NotEnoughBookiesError", "OctavoError", "ReadError", "ReadHandle", "RecoveryError", "SyncClient", "WriteHandle",
+    "WrongPasswordError",
 ]

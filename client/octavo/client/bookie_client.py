@@ -39,6 +39,9 @@ REQUEST_BYTES_MAX = 1024 * 1024
 REQUESTS_IN_FLIGHT_SMALL = 2
 REQUESTS_IN_FLIGHT_MAX = 8
 CALL_TIMEOUT_S = 10.0
+# Request-level answers that are about what the request carried (a limit, a malformed field), not about the
+# bookie's health: the entries are refused, and the bookie is no reason to change the ensemble.
+REQUEST_REFUSALS = frozenset((pb.TOO_LARGE, pb.INVALID, pb.UNAUTHORIZED))
 MESSAGE_BYTES_MAX = 128 * 1024 * 1024
 
 
@@ -60,9 +63,17 @@ def add_group(ledger_id: int, master_key: bytes, entry_ids: Sequence[int], paylo
                     sum(map(len, payloads)))
 
 
+class Refusal(NamedTuple):
+    """A bookie's answer to a group with an entry that was not stored: a code per entry and the bookie's
+    explanation of the first code that is not OK (it names the limit or the state that refused it)."""
+
+    codes: list[int]
+    message: str
+
+
 # Called once per queued group, with the group and: None when every entry was stored (the common case, kept
-# cheap), the per-entry codes when one was not, or the exception that failed the add.
-AddCallback = Callable[[AddGroup, list[int] | BaseException | None], None]
+# cheap), a Refusal when one was not, or the exception that failed the add (the bookie could not be reached).
+AddCallback = Callable[[AddGroup, Refusal | BaseException | None], None]
 
 
 class _Joined:
@@ -71,13 +82,13 @@ class _Joined:
     def __init__(self, group: AddGroup, sizes: list[int], callback: AddCallback) -> None:
         self.group = group
         self.sizes = sizes
-        self.parts: list[list[int] | None] = [None] * len(sizes)
+        self.parts: list[Refusal | None] = [None] * len(sizes)
         self.left = len(sizes)
         self.callback = callback
         self.failed = False
 
     def piece(self, k: int) -> AddCallback:
-        def done(_: AddGroup, result: list[int] | BaseException | None) -> None:
+        def done(_: AddGroup, result: Refusal | BaseException | None) -> None:
             if self.failed:
                 return
             if isinstance(result, BaseException):
@@ -90,8 +101,10 @@ class _Joined:
                 if all(part is None for part in self.parts):
                     self.callback(self.group, None)
                 else:
-                    self.callback(self.group, [code for part, n in zip(self.parts, self.sizes, strict=True)
-                                               for code in (part if part is not None else [pb.OK] * n)])
+                    codes = [code for part, n in zip(self.parts, self.sizes, strict=True)
+                             for code in (part.codes if part is not None else [pb.OK] * n)]
+                    message = next(part.message for part in self.parts if part is not None)
+                    self.callback(self.group, Refusal(codes, message))
         return done
 
 
@@ -140,13 +153,13 @@ class BookieClient:
         future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
         n = len(entry_ids)
 
-        def settle(_: AddGroup, result: list[int] | BaseException | None) -> None:
+        def settle(_: AddGroup, result: Refusal | BaseException | None) -> None:
             if future.done():
                 return
             if isinstance(result, BaseException):
                 future.set_exception(result)
             else:
-                future.set_result([pb.OK] * n if result is None else result)
+                future.set_result([pb.OK] * n if result is None else result.codes)
 
         self.add_group(add_group(ledger_id, master_key, entry_ids, payloads, last_add_confirmed, recovery), settle)
         return future
@@ -273,6 +286,10 @@ class BookieClient:
             async for response in call:
                 taken = self._pending.pop(response.request_id, (0.0, []))[1]
                 self._update_window()
+                if response.error in REQUEST_REFUSALS:  # about the request itself, not the bookie's health
+                    for group, callback in taken:
+                        callback(group, Refusal([response.error] * len(group.entry_ids), response.error_message))
+                    continue
                 if response.error or response.group_count != len(taken):
                     err = BookieUnavailableError(
                         f"bookie {self.bookie_id} refused a request: {response.error_message}" if response.error
@@ -285,7 +302,7 @@ class BookieClient:
                     for group, callback in taken:
                         callback(group, None)
                     continue
-                refused = {r.group: list(r.codes) for r in response.refused_groups}
+                refused = {r.group: Refusal(list(r.codes), r.message) for r in response.refused_groups}
                 for k, (group, callback) in enumerate(taken):
                     callback(group, refused.get(k))
             raise BookieUnavailableError(f"bookie {self.bookie_id} closed the add stream")

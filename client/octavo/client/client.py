@@ -107,6 +107,11 @@ class Client:
                     task.add_done_callback(self._closing.discard)
         return self._registrations
 
+    @property
+    def registrations(self) -> dict[str, BookieInfo]:
+        """The registrations as last read from etcd (no etcd call)."""
+        return self._registrations
+
     async def writable_bookies(self) -> list[str]:
         return sorted(b for b, info in (await self.bookies(refresh=True)).items() if not info.readonly)
 

@@ -31,8 +31,13 @@ class NotEnoughBookiesError(OctavoError):
     """Fewer writable bookies than the ensemble (or a replacement) needs."""
 
 
-class EntryTooLargeError(OctavoError):
-    pass
+class EntryRefusedError(OctavoError):
+    """An entry was refused for what it is (over a limit, malformed), not because a bookie failed: the
+    message names the bookie and its limit. No ensemble change follows a refusal."""
+
+
+class EntryTooLargeError(EntryRefusedError):
+    """An entry is over the client's entry_size_bytes_max or a bookie's own limit (the message says which)."""
 
 
 class BookieUnavailableError(OctavoError):

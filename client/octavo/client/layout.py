@@ -5,6 +5,7 @@
     /octavo/<cluster>/bookies/writable/<bookie id>     registration of a writable bookie, on its lease
     /octavo/<cluster>/bookies/readonly/<bookie id>     registration of a read-only bookie, on its lease
     /octavo/<cluster>/cookies/<bookie id>              the bookie's identity, bound to its data directory
+    /octavo/<cluster>/instances/<instance id>          the other way: which bookie id a data directory serves
 
 Ledger ids are zero-padded so keys sort in id order.
 """
@@ -56,6 +57,12 @@ class Layout:
     def cookie(self, bookie_id: str) -> bytes:
         check_bookie_id(bookie_id)
         return self.root + b"cookies/" + bookie_id.encode()
+
+    def instance(self, instance_id: str) -> bytes:
+        """The bookie id a data directory's instance serves: a copied directory cannot join as a second bookie."""
+        if not instance_id or "/" in instance_id or not instance_id.isprintable():
+            raise ValueError(f"instance id must be printable, non-empty and without '/', got {instance_id!r}")
+        return self.root + b"instances/" + instance_id.encode()
 
 
 def check_bookie_id(bookie_id: str) -> None:

@@ -28,13 +28,18 @@ class BookieInfo:
     readonly: bool = False
     disk_usage_ratio: float = 0.0
     registered_unix_ms: int = 0
+    # The bookie's own limit on one entry's payload (0: not said, by a bookie older than this field): a
+    # writer checks entries against its ensemble's limits before it gives them ids.
+    entry_size_bytes_max: int = 0
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @staticmethod
     def decode(data: bytes) -> BookieInfo:
-        return BookieInfo(**json.loads(data))
+        fields = json.loads(data)
+        known = BookieInfo.__dataclass_fields__
+        return BookieInfo(**{k: v for k, v in fields.items() if k in known})  # a newer bookie's fields are skipped
 
 
 @dataclass(frozen=True)
@@ -131,5 +136,20 @@ class MetadataStore:
         return Cookie.decode(kv.value) if kv else None
 
     async def create_cookie(self, cookie: Cookie) -> bool:
-        """Create the cookie; False if one already exists."""
-        return await self.etcd.cas_put(self.layout.cookie(cookie.bookie_id), cookie.encode(), 0)
+        """Create the cookie and its instance key in one transaction; False if either already exists."""
+        ok, _ = await self.etcd.txn(
+            Txn().mod_revision_is(self.layout.cookie(cookie.bookie_id), 0)
+            .mod_revision_is(self.layout.instance(cookie.instance_id), 0)
+            .put(self.layout.cookie(cookie.bookie_id), cookie.encode())
+            .put(self.layout.instance(cookie.instance_id), cookie.bookie_id.encode()))
+        return ok
+
+    async def instance_owner(self, instance_id: str) -> str | None:
+        """The bookie id a data directory instance is bound to, None if it is bound to none."""
+        kv = await self.etcd.get(self.layout.instance(instance_id))
+        return kv.value.decode() if kv else None
+
+    async def bind_instance(self, instance_id: str, bookie_id: str) -> bool:
+        """Bind an instance to a bookie id if it is bound to none (cookies written before instance keys
+        existed); False if another binding was made first."""
+        return await self.etcd.cas_put(self.layout.instance(instance_id), bookie_id.encode(), 0)

@@ -12,10 +12,15 @@ entry before it is acknowledged; the last-add-confirmed (LAC) is the highest suc
 add. A bookie whose stream failed or that refused an add gets no further marks (a later answer on a new
 stream must not vouch for the failed request's entries).
 
-A bookie that fails, refuses (READ_ONLY, INTERNAL, ...) or leaves a request unanswered for add_timeout_s (its
-stream then fails) is replaced: a new ensemble segment starting at the first unacknowledged entry (LAC + 1)
-is written to etcd with a CAS, and every unacknowledged entry whose write set now includes the replacement
-is sent to it. While a change is in flight the LAC stands still (as in BookKeeper): an entry acknowledged
+Refusals are of two kinds. A refusal of the entry itself (TOO_LARGE, INVALID) or of the writer (UNAUTHORIZED:
+wrong master key; NO_SUCH_LEDGER: the ledger was deleted; FENCED, below) would be the same on any bookie, so it
+fails the handle with a typed error carrying the bookie's message, and never changes the ensemble. Entries
+are checked against the ensemble's own entry_size_bytes_max (from the bookies' registrations) before they get
+ids, so an entry too large for a bookie is refused by append() and the ledger goes on.
+A bookie that fails, refuses for its own state (READ_ONLY, INTERNAL, ...) or leaves a request unanswered for
+add_timeout_s (its stream then fails) is replaced: a new ensemble segment starting at the first unacknowledged
+entry (LAC + 1) is written to etcd with a CAS, and every unacknowledged entry whose write set now includes the
+replacement is sent to it. While a change is in flight the LAC stands still (as in BookKeeper): an entry acknowledged
 during the change would belong to the new segment without a copy on the replacement. A FENCED answer means a
 recovery open took the ledger over: every pending and later append fails with LedgerFencedError.
 """
@@ -31,13 +36,15 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from octavo.client.bookie_client import AddCallback, AddGroup, add_group
+from octavo.client.bookie_client import AddCallback, AddGroup, Refusal, add_group
 from octavo.client.errors import (
     BookieUnavailableError,
+    EntryRefusedError,
     EntryTooLargeError,
     LedgerClosedError,
     LedgerFencedError,
     MetadataUnavailableError,
+    NoSuchLedgerError,
     NotEnoughBookiesError,
     OctavoError,
     WrongPasswordError,
@@ -47,6 +54,7 @@ from octavo.v1 import bookie_pb2 as pb
 
 if TYPE_CHECKING:
     from octavo.client.client import Client
+    from octavo.client.metadata import BookieInfo
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +145,7 @@ class WriteHandle:
         self._lac_sent = -1
         self._lac_timer_armed = False
         self._idle_since = 0.0  # when the last pending entry was acknowledged
+        self._entry_limit, self._entry_limit_by = self._ensemble_entry_limit()
 
     @property
     def ledger_id(self) -> int:
@@ -214,11 +223,22 @@ class WriteHandle:
                     if not isinstance(data, (bytes, bytearray, memoryview)):
                         raise TypeError(f"append takes bytes, got {type(data).__name__}")
                     datas[k] = bytes(data)
-        limit = self._options.entry_size_bytes_max
         largest = max(map(len, datas))
-        if largest > limit:
-            raise EntryTooLargeError(f"entry of {largest} bytes is over entry_size_bytes_max={limit}")
+        if largest > self._entry_limit:
+            raise EntryTooLargeError(f"entry of {largest} bytes is over {self._entry_limit_by}'s "
+                                     f"entry_size_bytes_max={self._entry_limit}")
         return datas
+
+    def _ensemble_entry_limit(self) -> tuple[int, str]:
+        """The largest entry every bookie of the last ensemble takes, and who sets it: the client's option, or
+        the bookie with the smallest registered entry_size_bytes_max."""
+        limit, by = self._options.entry_size_bytes_max, "the client"
+        registrations = self._client.registrations
+        for bookie_id in self.metadata.last_ensemble:
+            info = registrations.get(bookie_id)
+            if info is not None and 0 < info.entry_size_bytes_max < limit:
+                limit, by = info.entry_size_bytes_max, f"bookie {bookie_id}"
+        return limit, by
 
     async def _wait_for_room(self, size: int) -> None:
         while self._inflight_bytes and self._inflight_bytes + size > self._options.inflight_bytes_max:
@@ -285,7 +305,7 @@ class WriteHandle:
             callback = self._callbacks[bookie_id] = functools.partial(self._on_result, bookie_id)
         bookie.add_group(group, callback)
 
-    def _on_result(self, bookie_id: str, group: AddGroup, result: list[int] | BaseException | None) -> None:
+    def _on_result(self, bookie_id: str, group: AddGroup, result: Refusal | BaseException | None) -> None:
         self.outstanding_requests -= 1
         if result is None:  # the common case: every entry stored
             last = group.entry_ids[-1]
@@ -298,7 +318,7 @@ class WriteHandle:
             self._bookie_failed(bookie_id, str(result))
             return
         refused = ""
-        for eid, code in zip(group.entry_ids, result, strict=False):
+        for eid, code in zip(group.entry_ids, result.codes, strict=False):
             if code == pb.OK:
                 continue
             if code == pb.FENCED:
@@ -307,11 +327,12 @@ class WriteHandle:
                 self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced by a recovery open: no more "
                                              "appends can be acknowledged"))
                 return
-            if code == pb.UNAUTHORIZED:
-                self._fail(WrongPasswordError(f"bookie {bookie_id} refused the master key of ledger "
-                                              f"{self.ledger_id}"))
+            error = self._refusal_error(bookie_id, eid, code, result.message)
+            if error is not None:
+                log.warning("ledger %d: %s", self.ledger_id, error)
+                self._fail(error)
                 return
-            refused = pb.ResultCode.Name(code)  # type: ignore[arg-type]
+            refused = f"{pb.ResultCode.Name(code)}: {result.message}"  # type: ignore[arg-type]
         if refused:
             self._bookie_failed(bookie_id, f"refused adds: {refused}")
             return
@@ -319,6 +340,22 @@ class WriteHandle:
         if bookie_id not in self._dead and last > self._marks.get(bookie_id, last):
             self._marks[bookie_id] = last
             self._advance()
+
+    def _refusal_error(self, bookie_id: str, entry_id: int, code: int, message: str) -> OctavoError | None:
+        """The error for a refusal that any bookie would give (the entry, the key, a deleted ledger); None for
+        one about the bookie's own state (READ_ONLY, INTERNAL, ...), which an ensemble change answers."""
+        if code == pb.UNAUTHORIZED:
+            return WrongPasswordError(f"bookie {bookie_id} refused the master key of ledger {self.ledger_id}")
+        if code == pb.NO_SUCH_LEDGER:
+            return NoSuchLedgerError(f"ledger {self.ledger_id} was deleted: bookie {bookie_id} refuses adds to it "
+                                     f"({message})")
+        if code == pb.TOO_LARGE:
+            return EntryTooLargeError(f"bookie {bookie_id} refused entry {entry_id} of ledger {self.ledger_id}: "
+                                      f"{message}; no later entry of this handle can be acknowledged")
+        if code == pb.INVALID:
+            return EntryRefusedError(f"bookie {bookie_id} refused entry {entry_id} of ledger {self.ledger_id}: "
+                                     f"{message}")
+        return None
 
     def _advance(self) -> None:
         if self._changing or self._error is not None:
@@ -445,12 +482,11 @@ class WriteHandle:
         store = self._client.metadata_store
         for _ in range(ENSEMBLE_CHANGE_ATTEMPTS_MAX):
             ensemble = list(self.metadata.last_ensemble)
-            writable = await self._client.writable_bookies()
-            candidates = [b for b in writable if b not in ensemble and b not in self._dead]
+            candidates, unusable = self._replacement_candidates(failed, await self._client.bookies(refresh=True))
             if not candidates:
                 raise NotEnoughBookiesError(
-                    f"ledger {self.ledger_id}: no writable bookie to replace {failed} (ensemble {ensemble}, "
-                    f"writable {sorted(writable)})")
+                    f"ledger {self.ledger_id}: no bookie can replace {failed}: "
+                    + ("; ".join(f"{b} {why}" for b, why in sorted(unusable.items())) or "no bookie is registered"))
             replacement = random.choice(candidates)
             ensemble[ensemble.index(failed)] = replacement
             first = self._lac + 1
@@ -458,6 +494,7 @@ class WriteHandle:
             revision = await store.update_ledger(changed, self._revision)
             if revision is not None:
                 self.metadata, self._revision = changed, revision
+                self._entry_limit, self._entry_limit_by = self._ensemble_entry_limit()
                 log.info("ledger %d: bookie %s replaced by %s from entry %d", self.ledger_id, failed, replacement,
                          first)
                 return replacement
@@ -467,6 +504,30 @@ class WriteHandle:
                                         "took it over")
             self.metadata, self._revision = current, current_revision
         raise MetadataUnavailableError(f"ledger {self.ledger_id}: the ensemble change kept losing its CAS")
+
+    def _replacement_candidates(self, failed: str, registered: dict[str, BookieInfo]) -> tuple[list[str],
+                                                                                                  dict[str, str]]:
+        """The registered bookies that may replace `failed`, and why each other one may not. The failed bookie
+        itself may still be registered (its lease has not expired yet) and is never its own replacement."""
+        ensemble = self.metadata.last_ensemble
+        largest = max(map(len, self._data), default=0)  # entries sent or to be sent to the new segment
+        candidates: list[str] = []
+        unusable: dict[str, str] = {}
+        for bookie_id, info in sorted(registered.items()):
+            if bookie_id == failed:
+                unusable[bookie_id] = "is the one that failed (its registration has not expired yet)"
+            elif bookie_id in ensemble:
+                unusable[bookie_id] = "is already in the ensemble"
+            elif bookie_id in self._dead:
+                unusable[bookie_id] = "failed earlier on this ledger"
+            elif info.readonly:
+                unusable[bookie_id] = "is read-only"
+            elif 0 < info.entry_size_bytes_max < largest:
+                unusable[bookie_id] = (f"takes entries up to entry_size_bytes_max={info.entry_size_bytes_max}, "
+                                       f"below a pending entry of {largest} bytes")
+            else:
+                candidates.append(bookie_id)
+        return candidates, unusable
 
     # -- close -----------------------------------------------------------------------------------------
     async def close(self) -> None:

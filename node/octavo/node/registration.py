@@ -45,17 +45,30 @@ class Registration:
         # lookup. None until read: every unknown ledger is looked up.
         self.new_ledgers_from: int | None = None
 
+    def forget_ledgers(self, ledger_ids: list[int]) -> None:
+        """Ledgers deleted from etcd are about to be dropped here: from now on an add to one of them is looked
+        up in etcd (and refused as NO_SUCH_LEDGER) instead of creating it anew. Their ids are below etcd's
+        counter, so raising the lookup mark past them is enough; ledgers between the old and the new mark that
+        this bookie has not seen yet cost one lookup on their first add."""
+        if ledger_ids and self.new_ledgers_from is not None:
+            self.new_ledgers_from = max(self.new_ledgers_from, max(ledger_ids) + 1)
+
     async def read_ledger_counter(self) -> None:
         """Remember the next ledger id etcd will allocate (see new_ledgers_from)."""
         current = await self.etcd.get(self.store.layout.ledger_id_counter)
         self.new_ledgers_from = int(current.value) if current else 0
 
     async def check_cookie(self) -> None:
-        """Raise CookieMismatchError if this data directory is not the one registered for this bookie id."""
+        """Raise CookieMismatchError unless this data directory and this bookie id are bound to each other,
+        both ways: the bookie id's cookie names this directory's instance id (a wiped or swapped directory is
+        refused), and the instance id is bound to this bookie id (a copied directory started under a new id is
+        refused: it would serve the original's ledgers twice and count as a second replica)."""
         state = self.storage.node_state
         assert state is not None
+        layout = self.store.layout
         cookie = await self.store.read_cookie(self.bookie_id)
         if cookie is None:
+            await self._check_instance_owner(state.instance_id)
             mine = Cookie(self.bookie_id, state.instance_id, self.storage.data_dir, state.created_unix_ms)
             if await self.store.create_cookie(mine):
                 log.info("bookie %s: cookie created for instance %s", self.bookie_id, state.instance_id)
@@ -68,12 +81,27 @@ class Registration:
                 f"bookie {self.bookie_id} is registered with the data directory instance {cookie.instance_id} "
                 f"(at {cookie.data_dir}), but {self.storage.data_dir} holds instance {state.instance_id}; {why} "
                 "Refusing to start: serving this disk as that bookie would lose acknowledged entries. To replace "
-                f"the bookie on purpose, delete the key {self.store.layout.cookie(self.bookie_id).decode()} in "
-                "etcd first.")
+                f"the bookie on purpose, delete the key {layout.cookie(self.bookie_id).decode()} in etcd first.")
+        await self._check_instance_owner(state.instance_id)
+        if await self.store.instance_owner(state.instance_id) is None:  # a cookie from before instance keys
+            await self.store.bind_instance(state.instance_id, self.bookie_id)
+            await self._check_instance_owner(state.instance_id)
+
+    async def _check_instance_owner(self, instance_id: str) -> None:
+        owner = await self.store.instance_owner(instance_id)
+        if owner is not None and owner != self.bookie_id:
+            layout = self.store.layout
+            raise CookieMismatchError(
+                f"{self.storage.data_dir} holds the data directory instance {instance_id}, which is bookie "
+                f"{owner}'s; it cannot join as bookie {self.bookie_id}: was it copied? Refusing to start: a copy "
+                f"serving {owner}'s ledgers under another id would count as a replica it is not. To move {owner}'s "
+                f"disk to the id {self.bookie_id} on purpose, stop {owner} for good and delete the keys "
+                f"{layout.instance(instance_id).decode()} and {layout.cookie(owner).decode()} in etcd first.")
 
     def info(self) -> BookieInfo:
         return BookieInfo(self.bookie_id, self.address, readonly=bool(self.storage.read_only_reason),
-                          disk_usage_ratio=self.disk_usage_ratio, registered_unix_ms=int(time.time() * 1000))
+                          disk_usage_ratio=self.disk_usage_ratio, registered_unix_ms=int(time.time() * 1000),
+                          entry_size_bytes_max=self.storage.config.entry_size_bytes_max)
 
     async def update_mode(self) -> None:
         """Move the registration to the set the bookie's mode says (writable or read-only)."""

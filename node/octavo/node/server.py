@@ -579,6 +579,8 @@ class BookieServer:
                 next_gc = time.monotonic() + self.config.gc_interval_ms / 1000
                 try:
                     await self.collect_garbage()
+                except MetadataUnavailableError as e:  # expected while etcd is down: one line, no traceback
+                    log.warning("garbage collection skipped, retrying at the next interval: %s", e)
                 except Exception:  # GC goes on next time; it never takes the bookie down
                     log.exception("garbage collection failed; retrying at the next interval")
             compactor = self.compactor
@@ -601,20 +603,26 @@ class BookieServer:
         assert self.registration is not None and self.storage is not None
         registration, storage = self.registration, self.storage
         layout = registration.store.layout
-        loop = asyncio.get_running_loop()
         while True:
             try:
                 async for keys in registration.etcd.watch_deletes(layout.ledgers):
                     ids = [layout.ledger_id_of(k) for k in keys]
                     known = [lid for lid in ids if storage.ledger_state(lid) is not None]
                     if known:
-                        await loop.run_in_executor(None, storage.drop_ledgers, known)
+                        await self._drop_deleted(known)
                         self.ledgers_dropped_by_watch += len(known)
             except MetadataUnavailableError as e:
                 log.warning("watch on deleted ledgers broke (%s); watching again in 1s", e)
             except (ValueError, OSError, StorageError) as e:
                 log.error("dropping deleted ledgers failed (%s); the next GC pass retries", e)
             await asyncio.sleep(1.0)
+
+    async def _drop_deleted(self, ledger_ids: list[int]) -> None:
+        """Forget ledgers etcd deleted. The lookup mark rises first, so an add processed after the drop is
+        checked in etcd and refused (NO_SUCH_LEDGER) rather than bringing the ledger back to life here."""
+        assert self.registration is not None and self.storage is not None
+        self.registration.forget_ledgers(ledger_ids)
+        await asyncio.get_running_loop().run_in_executor(None, self.storage.drop_ledgers, ledger_ids)
 
     async def _disk_loop(self) -> None:
         interval_s = self.config.disk_check_interval_ms / 1000
@@ -660,10 +668,9 @@ class BookieServer:
         in_etcd = set(await registration.store.list_ledgers())
         candidates = sorted(storage.ledger_ids() - in_etcd)
         gone = [lid for lid in candidates if await registration.ledger_metadata(lid) is None]
-        loop = asyncio.get_running_loop()
         if gone:
-            await loop.run_in_executor(None, storage.drop_ledgers, gone)
-        report = await loop.run_in_executor(None, storage.collect_garbage)
+            await self._drop_deleted(gone)
+        report = await asyncio.get_running_loop().run_in_executor(None, storage.collect_garbage)
         report.ledgers_dropped = len(gone)
         return report
 
