@@ -67,11 +67,13 @@ def test_compaction_window_arguments_and_the_progress_bar() -> None:
 
     assert parse_window(ns(clear=True)) == 0
     assert parse_window(ns(for_="90m"), now_s=1000.0) == (1000 + 5400) * 1000
-    assert parse_window(ns(until="2026-11-23T06:00")) == 1795413600000
-    assert parse_window(ns(until="2026-11-23T06:00+01:00")) == 1795413600000 - 3600 * 1000
-    for bad in (ns(for_="0h"), ns(for_="soon"), ns(until="tomorrow")):
+    now = 1795400000.0  # 2026-11-23T02:13:20Z
+    assert parse_window(ns(until="2026-11-23T06:00"), now_s=now) == 1795413600000
+    assert parse_window(ns(until="2026-11-23T06:00+01:00"), now_s=now) == 1795413600000 - 3600 * 1000
+    # A window that has already ended would silently turn scheduled compaction off: refused.
+    for bad in (ns(for_="0h"), ns(for_="soon"), ns(until="tomorrow"), ns(until="2026-11-23T02:00")):
         try:
-            parse_window(bad)
+            parse_window(bad, now_s=now)
         except CliError as e:
             assert e.code == 2
         else:
@@ -89,3 +91,126 @@ def test_compaction_window_arguments_and_the_progress_bar() -> None:
     quiet = io.StringIO()  # not a terminal: no bar at all
     ProgressBar(quiet, enabled=True).update("x", 1, 2, "")
     assert quiet.getvalue() == ""
+
+
+def test_node_help_shows_each_default_once(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["node", "--help"])
+    out = capsys.readouterr().out
+    assert "(default: None)" not in out and "(default: 3181)" in out
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        build_parser().parse_args(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("octavo ")
+
+
+def test_where_etcd_is_flag_then_environment_then_dev_cluster(tmp_path: Path) -> None:
+    import argparse
+    import json
+
+    from octavo.cli.common import CliError, resolve_target
+
+    (tmp_path / "cluster.json").write_text(json.dumps({"etcd": "127.0.0.1:9", "cluster": "dev", "bookies": []}))
+
+    def ns(**kw: object) -> argparse.Namespace:
+        return argparse.Namespace(**{"etcd": None, "dev_dir": None, "cluster": None, **kw})
+
+    t = resolve_target(ns(etcd="h:1", dev_dir=str(tmp_path)), {"OCTAVO_ETCD": "e:2"})
+    assert t is not None and (t.etcd, t.cluster) == ("h:1", "dev")
+    t = resolve_target(ns(dev_dir=str(tmp_path)), {"OCTAVO_ETCD": "e:2", "OCTAVO_CLUSTER": "c"})
+    assert t is not None and (t.etcd, t.cluster) == ("e:2", "c")
+    t = resolve_target(ns(), {"OCTAVO_DEV_DIR": str(tmp_path)})
+    assert t is not None and (t.etcd, t.cluster) == ("127.0.0.1:9", "dev")
+    t = resolve_target(ns(etcd="h:1"), {})
+    assert t is not None and t.cluster == "default"
+    with pytest.raises(CliError, match="where is etcd") as missing:
+        resolve_target(ns(), {})
+    assert missing.value.code == 2
+    with pytest.raises(CliError, match="holds no dev cluster"):
+        resolve_target(ns(dev_dir=str(tmp_path / "none")), {})
+
+
+def test_bookie_addresses_ids_and_the_default_port() -> None:
+    from octavo.cli.common import CliError, Target, bookie_address
+
+    dev = Target("e:1", "default", {"bookies": [{"id": "bookie-1", "address": "127.0.0.1:4000"}]})
+    assert bookie_address("bookie-1", dev) == "127.0.0.1:4000"
+    assert bookie_address("bookie-9", None, {"bookie-9": "10.0.0.9:3181"}) == "10.0.0.9:3181"
+    assert bookie_address("node-a", None) == "node-a:3181"  # no port: the bookie port, not 443
+    assert bookie_address("node-a:4181", None) == "node-a:4181"
+    assert bookie_address("[::1]", None) == "[::1]:3181"
+    with pytest.raises(CliError):
+        bookie_address("a:b:c", None)
+
+
+def test_passwords_from_argument_file_or_environment(tmp_path: Path) -> None:
+    import argparse
+
+    from octavo.cli.common import CliError, resolve_password
+
+    secret = tmp_path / "pw"
+    secret.write_bytes(b"from-file\n")
+    assert resolve_password(argparse.Namespace(password="arg", password_file=None), {}) == b"arg"
+    assert resolve_password(argparse.Namespace(password=None, password_file=str(secret)), {}) == b"from-file"
+    assert resolve_password(argparse.Namespace(password=None, password_file=None),
+                            {"OCTAVO_PASSWORD": "env"}) == b"env"
+    assert resolve_password(argparse.Namespace(password=None, password_file=None), {}) == b""
+    with pytest.raises(CliError, match="cannot read --password-file"):
+        resolve_password(argparse.Namespace(password=None, password_file=str(tmp_path / "no")), {})
+
+
+def test_json_is_snake_case_with_64_bit_numbers_as_numbers() -> None:
+    from octavo.cli.common import proto_to_dict
+    from octavo.v1 import bookie_pb2 as pb
+
+    status = pb.BookieStatus(bookie_id="b", log_total_bytes=2**40, started_unix_ms=1795400000000,
+                             mode=pb.MODE_READ_ONLY,
+                             directories=[pb.DirectoryUsage(path="/d", total_bytes=2**41, usage_ratio=0.5)])
+    d = proto_to_dict(status)
+    assert d["log_total_bytes"] == 2**40 and d["started_unix_ms"] == 1795400000000
+    assert d["mode"] == "MODE_READ_ONLY" and d["directories"][0]["total_bytes"] == 2**41
+    assert "logTotalBytes" not in d and d["registration_error"] == ""
+
+
+def test_payloads_print_as_text_when_printable_and_hex_otherwise() -> None:
+    from octavo.cli.common import format_payload
+
+    assert format_payload(b"hello world", "auto") == "hello world"
+    assert format_payload(b"a\nb", "auto") == "a\\nb"
+    assert format_payload(b"\x00\xff", "auto") == "00ff"
+    assert format_payload(b"hi", "hex") == "6869"
+    assert format_payload(b"\xff", "text") == "\\xff"
+
+
+def test_confirmation_needs_yes_when_not_at_a_terminal() -> None:
+    import io
+
+    from octavo.cli.common import CliError, confirm
+
+    with pytest.raises(CliError, match="refusing without --yes") as refused:
+        confirm("delete ledger 1", False, stdin=io.StringIO("yes\n"), stderr=io.StringIO())
+    assert refused.value.code == 2
+    confirm("delete ledger 1", True, stdin=io.StringIO(""), stderr=io.StringIO())
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    prompt = io.StringIO()
+    confirm("delete ledger 1", False, stdin=Tty("yes\n"), stderr=prompt)
+    assert "Type 'yes'" in prompt.getvalue()
+    with pytest.raises(CliError, match="not confirmed"):
+        confirm("delete ledger 1", False, stdin=Tty("no\n"), stderr=io.StringIO())
+
+
+def test_bad_numbers_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["bookie", "status", "--bookie", "b", "--timeout", "0"],
+                 ["bookie", "gc", "--bookie", "b", "--timeout", "-1"],
+                 ["dataset", "gc", "d", "--grace-s", "0"],
+                 ["ledger", "read", "-1"]):
+        with pytest.raises(SystemExit) as done:
+            build_parser().parse_args(argv)
+        assert done.value.code == 2, argv
+    assert "must be" in capsys.readouterr().err

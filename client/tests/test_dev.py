@@ -1,8 +1,9 @@
-"""`octavo dev up|down`: the local cluster as a user runs it."""
+"""`octavo dev up|down|restart`: the local cluster as a user runs it."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -68,6 +69,58 @@ def test_foreground_cluster_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
         assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
     log = (root / "bookie-0.log").read_text()
     assert "stopped cleanly" in log
+
+
+def test_restart_keeps_port_and_data_and_the_watcher_says_each_thing_once(tmp_path: Path) -> None:
+    """A foreground cluster: a SIGKILLed bookie is reported once, with its signal; `dev restart` brings it
+    back on the same port with its data; the watcher says so; stopping the foreground stops it too. A second
+    `dev up` keeps every port."""
+    root = tmp_path / "dev"
+    proc = subprocess.Popen([*OCTAVO, "dev", "up", "--data-dir", str(root), "--bookies", "3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and "running:" not in proc.stdout.readline():
+        pass
+    state = json.loads((root / "cluster.json").read_text())
+    victim = state["bookies"][1]
+    with SyncClient(state["etcd"]) as client, client.create_ledger(3, 3, 2, password=b"p") as writer:
+        writer.append_many([b"before the restart"] * 10)
+        ledger = writer.ledger_id
+    os.kill(victim["pid"], signal.SIGKILL)
+    time.sleep(3.5)  # three turns of the watcher: the death must be said once only
+    restarted = subprocess.run([*OCTAVO, "dev", "restart", "--data-dir", str(root), "--bookie", victim["id"],
+                                "--json"], capture_output=True, text=True, timeout=120)
+    assert restarted.returncode == 0, restarted.stderr
+    info = json.loads(restarted.stdout)
+    assert info["address"] == victim["address"] and info["pid"] != victim["pid"]
+    with SyncClient(state["etcd"]) as client:
+        deadline = time.monotonic() + 10
+        while victim["id"] not in client.bookies():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        with client.create_ledger(3, 3, 2, password=b"p") as writer:  # all three bookies, the restarted one too
+            writer.append_many([b"after"] * 10)
+        assert [e.data for e in client.open_ledger(ledger, b"p").read(0, 9)] == [b"before the restart"] * 10
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert err.count(f"note: {victim['id']} stopped (killed by SIGKILL)") == 1, err
+    assert f"note: {victim['id']} is serving again (pid {info['pid']})" in err
+    assert not Path(f"/proc/{info['pid']}").exists() or \
+        Path(f"/proc/{info['pid']}/stat").read_text().split()[2] == "Z", "the restarted bookie outlived dev up"
+    again = subprocess.run([*OCTAVO, "dev", "up", "--data-dir", str(root), "--bookies", "3", "--detach", "--json"],
+                           capture_output=True, text=True, timeout=120)
+    try:
+        assert again.returncode == 0, again.stderr
+        second = json.loads(again.stdout)
+        assert second["etcd"] == state["etcd"]
+        assert [b["address"] for b in second["bookies"]] == [b["address"] for b in state["bookies"]]
+    finally:
+        down = subprocess.run([*OCTAVO, "dev", "down", "--data-dir", str(root), "--json"], capture_output=True,
+                              text=True, timeout=120)
+    assert json.loads(down.stdout)["stopped"] is True
 
 
 def test_down_without_a_cluster_says_so(tmp_path: Path) -> None:

@@ -86,7 +86,7 @@ def test_octavo_bookie_gc_runs_a_pass_now(cluster: LocalCluster, tmp_path: Path)
     run = subprocess.run([sys.executable, "-m", "octavo.cli.main", "bookie", "gc", "--bookie", bookie.address,
                           "--json"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout)["logsChecked"] >= 0
+    assert json.loads(run.stdout)["logs_checked"] >= 0
     from octavo.node.testing import BookieProcess
 
     alone = BookieProcess(str(tmp_path / "standalone"))

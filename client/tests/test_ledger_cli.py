@@ -1,18 +1,32 @@
-"""`octavo ledger ls|show|read|delete` against a real cluster."""
+"""`octavo ledger ls|show|read|delete` against a real cluster, as a user runs them: exit codes, messages,
+JSON, confirmation, and the ways of naming the cluster."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from octavo.client import SyncClient
-from octavo.client.localcluster import LocalCluster
+from octavo.client.localcluster import LocalCluster, free_port
 
-OCTAVO = [sys.executable, "-m", "octavo.cli.main", "ledger"]
+OCTAVO = [sys.executable, "-m", "octavo.cli.main"]
+WRITER = """
+import asyncio, os, sys
+from octavo.client import Client
+async def main():
+    async with Client(sys.argv[1]) as c:
+        w = await c.create_ledger(3, 3, 2, password=b"pw")
+        await w.append_many([b"entry %d" % i for i in range(1000)])
+        print(w.ledger_id, flush=True)
+        os._exit(0)  # the writer dies with its ledger open: its bookies' LAC is one batch behind
+asyncio.run(main())
+"""
 
 
 @pytest.fixture(scope="module")
@@ -21,34 +35,117 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield c
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*OCTAVO, *args], capture_output=True, text=True, timeout=120)
+def run(*args: str, env: dict[str, str] | None = None, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*OCTAVO, "ledger", *args], capture_output=True, text=True, timeout=120, input=stdin,
+                          env={**os.environ, **(env or {})})
+
+
+def closed_ledger(etcd: str, entries: list[bytes], password: bytes = b"pw") -> int:
+    with SyncClient(etcd) as client, \
+            client.create_ledger(3, 3, 2, password=password, metadata={"owner": "tests"}) as writer:
+        writer.append_many(entries)
+        return writer.ledger_id
 
 
 def test_ls_show_read_delete(cluster: LocalCluster) -> None:
     etcd = cluster.etcd_endpoint
-    with SyncClient(etcd) as client, \
-            client.create_ledger(3, 3, 2, password=b"pw", metadata={"owner": "tests"}) as writer:
-        writer.append_many([b"alpha", b"beta", b"gamma"])
-        ledger = writer.ledger_id
-    assert str(ledger) in run("ls", "--etcd", etcd).stdout.split()
-    assert ledger in json.loads(run("ls", "--etcd", etcd, "--json").stdout)
+    ledger = closed_ledger(etcd, [b"alpha", b"beta", b"gamma"])
+    listed = run("ls", "--etcd", etcd)
+    assert listed.returncode == 0 and listed.stdout.splitlines()[0].split() == ["LEDGER", "STATE", "ENTRIES", "SIZE",
+                                                                                "AGE"]
+    row = next(line.split() for line in listed.stdout.splitlines() if line.split()[0] == str(ledger))
+    assert row[1:5] == ["closed", "3", "14", "B"]
+    rows = json.loads(run("ls", "--etcd", etcd, "--json").stdout)["ledgers"]
+    mine = next(r for r in rows if r["ledger_id"] == ledger)
+    assert mine["state"] == "CLOSED" and mine["entries"] == 3 and mine["length_bytes"] == 14
     shown = run("show", str(ledger), "--etcd", etcd)
-    assert shown.returncode == 0 and "CLOSED, last entry 2" in shown.stdout and "owner = tests" in shown.stdout
+    assert shown.returncode == 0 and "CLOSED, 3 entries (last entry 2), 14 bytes" in shown.stdout
+    assert "owner = tests" in shown.stdout
     meta = json.loads(run("show", str(ledger), "--etcd", etcd, "--json").stdout)
-    assert meta["state"] == "CLOSED" and "master_key_hex" not in meta
+    assert meta["state"] == "CLOSED" and "master_key_hex" not in meta and len(meta["password_digest"]) == 64
     read = run("read", str(ledger), "--etcd", etcd, "--password", "pw")
-    assert read.returncode == 0 and read.stdout.splitlines() == ["0\tb'alpha'", "1\tb'beta'", "2\tb'gamma'"]
+    assert read.returncode == 0 and read.stdout.splitlines() == ["0\talpha", "1\tbeta", "2\tgamma"]
+    lines = [json.loads(line) for line in run("read", str(ledger), "--etcd", etcd, "--password", "pw",
+                                              "--json").stdout.splitlines()]
+    assert [x["entry_id"] for x in lines] == [0, 1, 2] and lines[0]["data_base64"] == "YWxwaGE="
     wrong = run("read", str(ledger), "--etcd", etcd, "--password", "nope")
     assert wrong.returncode == 1 and "wrong password" in wrong.stderr
-    deleted = run("delete", str(ledger), "--etcd", etcd)
-    assert deleted.returncode == 0 and "deleted" in deleted.stdout
+    refused = run("delete", str(ledger), "--etcd", etcd, "--password", "pw")  # no terminal, no --yes
+    assert refused.returncode == 2 and "refusing without --yes" in refused.stderr
+    wrong = run("delete", str(ledger), "--etcd", etcd, "--yes")
+    assert wrong.returncode == 1 and "wrong password" in wrong.stderr
+    deleted = run("delete", str(ledger), "--etcd", etcd, "--password", "pw", "--yes")
+    assert deleted.returncode == 0 and "deleted" in deleted.stdout and "compaction" in deleted.stdout
     missing = run("show", str(ledger), "--etcd", etcd)
     assert missing.returncode == 1 and f"ledger {ledger} does not exist" in missing.stderr
 
 
-def test_unreachable_etcd_is_a_clear_failure() -> None:
-    from octavo.client.localcluster import free_port
+def test_read_ranges_formats_and_exit_codes(cluster: LocalCluster, tmp_path: Path) -> None:
+    etcd = cluster.etcd_endpoint
+    ledger = closed_ledger(etcd, [b"text", b"\x00\x01\xff", b"line\nbreak"])
+    secret = tmp_path / "secret"
+    secret.write_text("pw\n")
+    args = ["read", str(ledger), "--etcd", etcd, "--password-file", str(secret)]
+    assert run(*args).stdout.splitlines() == ["0\ttext", "1\t0001ff", "2\tline\\nbreak"]
+    assert run(*args, "--format", "hex", "--first", "0", "--last", "0").stdout == "0\t74657874\n"
+    raw = subprocess.run([*OCTAVO, "ledger", *args, "--format", "raw"], capture_output=True, timeout=120)
+    assert raw.stdout == b"text\x00\x01\xffline\nbreak"
+    by_env = run("read", str(ledger), "--etcd", etcd, "--first", "2", env={"OCTAVO_PASSWORD": "pw"})
+    assert by_env.stdout == "2\tline\\nbreak\n"
+    backwards = run(*args, "--first", "2", "--last", "1")
+    assert backwards.returncode == 2 and "--last 1 is before --first 2" in backwards.stderr
+    for extra in (["--first", "5"], ["--last", "3"], ["--first", "1", "--last", "9"]):
+        past = run(*args, *extra)
+        assert past.returncode == 1 and "past the last readable entry 2" in past.stderr, extra
+    empty = closed_ledger(etcd, [])
+    nothing = run("read", str(empty), "--etcd", etcd, "--password", "pw")
+    assert nothing.returncode == 0 and nothing.stdout == "" and "no readable entry" in nothing.stderr
 
-    result = run("ls", "--etcd", f"127.0.0.1:{free_port()}")
-    assert result.returncode == 1 and "etcd unavailable" in result.stderr
+
+def test_an_abandoned_open_ledger_shows_what_its_bookies_hold(cluster: LocalCluster) -> None:
+    etcd = cluster.etcd_endpoint
+    ledger = int(subprocess.run([sys.executable, "-c", WRITER, etcd], capture_output=True, text=True,
+                                timeout=120, check=True).stdout)
+    shown = run("show", str(ledger), "--etcd", etcd)
+    assert "OPEN (a writer may still be appending); last add confirmed 999 as read from its bookies" in shown.stdout
+    meta = json.loads(run("show", str(ledger), "--etcd", etcd, "--json").stdout)
+    assert meta["last_add_confirmed"] == 999 and meta["last_add_confirmed_source"] == "bookies"
+    assert meta["length_bytes"] is None
+    with SyncClient(etcd) as client:
+        assert client.open_ledger(ledger, b"pw", recovery=False).last_entry_id == 999
+    read = run("read", str(ledger), "--etcd", etcd, "--password", "pw", "--first", "998")
+    assert read.stdout.splitlines() == ["998\tentry 998", "999\tentry 999"]
+    recovered = run("read", str(ledger), "--etcd", etcd, "--password", "pw", "--recover", "--first", "999")
+    assert recovered.returncode == 0, recovered.stderr
+    # Recovery read every entry (the bookies' LAC was -1), so it knows the length.
+    meta = json.loads(run("show", str(ledger), "--etcd", etcd, "--json").stdout)
+    assert meta["state"] == "CLOSED" and meta["entries"] == 1000
+    assert meta["length_bytes"] == sum(len(b"entry %d" % i) for i in range(1000))
+
+
+def test_a_mistyped_cluster_or_an_unreachable_etcd_fails_at_once(cluster: LocalCluster) -> None:
+    etcd = cluster.etcd_endpoint
+    typo = run("ls", "--etcd", etcd, "--cluster", "defualt")
+    assert typo.returncode == 1 and "cluster 'defualt' has nothing in etcd" in typo.stderr
+    assert "clusters there: default" in typo.stderr
+    allowed = run("ls", "--etcd", etcd, "--cluster", "defualt", "--allow-empty")
+    assert allowed.returncode == 0 and "(no ledgers)" in allowed.stderr
+    # The reason comes from a connection attempt made at once, not from a call that waited out its timeout
+    # (which could only say DEADLINE_EXCEEDED).
+    refused = run("ls", "--etcd", f"127.0.0.1:{free_port()}")
+    assert refused.returncode == 1 and "etcd unavailable" in refused.stderr and "connection refused" in refused.stderr
+    unknown = run("ls", "--etcd", "no-such-host.invalid:2379")
+    assert unknown.returncode == 1 and "cannot resolve 'no-such-host.invalid'" in unknown.stderr
+    assert "DEADLINE_EXCEEDED" not in refused.stderr + unknown.stderr
+    nowhere = run("ls", env={"OCTAVO_ETCD": "", "OCTAVO_DEV_DIR": ""})
+    assert nowhere.returncode == 2 and "where is etcd" in nowhere.stderr
+    by_env = run("ls", "--json", env={"OCTAVO_ETCD": etcd})
+    assert by_env.returncode == 0 and "ledgers" in json.loads(by_env.stdout)
+
+
+def test_a_closed_pipe_is_no_traceback(cluster: LocalCluster) -> None:
+    ledger = closed_ledger(cluster.etcd_endpoint, [b"x" * 100] * 5000)
+    shell = (f"{sys.executable} -m octavo.cli.main ledger read {ledger} --etcd {cluster.etcd_endpoint} "
+             "--password pw | head -1")
+    out = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=120)
+    assert out.stdout.startswith("0\t") and "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr

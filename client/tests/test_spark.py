@@ -120,6 +120,17 @@ def test_bad_options_get_clear_errors(spark, cluster: LocalCluster) -> None:  # 
         read(spark, cluster, "never-written").count()
 
 
+def test_a_write_to_an_unreachable_etcd_fails_while_planning(spark) -> None:  # type: ignore[no-untyped-def]
+    from octavo.client.localcluster import free_port
+
+    df = frame(spark, 100, parts=2).write.format("octavo").option("etcd", f"127.0.0.1:{free_port()}")
+    with pytest.raises(Exception) as failed:
+        df.mode("append").save("nowhere")
+    message = str(failed.value)
+    assert "etcd unavailable" in message and "connection refused" in message
+    assert "stage failure" not in message  # no task ran: the driver refused while planning
+
+
 def test_a_task_failure_leaves_nothing_visible_and_its_ledgers_are_collected(spark, cluster: LocalCluster) -> None:  # type: ignore[no-untyped-def]
     from pyspark.sql.functions import udf
 
@@ -292,18 +303,30 @@ def test_the_dataset_cli(spark, cluster: LocalCluster) -> None:  # type: ignore[
                                cluster.etcd_endpoint], capture_output=True, text=True, timeout=120)
 
     out = cli("ls", "--json")
-    assert out.returncode == 0 and "cli-ds" in json.loads(out.stdout)
+    assert out.returncode == 0
+    listed = {d["name"]: d for d in json.loads(out.stdout)["datasets"]}
+    assert listed["cli-ds"]["rows"] == 100 and listed["cli-ds"]["ledgers"] == 2
+    out = cli("ls")
+    assert out.stdout.splitlines()[0].split()[:4] == ["DATASET", "VERSION", "LEDGERS", "ROWS"]
     out = cli("show", "cli-ds", "--json")
     assert out.returncode == 0 and sum(x["rows"] for x in json.loads(out.stdout)["ledgers"]) == 100
+    out = cli("show", "cli-ds")
+    assert "100 rows in 2 ledgers" in out.stdout and "\n  id: long" in out.stdout  # the schema, a column a line
     out = cli("compact", "cli-ds")
     assert out.returncode == 1 and "no key column" in out.stderr
     out = cli("gc", "cli-ds", "--grace-s", "0")
+    assert out.returncode == 2 and "must be a positive number" in out.stderr  # 0 would take running writes
+    out = cli("gc", "cli-ds", "--grace-s", "0.001")
     assert out.returncode == 0 and "deleted 0 orphan ledgers" in out.stdout
-    out = cli("drop", "cli-ds")
+    out = cli("gc", "no-such-ds")
+    assert out.returncode == 1 and "does not exist and no ledger was written for it" in out.stderr
+    out = cli("drop", "cli-ds")  # not at a terminal: --yes is needed
+    assert out.returncode == 2 and "refusing without --yes" in out.stderr
+    out = cli("drop", "cli-ds", "--yes")
     assert out.returncode == 0 and "dropped cli-ds (2 ledgers)" in out.stdout
-    out = cli("drop", "cli-ds")
+    out = cli("drop", "cli-ds", "--yes")
     assert out.returncode == 1 and "does not exist" in out.stderr
-    assert "cli-ds" not in json.loads(cli("ls", "--json").stdout)
+    assert "cli-ds" not in {d["name"] for d in json.loads(cli("ls", "--json").stdout)["datasets"]}
 
 
 def test_an_interrupted_key_compaction_leaves_orphans_that_are_collected_and_can_run_again(

@@ -1,5 +1,8 @@
 """`octavo bookie ...`: a bookie's status and its controls, over the BookieAdmin gRPC service.
 
+--bookie takes HOST:PORT, HOST (port 3181), or a bookie id: looked up in the dev cluster of --data-dir, or in
+etcd's registrations (--etcd, or OCTAVO_ETCD).
+
     octavo bookie status    --bookie HOST:PORT [--json]
     octavo bookie readonly  --bookie HOST:PORT [--json]          force read-only (kept across restarts)
     octavo bookie writable  --bookie HOST:PORT [--json]          release the forced mode (disk watermarks apply)
@@ -22,9 +25,22 @@ from argparse import Namespace
 from datetime import UTC, datetime
 from typing import Any
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
+from octavo.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    Target,
+    add_etcd_arguments,
+    bookie_address,
+    fmt_bytes,
+    fmt_time,
+    looks_like_bookie_id,
+    positive_float,
+    print_json,
+    proto_to_dict,
+    resolve_target,
+)
 
 DURATION = re.compile(r"^(\d+)([smhd])$")
 DURATION_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -36,9 +52,7 @@ def add_parser(sub: Any) -> None:
 
     def command(name: str, help_text: str, timeout_s: float) -> Any:
         c = bsub.add_parser(name, help=help_text)
-        c.add_argument("--bookie", required=True, help="HOST:PORT of the bookie")
-        c.add_argument("--json", action="store_true", help="print JSON")
-        c.add_argument("--timeout", type=float, default=timeout_s, help="seconds to wait for the bookie")
+        _common_arguments(c, timeout_s)
         return c
 
     command("status", "show a bookie's status", 5.0)
@@ -56,9 +70,7 @@ def add_parser(sub: Any) -> None:
                             ("resume", "resume compaction"),
                             ("window", "allow scheduled compaction until a time")):
         w = csub.add_parser(name, help=help_text)
-        w.add_argument("--bookie", required=True, help="HOST:PORT of the bookie")
-        w.add_argument("--json", action="store_true", help="print JSON")
-        w.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the bookie")
+        _common_arguments(w, 10.0)
         if name == "window":
             g = w.add_mutually_exclusive_group(required=True)
             g.add_argument("--until", help="ISO 8601 time (UTC unless it says otherwise), e.g. 2026-11-23T06:00")
@@ -66,14 +78,18 @@ def add_parser(sub: Any) -> None:
             g.add_argument("--clear", action="store_true", help="no window: compaction always allowed")
 
 
-class CliError(Exception):
-    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
-        super().__init__(message)
-        self.code = code
+def _common_arguments(c: Any, timeout_s: float) -> None:
+    c.add_argument("--bookie", required=True, metavar="ID|HOST[:PORT]",
+                   help="the bookie: its id, or its address (port 3181 unless given)")
+    c.add_argument("--json", action="store_true", help="print JSON")
+    c.add_argument("--timeout", type=positive_float, default=timeout_s,
+                   help=f"seconds to wait for the bookie (default: {timeout_s:g})")
+    add_etcd_arguments(c, allow_empty=False)
 
 
 def parse_window(args: Namespace, now_s: float | None = None) -> int:
-    """The window's end in unix ms from --until / --for / --clear (0 for --clear)."""
+    """The window's end in unix ms from --until / --for / --clear (0 for --clear). A window that has already
+    ended is refused: it would silently turn scheduled compaction off."""
     now_s = time.time() if now_s is None else now_s
     if args.clear:
         return 0
@@ -89,26 +105,11 @@ def parse_window(args: Namespace, now_s: float | None = None) -> int:
                        EXIT_USAGE) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
+    if when.timestamp() <= now_s:
+        raise CliError(f"--until {args.until} is in the past ({fmt_time(int(when.timestamp() * 1000))}; now is "
+                       f"{fmt_time(int(now_s * 1000))}): that would turn scheduled compaction off; use "
+                       "`compaction suspend` for that", EXIT_USAGE)
     return int(when.timestamp() * 1000)
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def _fmt_time(unix_ms: int) -> str:
-    return datetime.fromtimestamp(unix_ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _to_dict(message: Any) -> dict[str, Any]:
-    from google.protobuf import json_format
-
-    out: dict[str, Any] = json_format.MessageToDict(message, always_print_fields_with_no_presence=True)
-    return out
 
 
 class ProgressBar:
@@ -144,7 +145,8 @@ def run(args: Namespace) -> int:
 
     name = args.bookie_cmd if args.bookie_cmd != "compaction" else f"compaction {args.compaction_cmd}"
     try:
-        with grpc.insecure_channel(args.bookie) as channel:
+        args.address = _resolve_bookie(args.bookie, resolve_target(args, required=False))
+        with grpc.insecure_channel(args.address) as channel:
             stub = pb_grpc.BookieAdminStub(channel)
             handler = {"status": _status, "readonly": _readonly, "writable": _writable, "gc": _gc,
                        "compact": _compact, "compaction": _compaction}[args.bookie_cmd]
@@ -153,11 +155,41 @@ def run(args: Namespace) -> int:
         print(f"octavo bookie {name}: {e}", file=sys.stderr)
         return e.code
     except grpc.RpcError as e:
+        where = args.bookie if args.bookie == args.address else f"{args.bookie} at {args.address}"
         if e.code() == grpc.StatusCode.UNAVAILABLE:
-            print(f"octavo bookie {name}: cannot reach bookie {args.bookie}: {e.details()}", file=sys.stderr)
+            print(f"octavo bookie {name}: cannot reach bookie {where}: {e.details()}", file=sys.stderr)
+        elif e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            print(f"octavo bookie {name}: bookie {where} did not answer within --timeout {args.timeout:g}s",
+                  file=sys.stderr)
         else:
-            print(f"octavo bookie {name}: bookie {args.bookie}: {e.code().name}: {e.details()}", file=sys.stderr)
+            print(f"octavo bookie {name}: bookie {where}: {e.code().name}: {e.details()}", file=sys.stderr)
         return EXIT_FAILED
+
+
+def _resolve_bookie(spec: str, target: Target | None) -> str:
+    """--bookie as HOST:PORT: an id known to a dev cluster or to etcd, or an address."""
+    known_to_dev = target is not None and target.dev_state and any(
+        b.get("id") == spec for b in target.dev_state.get("bookies", []))
+    registered: dict[str, str] = {}
+    if target is not None and not known_to_dev and looks_like_bookie_id(spec):
+        import asyncio
+
+        from octavo.client.errors import OctavoError
+
+        try:
+            registered = asyncio.run(_registered_addresses(target))
+        except OctavoError as e:
+            raise CliError(f"cannot look up bookie {spec!r} in etcd: {e}") from None
+    return bookie_address(spec, target, registered)
+
+
+async def _registered_addresses(target: Target) -> dict[str, str]:
+    from octavo.client.etcd import EtcdClient
+    from octavo.client.layout import Layout
+    from octavo.client.metadata import MetadataStore
+
+    async with EtcdClient(target.etcd) as etcd:
+        return {b: info.address for b, info in (await MetadataStore(etcd, Layout(target.cluster)).bookies()).items()}
 
 
 def _status(stub: Any, args: Namespace) -> int:
@@ -165,36 +197,36 @@ def _status(stub: Any, args: Namespace) -> int:
 
     status = stub.GetStatus(pb.GetStatusRequest(include_entry_logs=True), timeout=args.timeout)
     if args.json:
-        print(json.dumps(_to_dict(status), indent=2))
+        print(json.dumps(proto_to_dict(status)))
         return EXIT_OK
     print(f"bookie      {status.bookie_id} at {status.address} (version {status.version}, instance "
           f"{status.instance_id})")
     if status.cluster:
-        print(f"cluster     {status.cluster}: {'registered' if status.registered else 'NOT registered'}")
+        print(f"cluster     {status.cluster}: {describe_registration(status, time.time())}")
     print(f"mode        {pb.BookieMode.Name(status.mode).removeprefix('MODE_').lower()}: {status.mode_reason}")
     for d in status.directories:
-        print(f"disk        {d.path}: {_fmt_bytes(d.used_bytes)} of {_fmt_bytes(d.total_bytes)} used "
+        print(f"disk        {d.path}: {fmt_bytes(d.used_bytes)} of {fmt_bytes(d.total_bytes)} used "
               f"({d.usage_ratio:.1%}); warn at {status.disk_warn_ratio:.0%}, read-only at "
               f"{status.disk_readonly_ratio:.0%}, writable below {status.disk_writable_ratio:.0%}")
     live = status.log_live_bytes / status.log_total_bytes if status.log_total_bytes else 1.0
     print(f"logs        {status.entry_log_count} entry logs; active {status.active_log_id}; recovery point "
-          f"{status.recovery_point_log_id}; flushed {_fmt_bytes(status.log_total_bytes)}, {live:.0%} live")
+          f"{status.recovery_point_log_id}; flushed {fmt_bytes(status.log_total_bytes)}, {live:.0%} live")
     wc = status.write_cache
-    print(f"write cache {wc.entries} of {wc.entries_max} entries (~{_fmt_bytes(wc.estimated_bytes)})")
+    print(f"write cache {wc.entries} of {wc.entries_max} entries (~{fmt_bytes(wc.estimated_bytes)})")
     print(f"ledgers     {status.ledger_count}; fsync policy {status.fsync_policy}")
     if status.gc_last_run_unix_ms:
-        print(f"gc          last pass {_fmt_time(status.gc_last_run_unix_ms)}: {status.gc_ledgers_dropped} deleted "
-              f"ledgers dropped, {status.gc_logs_deleted} logs deleted, {_fmt_bytes(status.gc_bytes_reclaimed)} "
+        print(f"gc          last pass {fmt_time(status.gc_last_run_unix_ms)}: {status.gc_ledgers_dropped} deleted "
+              f"ledgers dropped, {status.gc_logs_deleted} logs deleted, {fmt_bytes(status.gc_bytes_reclaimed)} "
               f"reclaimed in {status.gc_duration_s:.2f}s")
     c = status.compaction
     state = "suspended" if c.suspended else ("enabled" if c.enabled else "disabled (scheduled passes)")
-    window = f"; window until {_fmt_time(c.window_until_unix_ms)}" if c.window_until_unix_ms else ""
+    window = f"; window until {fmt_time(c.window_until_unix_ms)}" if c.window_until_unix_ms else ""
     print(f"compaction  {state}{window}; minor below {c.minor_threshold:.0%}, major below {c.major_threshold:.0%}, "
-          f"rate {_fmt_bytes(c.rate_bytes_per_s) + '/s' if c.rate_bytes_per_s else 'unlimited'}"
+          f"rate {fmt_bytes(c.rate_bytes_per_s) + '/s' if c.rate_bytes_per_s else 'unlimited'}"
           f"{'; ' + c.blocked_reason if c.blocked_reason and not c.suspended else ''}")
     if c.running:
-        print(f"            running {c.running_kind}: {_fmt_bytes(c.running_bytes_done)} of "
-              f"{_fmt_bytes(c.running_bytes_total)} copied")
+        print(f"            running {c.running_kind}: {fmt_bytes(c.running_bytes_done)} of "
+              f"{fmt_bytes(c.running_bytes_total)} copied")
     if c.last_run.finished_unix_ms:
         print(f"            last pass {_describe_run(c.last_run)}")
     last = "unclean" if status.last_start_was_unclean else "clean"
@@ -204,10 +236,28 @@ def _status(stub: Any, args: Namespace) -> int:
     return EXIT_OK
 
 
+def describe_registration(status: Any, now_s: float) -> str:
+    """What the bookie knows of its registration in etcd, and since when."""
+    refreshed = status.registration_refreshed_unix_ms / 1000
+    ago = f"{now_s - refreshed:.1f}s ago" if refreshed else "never"
+    if status.registered:
+        text = f"registered (lease of {status.registration_ttl_s}s refreshed {ago})"
+    elif refreshed and status.registration_ttl_s:
+        text = (f"NOT registered as far as the bookie knows: its lease ({status.registration_ttl_s}s) was last "
+                f"refreshed {ago} and has expired by now")
+    else:
+        text = "NOT registered"
+    if status.registration_error:
+        since = status.registration_failing_since_unix_ms / 1000
+        text += (f"; etcd unreachable since {fmt_time(status.registration_failing_since_unix_ms)} "
+                 f"({now_s - since:.0f}s): {status.registration_error}")
+    return text
+
+
 def _describe_run(r: Any) -> str:
-    text = (f"{r.kind} at {_fmt_time(r.finished_unix_ms)}: {r.logs_compacted} logs compacted into "
-            f"{r.compaction_logs}, {r.entries_copied} entries ({_fmt_bytes(r.bytes_copied)}) copied, "
-            f"{_fmt_bytes(r.bytes_reclaimed)} reclaimed in {r.duration_s:.2f}s")
+    text = (f"{r.kind} at {fmt_time(r.finished_unix_ms)}: {r.logs_compacted} logs compacted into "
+            f"{r.compaction_logs}, {r.entries_copied} entries ({fmt_bytes(r.bytes_copied)}) copied, "
+            f"{fmt_bytes(r.bytes_reclaimed)} reclaimed in {r.duration_s:.2f}s")
     if r.corrupt_records:
         text += f"; {r.corrupt_records} corrupt records skipped"
     if r.stopped:
@@ -222,7 +272,7 @@ def _set_mode(stub: Any, args: Namespace, read_only: bool) -> int:
 
     mode = stub.SetReadOnly(pb.SetReadOnlyRequest(read_only=read_only), timeout=args.timeout)
     if args.json:
-        print(json.dumps(_to_dict(mode)))
+        print_json(proto_to_dict(mode))
     else:
         print(f"{pb.BookieMode.Name(mode.mode).removeprefix('MODE_').lower()}: {mode.reason}")
     return EXIT_OK
@@ -247,10 +297,10 @@ def _gc(stub: Any, args: Namespace) -> int:
 
     result = stub.RunGc(pb.RunGcRequest(), timeout=args.timeout)
     if args.json:
-        print(json.dumps(_to_dict(result)))
+        print_json(proto_to_dict(result))
     else:
         print(f"dropped {result.ledgers_dropped} deleted ledgers; deleted {result.logs_deleted} of "
-              f"{result.logs_checked} flushed logs; reclaimed {_fmt_bytes(result.bytes_reclaimed)} in "
+              f"{result.logs_checked} flushed logs; reclaimed {fmt_bytes(result.bytes_reclaimed)} in "
               f"{result.duration_s:.2f}s")
     return EXIT_OK
 
@@ -266,14 +316,14 @@ def _compact(stub: Any, args: Namespace) -> int:
                 report = update.report
                 break
             bar.update(f"{update.kind} compaction", update.bytes_done, update.bytes_total,
-                       f"{update.logs_done}/{update.logs_total} logs, {_fmt_bytes(update.bytes_done)} of "
-                       f"{_fmt_bytes(update.bytes_total)}")
+                       f"{update.logs_done}/{update.logs_total} logs, {fmt_bytes(update.bytes_done)} of "
+                       f"{fmt_bytes(update.bytes_total)}")
     finally:
         bar.finish()
     if report is None:
         raise CliError("the bookie ended the call without a report")
     if args.json:
-        print(json.dumps(_to_dict(report)))
+        print_json(proto_to_dict(report))
     else:
         print(_describe_run(report))
     return EXIT_FAILED if report.error else EXIT_OK
@@ -289,10 +339,10 @@ def _compaction(stub: Any, args: Namespace) -> int:
         state = stub.SuspendCompaction(pb.SuspendCompactionRequest(suspend=args.compaction_cmd == "suspend"),
                                        timeout=args.timeout)
     if args.json:
-        print(json.dumps(_to_dict(state)))
+        print_json(proto_to_dict(state))
         return EXIT_OK
     what = "suspended" if state.suspended else "active"
-    window = (f"allowed until {_fmt_time(state.window_until_unix_ms)}" if state.window_until_unix_ms
+    window = (f"allowed until {fmt_time(state.window_until_unix_ms)}" if state.window_until_unix_ms
               else "no window (always allowed)")
     print(f"compaction {what}; {window}" + (f"; {state.blocked_reason}" if state.blocked_reason else ""))
     return EXIT_OK

@@ -1,10 +1,12 @@
 """`octavo dataset ls|show|compact|drop|gc --etcd HOST:PORT`: datasets written by the Spark data source.
 
+Every command finds etcd with --etcd, OCTAVO_ETCD or --data-dir of a dev cluster (see `octavo ledger`).
+
     octavo dataset ls      --etcd E [--cluster C] [--json]
     octavo dataset show NAME --etcd E [--json]
     octavo dataset compact NAME --etcd E [--slots N] [--tombstone-column C] [--tombstone-retention-s S] [--json]
                                [--spark [--spark-master M]]    both passes as Spark jobs
-    octavo dataset drop NAME --etcd E
+    octavo dataset drop NAME --etcd E [--yes]           asks first on a terminal
     octavo dataset gc NAME --etcd E [--grace-s S]        delete ledgers no manifest references (orphans)
 
 `compact` keeps the latest row per key of a keyed dataset (needs the `spark` extra: pyarrow).
@@ -16,12 +18,27 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from argparse import Namespace
 from dataclasses import asdict
 from typing import Any
 
-EXIT_OK = 0
-EXIT_FAILED = 1
+from octavo.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    CliError,
+    add_etcd_arguments,
+    add_password_arguments,
+    cluster_client,
+    confirm,
+    fmt_age,
+    fmt_bytes,
+    positive_float,
+    print_json,
+    resolve_password,
+    resolve_target,
+    table,
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -34,23 +51,26 @@ def add_parser(sub: Any) -> None:
         c = dsub.add_parser(name, help=help_text)
         if name != "ls":
             c.add_argument("name")
-        c.add_argument("--etcd", required=True, help="etcd endpoints host:port[,host:port...]")
-        c.add_argument("--cluster", default="default")
+        add_etcd_arguments(c)
         c.add_argument("--json", action="store_true", help="print JSON")
+        if name == "drop":
+            c.add_argument("--yes", action="store_true", help="do not ask for confirmation")
         if name == "compact":
             from octavo.client.dataset import KEY_MAP_SLOTS_DEFAULT, TOMBSTONE_RETENTION_S_DEFAULT
 
             c.add_argument("--slots", type=int, default=KEY_MAP_SLOTS_DEFAULT,
                            help="offset-map slots (24 bytes each; a key collision only keeps a duplicate)")
             c.add_argument("--tombstone-column", default="deleted", help="boolean column marking deletes")
-            c.add_argument("--tombstone-retention-s", type=float, default=TOMBSTONE_RETENTION_S_DEFAULT,
+            c.add_argument("--tombstone-retention-s", type=positive_float, default=TOMBSTONE_RETENTION_S_DEFAULT,
                            help="tombstones are dropped once older than this")
-            c.add_argument("--password", default="", help="the dataset's ledger password")
+            add_password_arguments(c)
             c.add_argument("--spark", action="store_true",
                            help="run both passes as Spark jobs, one task per ledger (for large datasets)")
             c.add_argument("--spark-master", default="local[2]", help="the Spark master for --spark")
         if name == "gc":
-            c.add_argument("--grace-s", type=float, default=3600.0, help="only ledgers older than this")
+            c.add_argument("--grace-s", type=positive_float, default=3600.0,
+                           help="only ledgers older than this many seconds (a write still running has not "
+                                "committed yet)")
 
 
 def run(args: Namespace) -> int:
@@ -58,43 +78,79 @@ def run(args: Namespace) -> int:
 
     try:
         out = asyncio.run(_run(args))
+    except CliError as e:
+        print(f"octavo dataset {args.dataset_cmd}: {e}", file=sys.stderr)
+        return e.code
     except (OctavoError, ValueError) as e:
         print(f"octavo dataset {args.dataset_cmd}: {e}", file=sys.stderr)
         return EXIT_FAILED
+    text = out.pop("text", None)
     if args.json:
-        print(json.dumps(out, indent=2))
-    elif isinstance(out, dict) and "text" in out:
-        print(out["text"])
+        print_json(out)
+    elif text:
+        print(text)
     return EXIT_OK
 
 
-async def _run(args: Namespace) -> Any:
-    from octavo.client.client import Client
+def _schema_text(schema_json: str) -> str:
+    """A Spark schema (StructType JSON) as one `name: type` line per column."""
+    try:
+        fields = json.loads(schema_json).get("fields", [])
+    except (ValueError, AttributeError):
+        return schema_json
+    lines = []
+    for f in fields:
+        kind = f.get("type")
+        kind = kind if isinstance(kind, str) else json.dumps(kind, separators=(",", ":"))
+        lines.append(f"  {f.get('name')}: {kind}{'' if f.get('nullable', True) else ' not null'}")
+    return "\n".join(lines)
 
-    async with Client(args.etcd, args.cluster) as client:
+
+async def _run(args: Namespace) -> dict[str, Any]:
+    async with cluster_client(args) as client:
         cmd = args.dataset_cmd
         if cmd == "ls":
-            names = await client.datasets.names()
-            return names if args.json else {"text": "\n".join(names)}
+            now = time.time()
+            manifests = [await client.datasets.get(n) for n in await client.datasets.names()]
+            rows = [{"name": m.name, "version": m.version, "ledgers": len(m.ledgers), "rows": m.rows,
+                     "payload_bytes": m.payload_bytes, "key_column": m.key_column or None,
+                     "updated_unix_ms": m.updated_unix_ms} for m in manifests]
+            text = table(["DATASET", "VERSION", "LEDGERS", "ROWS", "SIZE", "KEY", "UPDATED"], [
+                [r["name"], str(r["version"]), str(r["ledgers"]), str(r["rows"]), fmt_bytes(r["payload_bytes"]),
+                 r["key_column"] or "-",
+                 fmt_age(now - r["updated_unix_ms"] / 1000) + " ago" if r["updated_unix_ms"] else "-"]
+                for r in rows]) if rows else "(no datasets)"
+            return {"datasets": rows, "text": text}
         if cmd == "show":
             m = await client.datasets.get(args.name)
-            if args.json:
-                return asdict(m)
-            return {"text": (f"dataset {m.name} (version {m.version}): {m.rows} rows in {len(m.ledgers)} ledgers, "
-                             f"{m.payload_bytes / 2**20:.1f} MiB; key column {m.key_column or '-'}; streams "
-                             f"{m.streams or '-'}\nschema {m.schema}")}
+            return {**asdict(m), "rows": m.rows, "payload_bytes": m.payload_bytes, "text": (
+                f"dataset {m.name} (version {m.version}): {m.rows} rows in {len(m.ledgers)} ledgers, "
+                f"{fmt_bytes(m.payload_bytes)}; key column {m.key_column or '-'}; streams "
+                f"{', '.join(f'{k} at batch {v}' for k, v in m.streams.items()) or '-'}\n"
+                f"schema\n{_schema_text(m.schema)}")}
         if cmd == "drop":
+            m = await client.datasets.get(args.name)
+            confirm(f"drop dataset {m.name}: {len(m.ledgers)} ledgers, {m.rows} rows, {fmt_bytes(m.payload_bytes)}",
+                    args.yes)
             ids = await client.datasets.drop(args.name)
             return {"dropped": args.name, "ledgers": ids, "text": f"dropped {args.name} ({len(ids)} ledgers)"}
         if cmd == "gc":
-            doomed = await client.datasets.collect_orphans(args.name, await client.all_ledger_metadata(), args.grace_s)
+            from octavo.client.dataset import META_DATASET, NoSuchDatasetError
+
+            metas = await client.all_ledger_metadata()
+            manifest, _ = await client.datasets.read(args.name)
+            if manifest is None and not any(m.custom_metadata.get(META_DATASET) == args.name for m in metas):
+                raise NoSuchDatasetError(f"dataset {args.name!r} does not exist and no ledger was written for it")
+            doomed = await client.datasets.collect_orphans(args.name, metas, args.grace_s)
             return {"deleted": doomed, "text": f"deleted {len(doomed)} orphan ledgers"}
         assert cmd == "compact"
         from octavo.spark.arrowio import Options
         from octavo.spark.keycompact import compact_dataset
 
-        opts = Options.parse({"etcd": args.etcd, "cluster": args.cluster, "dataset": args.name,
-                              "password": args.password})
+        target = resolve_target(args)
+        assert target is not None
+        opts = Options.parse({"etcd": target.etcd, "cluster": target.cluster, "dataset": args.name,
+                              "password": resolve_password(args).decode(errors="surrogateescape")})
         if args.spark:
             r = await asyncio.get_running_loop().run_in_executor(None, _compact_with_spark, args, opts)
         else:

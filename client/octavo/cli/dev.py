@@ -1,14 +1,18 @@
-"""`octavo dev up|down`: the embedded local cluster (a real etcd and N bookies as local processes).
+"""`octavo dev up|down|restart`: the embedded local cluster (a real etcd and N bookies as local processes).
 
     octavo dev up --data-dir DIR [--bookies N] [--detach] [--json] [-- BOOKIE FLAGS...]
-    octavo dev down --data-dir DIR
+    octavo dev down --data-dir DIR [--json]
+    octavo dev restart --data-dir DIR --bookie ID [--json]     same port, same data
 
 Everything lives under DIR: etcd's data, one directory per bookie (`bookie-<i>`, stable ids, so a second
-`dev up` on the same DIR finds its data again), logs, and `cluster.json` (what runs where, read by `dev down`).
+`dev up` on the same DIR finds its data again), logs, and `cluster.json` (what runs where: read by `dev down`,
+`dev restart`, and every command given `--data-dir DIR` instead of `--etcd`). A second `dev up` keeps every
+port of the first one that is still free, and says so when one has to change.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -19,9 +23,12 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-STATE_FILE = "cluster.json"
+from octavo.cli.common import DEV_STATE_FILE, EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, print_json
+
+STATE_FILE = DEV_STATE_FILE
 DEV_LOG_SIZE_BYTES = 64 * 1024 * 1024  # small enough that a laptop sees logs roll and space come back
 STOP_TIMEOUT_S = 60.0
+WATCH_INTERVAL_S = 1.0
 
 
 def add_parser(sub: Any) -> None:
@@ -37,10 +44,28 @@ def add_parser(sub: Any) -> None:
     up.add_argument("--detach", action="store_true", help="return once everything serves; stop with `dev down`")
     up.add_argument("--json", action="store_true", help="print one JSON object describing the cluster")
     up.add_argument("bookie_args", nargs="*", help="extra bookie flags, after --")
-    down = dsub.add_parser("down", help="stop a detached local cluster")
+    down = dsub.add_parser("down", help="stop a local cluster (detached or not)")
     down.add_argument("--data-dir", required=True)
+    down.add_argument("--json", action="store_true", help="print JSON")
+    restart = dsub.add_parser("restart", help="restart one bookie of a local cluster: same port, same data")
+    restart.add_argument("--data-dir", required=True)
+    restart.add_argument("--bookie", required=True, metavar="ID", help="the bookie id, e.g. bookie-1")
+    restart.add_argument("--json", action="store_true", help="print JSON")
 
 
+def run(args: Namespace) -> int:
+    try:
+        return {"up": cmd_up, "down": cmd_down, "restart": cmd_restart}[args.dev_cmd](args)
+    except CliError as e:
+        print(f"octavo dev {args.dev_cmd}: {e}", file=sys.stderr)
+        return e.code
+    except OSError as e:
+        where = f" {e.filename}" if e.filename else ""
+        print(f"octavo dev {args.dev_cmd}: cannot use{where}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+# -- processes ---------------------------------------------------------------------------------------------
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -54,99 +79,239 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-def _stop_pid(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> bool:
-    if not _pid_alive(pid):
-        return True
-    os.kill(pid, signal.SIGTERM)
+def _stop_pids(pids: list[int], timeout_s: float = STOP_TIMEOUT_S) -> bool:
+    """SIGTERM every pid at once, then wait for all; SIGKILL what is left at the timeout. True if all ended
+    by themselves."""
+    alive = [pid for pid in pids if _pid_alive(pid)]
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while _pid_alive(pid):
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
+    while alive:
+        alive = [pid for pid in alive if _pid_alive(pid)]
+        if alive and time.monotonic() > deadline:
+            for pid in alive:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             return False
         time.sleep(0.05)
     return True
 
 
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "exit status unknown"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+# -- state -------------------------------------------------------------------------------------------------
+def _read_state(root: Path) -> dict[str, Any] | None:
+    path = root / STATE_FILE
+    if not path.exists():
+        return None
+    try:
+        state: dict[str, Any] = json.loads(path.read_text())
+    except ValueError as e:
+        raise CliError(f"{path} is not valid JSON ({e}): stop the processes by hand and remove it") from None
+    return state
+
+
+def _write_state(root: Path, state: dict[str, Any]) -> None:
+    tmp = root / (STATE_FILE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    os.replace(tmp, root / STATE_FILE)
+
+
+def _all_pids(state: dict[str, Any]) -> list[int]:
+    pids = [int(b["pid"]) for b in state.get("bookies", []) if b.get("pid")]
+    if state.get("etcd_pid"):
+        pids.append(int(state["etcd_pid"]))
+    return pids
+
+
+def _kept_ports(previous: dict[str, Any] | None, bookie_ids: list[str]) -> tuple[tuple[int, int], dict[str, int],
+                                                                                 list[str]]:
+    """The ports of the previous run that are still free, and a note for each that had to change."""
+    from octavo.client.localcluster import port_is_free
+
+    if not previous:
+        return (0, 0), {}, []
+    notes: list[str] = []
+    etcd_ports = []
+    for name, port in zip(("client", "peer"), previous.get("etcd_ports", (0, 0)), strict=False):
+        if port and not port_is_free(int(port)):
+            notes.append(f"etcd's {name} port {port} is taken now: a new one is chosen")
+            port = 0
+        etcd_ports.append(int(port or 0))
+    bookie_ports: dict[str, int] = {}
+    for bookie_id, port in previous.get("bookie_ports", {}).items():
+        if bookie_id not in bookie_ids:
+            continue
+        if port_is_free(int(port)):
+            bookie_ports[bookie_id] = int(port)
+        else:
+            notes.append(f"{bookie_id}'s port {port} is taken now: a new one is chosen")
+    return (etcd_ports[0], etcd_ports[1]) if len(etcd_ports) == 2 else (0, 0), bookie_ports, notes
+
+
+def _state_of(cluster: Any, bookie_args: list[str]) -> dict[str, Any]:
+    description = cluster.describe()
+    etcd = cluster.etcd
+    return {**description,
+            "pids": [b["pid"] for b in description["bookies"] if b["pid"]] + ([etcd.proc.pid] if etcd.proc else []),
+            "etcd_ports": [etcd.client_port, etcd.peer_port],
+            "etcd_pid": etcd.proc.pid if etcd.proc else None,
+            "bookie_ports": {b["id"]: int(b["address"].rpartition(":")[2]) for b in description["bookies"]
+                             if b["address"]},
+            "bookie_args": bookie_args}
+
+
+# -- commands ----------------------------------------------------------------------------------------------
 def cmd_up(args: Namespace) -> int:
     from octavo.client.localcluster import LocalCluster
 
+    if args.bookies < 1:
+        raise CliError("--bookies must be at least 1", EXIT_USAGE)
     root = Path(args.data_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    state_path = root / STATE_FILE
-    ports = (0, 0)
-    if state_path.exists():
-        previous = json.loads(state_path.read_text())
-        running = [p for p in previous.get("pids", []) if _pid_alive(p)]
+    previous = _read_state(root)
+    if previous:
+        running = [p for p in _all_pids(previous) if _pid_alive(p)]
         if running:
-            print(f"octavo dev up: a cluster already runs on {root} (pids {running}); `octavo dev down --data-dir "
-                  f"{args.data_dir}` first", file=sys.stderr)
-            return 1
-        ports = tuple(previous.get("etcd_ports", (0, 0)))  # type: ignore[assignment]
-    if args.bookies < 1:
-        print("octavo dev up: --bookies must be at least 1", file=sys.stderr)
-        return 2
+            raise CliError(f"a cluster already runs on {root} (pids {running}); `octavo dev down --data-dir "
+                           f"{args.data_dir}` first")
+    ids = [f"bookie-{i}" for i in range(args.bookies)]
+    etcd_ports, bookie_ports, notes = _kept_ports(previous, ids)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     bookie_args = ["--log-size-bytes-max", str(args.log_size_bytes_max), *args.bookie_args]
     cluster = LocalCluster(str(root), bookies=args.bookies, cluster=args.cluster, bookie_args=bookie_args,
-                           etcd_ports=ports, new_session=True)
+                           etcd_ports=etcd_ports, new_session=True, bookie_ports=bookie_ports)
     try:
         cluster.start()
     except Exception as e:
         cluster.stop()
-        print(f"octavo dev up: {e}", file=sys.stderr)
-        return 1
-    description = cluster.describe()
+        raise CliError(str(e)) from None
     assert cluster.etcd is not None
-    bookies: list[dict[str, Any]] = [
-        {"id": bookie_id, "address": b.address, "pid": b.proc.pid if b.proc else None,
-         "data_dir": os.path.abspath(b.data_dir)}
-        for bookie_id, b in cluster.bookies.items()]
-    pids = [b["pid"] for b in bookies] + [cluster.etcd.proc.pid if cluster.etcd.proc else None]
-    state_path.write_text(json.dumps({**description, "pids": [p for p in pids if p],
-                                      "etcd_ports": [cluster.etcd.client_port, cluster.etcd.peer_port],
-                                      "etcd_pid": cluster.etcd.proc.pid if cluster.etcd.proc else None}, indent=2))
+    state = _state_of(cluster, bookie_args)
+    _write_state(root, state)
     if args.json:
-        print(json.dumps(description))
+        print_json(cluster.describe())
     else:
         print(f"etcd     {cluster.etcd_endpoint}   (data {cluster.etcd.data_dir}, log {cluster.etcd.log_path})")
-        for b in bookies:
+        for b in state["bookies"]:
             print(f"bookie   {b['id']:10} {b['address']:21} pid {b['pid']:<8} data {b['data_dir']}")
-        print(f"cluster  {args.cluster}: client with Client(etcd=\"{cluster.etcd_endpoint}\")")
+        print(f"cluster  {args.cluster}: `export OCTAVO_ETCD={cluster.etcd_endpoint}` (or --data-dir "
+              f"{args.data_dir}) for the octavo commands; Client(etcd=\"{cluster.etcd_endpoint}\") in Python")
     sys.stdout.flush()
     if args.detach:
         if not args.json:
             print(f"detached: stop with `octavo dev down --data-dir {args.data_dir}`")
-        return 0
+        return EXIT_OK
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     if not args.json:
         print("running: Ctrl-C (or SIGTERM) stops everything cleanly")
-    while not stop.wait(1.0):
-        dead = [bookie_id for bookie_id, b in cluster.bookies.items() if not b.alive()]
-        if dead and not args.json:
-            print(f"note: {', '.join(dead)} stopped", file=sys.stderr)
-            for bookie_id in dead:
-                cluster.bookies[bookie_id].proc = None
+        sys.stdout.flush()
+    _watch(root, cluster, stop, quiet=args.json)
     cluster.stop()
-    state_path.unlink(missing_ok=True)
+    final = _read_state(root) or state
+    _stop_pids(_all_pids(final))  # bookies restarted with `dev restart` are not this process's children
+    _write_state(root, {**final, "pids": [], "etcd_pid": None,
+                        "bookies": [{**b, "pid": None} for b in final.get("bookies", [])]})
     if not args.json:
         print("stopped")
-    return 0
+    return EXIT_OK
+
+
+def _watch(root: Path, cluster: Any, stop: threading.Event, quiet: bool) -> None:
+    """Until stopped: say once when a bookie or etcd ends (with its exit code or signal), and once when a
+    bookie is back (`octavo dev restart`)."""
+    reported: dict[str, int | None] = {}  # name -> the pid whose end was reported
+    while not stop.wait(WATCH_INTERVAL_S):
+        state = _read_state(root) or {}
+        pids = {b["id"]: b.get("pid") for b in state.get("bookies", [])}
+        procs: dict[str, Any] = {**cluster.bookies, "etcd": cluster.etcd}
+        for name, proc in procs.items():
+            popen = proc.proc
+            if popen is not None and popen.poll() is not None and name not in reported:
+                reported[name] = popen.pid
+                if not quiet:
+                    print(f"note: {name} stopped ({describe_exit(popen.returncode)}); restart it with `octavo dev "
+                          f"restart --data-dir {root} --bookie {name}`" if name != "etcd" else
+                          f"note: etcd stopped ({describe_exit(popen.returncode)})", file=sys.stderr)
+            elif name in reported and pids.get(name) and pids[name] != reported[name] and _pid_alive(pids[name]):
+                del reported[name]
+                proc.proc = None  # the new process is not our child: `dev restart` started it
+                if not quiet:
+                    print(f"note: {name} is serving again (pid {pids[name]})", file=sys.stderr)
 
 
 def cmd_down(args: Namespace) -> int:
     root = Path(args.data_dir).resolve()
-    state_path = root / STATE_FILE
-    if not state_path.exists():
-        print(f"octavo dev down: no cluster state in {root} ({STATE_FILE} missing): nothing to stop", file=sys.stderr)
-        return 1
-    state = json.loads(state_path.read_text())
-    clean = True
-    for bookie in state.get("bookies", []):  # bookies first: they deregister from etcd as they stop
-        if bookie.get("pid"):
-            clean &= _stop_pid(int(bookie["pid"]))
+    state = _read_state(root)
+    if state is None:
+        raise CliError(f"no cluster state in {root} ({STATE_FILE} missing): nothing to stop")
+    # Bookies first, all at once: each leaves etcd as it stops (at once, or by lease expiry if etcd is gone).
+    clean = _stop_pids([int(b["pid"]) for b in state.get("bookies", []) if b.get("pid")])
     if state.get("etcd_pid"):
-        clean &= _stop_pid(int(state["etcd_pid"]))
-    state_path.write_text(json.dumps({**state, "pids": []}, indent=2))
-    print("stopped" if clean else "stopped (some processes had to be killed)")
-    return 0
+        clean &= _stop_pids([int(state["etcd_pid"])])
+    _write_state(root, {**state, "pids": [], "etcd_pid": None,
+                        "bookies": [{**b, "pid": None} for b in state.get("bookies", [])]})
+    if args.json:
+        print_json({"stopped": True, "killed": not clean})
+    else:
+        print("stopped" if clean else "stopped (some processes had to be killed)")
+    return EXIT_OK
+
+
+def cmd_restart(args: Namespace) -> int:
+    from octavo.client.localcluster import LocalCluster, port_is_free
+
+    root = Path(args.data_dir).resolve()
+    state = _read_state(root)
+    if state is None:
+        raise CliError(f"no cluster state in {root} ({STATE_FILE} missing): start one with `octavo dev up`")
+    entry = next((b for b in state.get("bookies", []) if b["id"] == args.bookie), None)
+    if entry is None:
+        raise CliError(f"no bookie {args.bookie!r} in {root}; bookies: "
+                       f"{', '.join(b['id'] for b in state.get('bookies', []))}", EXIT_USAGE)
+    if not state.get("etcd_pid") or not _pid_alive(int(state["etcd_pid"])):
+        raise CliError(f"the cluster in {root} is not running (etcd is down): `octavo dev up` first")
+    stopped = ""
+    if entry.get("pid") and _pid_alive(int(entry["pid"])):
+        clean = _stop_pids([int(entry["pid"])])
+        stopped = "stopped cleanly" if clean else "killed after the stop timeout"
+    port = int(state.get("bookie_ports", {}).get(args.bookie, 0))
+    note = ""
+    if port and not port_is_free(port):
+        note = f"its port {port} is taken now: a new one is chosen"
+        port = 0
+    cluster = LocalCluster(str(root), bookies=0, cluster=state["cluster"], bookie_args=state.get("bookie_args", []),
+                           etcd_endpoint=state["etcd"])
+    from octavo.node.testing import BookieProcess
+
+    bookie = BookieProcess(entry["data_dir"], args=cluster._args(args.bookie), new_session=True, port=port)
+    try:
+        address = bookie.start()
+    except RuntimeError as e:
+        raise CliError(f"{args.bookie} did not start: {e}") from None
+    assert bookie.proc is not None
+    entry.update(pid=bookie.proc.pid, address=address)
+    state.setdefault("bookie_ports", {})[args.bookie] = int(address.rpartition(":")[2])
+    state["pids"] = _all_pids(state)
+    _write_state(root, state)
+    if args.json:
+        print_json({"bookie": args.bookie, "address": address, "pid": bookie.proc.pid, "note": note or None})
+    else:
+        if note:
+            print(f"note: {args.bookie}: {note}", file=sys.stderr)
+        print(f"{args.bookie} {'(' + stopped + ') ' if stopped else ''}serving again at {address}, pid "
+              f"{bookie.proc.pid}, data {entry['data_dir']}")
+    return EXIT_OK

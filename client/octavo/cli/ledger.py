@@ -1,11 +1,14 @@
-"""`octavo ledger ls|show|read|delete --etcd HOST:PORT`: look at and remove ledgers.
+"""`octavo ledger ls|show|read|delete`: look at and remove ledgers.
 
-    octavo ledger ls      --etcd E [--cluster C] [--json]
-    octavo ledger show ID --etcd E [--json]
-    octavo ledger read ID --etcd E --password P [--first N] [--last N] [--recover] [--json]
-    octavo ledger delete ID --etcd E
+    octavo ledger ls      [--etcd E | --data-dir DIR] [--cluster C] [--json]
+    octavo ledger show ID [...] [--json]
+    octavo ledger read ID [...] [--password P | --password-file F] [--first N] [--last N]
+                          [--format auto|text|hex|raw] [--recover] [--json]
+    octavo ledger delete ID [...] [--password P | --password-file F] [--yes] [--json]
 
 `read` opens without recovery by default (it never fences a writer); --recover closes an open ledger first.
+An open ledger is read up to what its bookies hold on an ack quorum. `delete` asks for confirmation on a
+terminal; scripts pass --yes.
 Exit codes: 0 success, 1 the operation failed (message on stderr), 2 bad usage.
 """
 
@@ -13,32 +16,51 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import sys
+import time
 from argparse import Namespace
 from typing import Any
 
-EXIT_OK = 0
-EXIT_FAILED = 1
+from octavo.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    add_etcd_arguments,
+    add_password_arguments,
+    cluster_client,
+    confirm,
+    fmt_age,
+    fmt_bytes,
+    format_payload,
+    non_negative_int,
+    print_json,
+    resolve_password,
+    table,
+)
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("ledger", help="list, show, read and delete ledgers")
     lsub = p.add_subparsers(dest="ledger_cmd", required=True)
-    for name, help_text in (("ls", "list ledger ids"), ("show", "show a ledger's metadata"),
+    for name, help_text in (("ls", "list ledgers: state, entries, size, age"), ("show", "show a ledger's metadata"),
                             ("read", "print a ledger's entries"), ("delete", "delete a ledger")):
         c = lsub.add_parser(name, help=help_text)
         if name != "ls":
-            c.add_argument("ledger_id", type=int)
-        c.add_argument("--etcd", required=True, help="etcd endpoints host:port[,host:port...]")
-        c.add_argument("--cluster", default="default")
-        if name in ("ls", "show", "read"):
-            c.add_argument("--json", action="store_true", help="print JSON")
+            c.add_argument("ledger_id", type=non_negative_int)
+        add_etcd_arguments(c)
+        c.add_argument("--json", action="store_true", help="print JSON")
+        if name in ("read", "delete"):
+            add_password_arguments(c)
         if name == "read":
-            c.add_argument("--password", default="", help="the ledger's password")
-            c.add_argument("--first", type=int, default=0)
-            c.add_argument("--last", type=int, default=None, help="default: the last readable entry")
+            c.add_argument("--first", type=non_negative_int, default=None, help="first entry id (default: 0)")
+            c.add_argument("--last", type=non_negative_int, default=None,
+                           help="last entry id, inclusive (default: the last readable entry)")
+            c.add_argument("--format", choices=("auto", "text", "hex", "raw"), default="auto",
+                           help="auto: text when printable, hex otherwise; raw: the bytes alone, back to back")
             c.add_argument("--recover", action="store_true", help="recovery open: fence and close the ledger")
+        if name == "delete":
+            c.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
 
 def run(args: Namespace) -> int:
@@ -46,45 +68,127 @@ def run(args: Namespace) -> int:
 
     try:
         return asyncio.run(_run(args))
-    except OctavoError as e:
+    except CliError as e:
         print(f"octavo ledger {args.ledger_cmd}: {e}", file=sys.stderr)
-        return EXIT_FAILED
-    except ValueError as e:
+        return e.code
+    except (OctavoError, ValueError) as e:
         print(f"octavo ledger {args.ledger_cmd}: {e}", file=sys.stderr)
         return EXIT_FAILED
 
 
 async def _run(args: Namespace) -> int:
-    from octavo.client import Client
+    if args.ledger_cmd == "read" and args.first is not None and args.last is not None and args.last < args.first:
+        raise CliError(f"--last {args.last} is before --first {args.first}", EXIT_USAGE)
+    async with cluster_client(args) as client:
+        handler = {"ls": _ls, "show": _show, "read": _read, "delete": _delete}[args.ledger_cmd]
+        return await handler(client, args)  # type: ignore[no-any-return]
 
-    async with Client(args.etcd, args.cluster) as client:
-        if args.ledger_cmd == "ls":
-            ids = await client.list_ledgers()
-            print(json.dumps(ids) if args.json else "\n".join(map(str, ids)) or "(no ledgers)")
-        elif args.ledger_cmd == "show":
-            meta = await client.ledger_metadata(args.ledger_id)
-            if args.json:
-                print(json.dumps({k: v for k, v in json.loads(meta.encode()).items() if k != "master_key_hex"}))
-            else:
-                print(f"ledger   {meta.ledger_id}: {meta.state}, last entry {meta.last_entry_id}, "
-                      f"length {meta.length} bytes")
-                print(f"quorums  E={meta.ensemble_size} Qw={meta.write_quorum} Qa={meta.ack_quorum}")
-                for first, bookies in meta.ensembles:
-                    print(f"segment  from entry {first}: {', '.join(bookies)}")
-                for key, value in sorted(meta.custom_metadata.items()):
-                    print(f"metadata {key} = {value}")
-        elif args.ledger_cmd == "read":
-            reader = await client.open_ledger(args.ledger_id, args.password.encode(), recovery=args.recover)
-            last = reader.last_entry_id if args.last is None else args.last
-            if last < args.first:
-                print(f"(no entries: last readable entry is {reader.last_entry_id})", file=sys.stderr)
-                return EXIT_OK
-            async for entry in reader.read(args.first, last):
-                if args.json:
-                    print(json.dumps({"entry_id": entry.entry_id, "data": base64.b64encode(entry.data).decode()}))
-                else:
-                    print(f"{entry.entry_id}\t{entry.data!r}")
-        elif args.ledger_cmd == "delete":
-            await client.delete_ledger(args.ledger_id)
-            print(f"ledger {args.ledger_id} deleted; its bookies reclaim the space at their next GC pass")
+
+def _summary(meta: Any, now_s: float) -> dict[str, Any]:
+    """One ledger as `ls --json` and `show --json` print it (without what needs a bookie)."""
+    closed = meta.state == "CLOSED"
+    return {"ledger_id": meta.ledger_id, "state": meta.state,
+            "entries": meta.last_entry_id + 1 if closed else None,
+            "last_entry_id": meta.last_entry_id if closed else None,
+            "length_bytes": meta.length if closed and meta.length >= 0 else None,
+            "created_unix_ms": meta.created_unix_ms,
+            "age_s": round(now_s - meta.created_unix_ms / 1000, 3) if meta.created_unix_ms else None}
+
+
+async def _ls(client: Any, args: Namespace) -> int:
+    metas = sorted(await client.all_ledger_metadata(), key=lambda m: m.ledger_id)
+    now = time.time()
+    rows = [_summary(m, now) for m in metas]
+    if args.json:
+        print_json({"ledgers": rows})
+        return EXIT_OK
+    if not rows:
+        print("(no ledgers)", file=sys.stderr)
+        return EXIT_OK
+    print(table(["LEDGER", "STATE", "ENTRIES", "SIZE", "AGE"], [
+        [str(r["ledger_id"]), r["state"].lower(),
+         str(r["entries"]) if r["entries"] is not None else "open",
+         fmt_bytes(r["length_bytes"]) if r["length_bytes"] is not None else ("unknown" if r["state"] == "CLOSED"
+                                                                              else "-"),
+         fmt_age(r["age_s"]) if r["age_s"] is not None else "-"] for r in rows]))
+    return EXIT_OK
+
+
+async def _show(client: Any, args: Namespace) -> int:
+    meta = await client.ledger_metadata(args.ledger_id)
+    lac = None if meta.closed else await client.read_last_add_confirmed(args.ledger_id)
+    if args.json:
+        out = _summary(meta, time.time())
+        out.update(ensemble_size=meta.ensemble_size, write_quorum=meta.write_quorum, ack_quorum=meta.ack_quorum,
+                   ensembles=[{"first_entry_id": first, "bookies": list(b)} for first, b in meta.ensembles],
+                   password_digest=meta.password_digest, custom_metadata=dict(meta.custom_metadata),
+                   last_add_confirmed=lac if lac is not None else meta.last_entry_id,
+                   last_add_confirmed_source="bookies" if lac is not None else "metadata")
+        print_json(out)
+        return EXIT_OK
+    if meta.closed:
+        length = (f"{meta.length} bytes ({fmt_bytes(meta.length)})" if meta.length >= 0 else
+                  "length unknown (closed by a recovery open, which reads only the entries past the last "
+                  "add confirmed)")
+        print(f"ledger   {meta.ledger_id}: CLOSED, {meta.last_entry_id + 1} entries (last entry "
+              f"{meta.last_entry_id}), {length}")
+    else:
+        what = "a writer may still be appending" if meta.state == "OPEN" else "a recovery open is closing it"
+        print(f"ledger   {meta.ledger_id}: {meta.state} ({what}); last add confirmed {lac} as read from its "
+              f"bookies now; length unknown until it is closed")
+    print(f"quorums  E={meta.ensemble_size} Qw={meta.write_quorum} Qa={meta.ack_quorum}")
+    for first, bookies in meta.ensembles:
+        print(f"segment  from entry {first}: {', '.join(bookies)}")
+    if meta.created_unix_ms:
+        print(f"created  {fmt_age(time.time() - meta.created_unix_ms / 1000)} ago")
+    for key, value in sorted(meta.custom_metadata.items()):
+        print(f"metadata {key} = {value}")
+    return EXIT_OK
+
+
+async def _read(client: Any, args: Namespace) -> int:
+    reader = await client.open_ledger(args.ledger_id, resolve_password(args), recovery=args.recover)
+    last_readable = reader.last_entry_id
+    first = 0 if args.first is None else args.first
+    last = last_readable if args.last is None else args.last
+    explicit = args.first is not None or args.last is not None
+    if last_readable < 0 and not explicit:
+        state = "closed" if reader.metadata.closed else "open"
+        print(f"(ledger {args.ledger_id} is {state} with no readable entry)", file=sys.stderr)
+        return EXIT_OK
+    if last > last_readable or first > last:
+        raise CliError(f"entries [{first}, {max(first, last)}] are past the last readable entry {last_readable} of "
+                       f"ledger {args.ledger_id}" + ("" if reader.metadata.closed else
+                                                     " (it is open: its writer may add more)"))
+    out = sys.stdout
+    async for entry in reader.read(first, last):
+        if args.json:
+            print_json({"ledger_id": entry.ledger_id, "entry_id": entry.entry_id, "size_bytes": len(entry.data),
+                        "data_base64": base64.b64encode(entry.data).decode()})
+        elif args.format == "raw":
+            out.buffer.write(entry.data)
+        else:
+            out.write(f"{entry.entry_id}\t{format_payload(entry.data, args.format)}\n")
+    out.flush()
+    return EXIT_OK
+
+
+async def _delete(client: Any, args: Namespace) -> int:
+    from octavo.client.ledger_metadata import password_digest
+
+    meta = await client.ledger_metadata(args.ledger_id)
+    password = resolve_password(args)
+    if meta.password_digest != password_digest(password):
+        raise CliError(f"wrong password for ledger {args.ledger_id}")
+    what = (f"{meta.last_entry_id + 1} entries" + (f", {fmt_bytes(meta.length)}" if meta.length >= 0 else "")
+            if meta.closed else f"{meta.state}: a writer may still be appending")
+    confirm(f"delete ledger {args.ledger_id} ({what}) for good", args.yes)
+    await client.delete_ledger(args.ledger_id, password)
+    if args.json:
+        print_json({"deleted": args.ledger_id})
+    else:
+        print(f"ledger {args.ledger_id} deleted. Its bookies stop taking adds and reads for it as soon as they "
+              "learn of the delete (an etcd watch, within about a second). Space comes back in two ways: an "
+              "entry log holding nothing else alive is removed at the bookie's next GC pass; a log shared with "
+              "live ledgers is rewritten by compaction once enough of it is dead.")
     return EXIT_OK

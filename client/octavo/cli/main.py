@@ -6,10 +6,13 @@
     octavo bookie compaction suspend|resume|window --bookie HOST:PORT control scheduled compaction
     octavo dev up --data-dir DIR [--bookies N] [--detach] [--json]    run a local cluster (etcd + bookies)
     octavo dev down --data-dir DIR                                    stop a detached local cluster
-    octavo ledger ls|show|read|delete --etcd HOST:PORT ...            look at and remove ledgers
-    octavo dataset ls|show|compact|drop|gc --etcd HOST:PORT ...       datasets written by the Spark data source
+    octavo dev restart --data-dir DIR --bookie ID                     restart one bookie (same port, same data)
+    octavo ledger ls|show|read|delete [--etcd HOST:PORT] ...          look at and remove ledgers
+    octavo dataset ls|show|compact|drop|gc [--etcd HOST:PORT] ...     datasets written by the Spark data source
 
-Exit codes: 0 success, 1 the operation failed, 2 bad usage or configuration.
+etcd is found from --etcd, else $OCTAVO_ETCD, else the dev cluster of --data-dir (or $OCTAVO_DEV_DIR).
+Exit codes: 0 success, 1 the operation failed, 2 bad usage or configuration. No command prints a traceback: a
+failure is one line on stderr.
 """
 
 from __future__ import annotations
@@ -81,14 +84,15 @@ def _add_node_parser(sub: Any) -> None:
         description="Run a bookie. Each setting comes from, in order of precedence: its flag, the environment "
                     f"variable {ENV_PREFIX}<SETTING> (e.g. {ENV_PREFIX}PORT), the TOML file given with "
                     "--config (keys as the setting names, e.g. log_size_bytes_max = 67108864), the default.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    )
     p.add_argument("--config", help="TOML file of settings")
     p.add_argument("--ready-file", help="write HOST:PORT to this file once serving (for scripts and tests)")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="(default: INFO)")
     for f in dataclasses.fields(NodeConfig):
-        default = None if f.default is dataclasses.MISSING else f.default
+        shown = "" if f.default is dataclasses.MISSING else f" (default: {f.default!r})"
         p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
-                       help=f"{NODE_SETTING_HELP[f.name]} (default: {default!r})")
+                       help=f"{NODE_SETTING_HELP[f.name]}{shown}")
 
 
 def resolve_node_config(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Any:
@@ -149,6 +153,9 @@ def cmd_node(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(serve(config, args.ready_file))
+    except OSError as e:  # the data directory cannot be created, written or locked
+        print(f"octavo node: {_describe_os_error(e)}", file=sys.stderr)
+        return EXIT_FAILED
     except StorageError as e:
         print(f"octavo node: {e.message}", file=sys.stderr)
         return EXIT_FAILED
@@ -158,8 +165,24 @@ def cmd_node(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _describe_os_error(e: OSError) -> str:
+    where = f" {e.filename}" if e.filename else ""
+    return f"cannot use{where}: {e.strerror or e}"
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
+
+    try:
+        return package_version("octavo")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="octavo", description="Octavo: replicated log storage for data pipelines")
+    parser.add_argument("--version", action="version", version=f"octavo {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_node_parser(sub)
     from octavo.cli import bookie, dataset, dev, ledger
@@ -175,27 +198,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.command == "node":
-            return cmd_node(args)
-        if args.command == "bookie":
-            from octavo.cli import bookie
-
-            return bookie.run(args)
-        if args.command == "dataset":
-            from octavo.cli import dataset
-
-            return dataset.run(args)
-        if args.command == "ledger":
-            from octavo.cli import ledger
-
-            return ledger.run(args)
-        if args.command == "dev":
-            from octavo.cli import dev
-
-            return dev.cmd_up(args) if args.dev_cmd == "up" else dev.cmd_down(args)
+        return _dispatch(parser, args)
     except UsageError as e:
         print(f"octavo {args.command}: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        # The reader went away (`octavo ledger read ... | head`): stop quietly, as Unix tools do. Point stdout
+        # at /dev/null so the interpreter's final flush does not fail on the closed pipe too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print(f"octavo {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.command == "node":
+        return cmd_node(args)
+    if args.command == "bookie":
+        from octavo.cli import bookie
+
+        return bookie.run(args)
+    if args.command == "dataset":
+        from octavo.cli import dataset
+
+        return dataset.run(args)
+    if args.command == "ledger":
+        from octavo.cli import ledger
+
+        return ledger.run(args)
+    if args.command == "dev":
+        from octavo.cli import dev
+
+        return dev.run(args)
     parser.error("unknown command")
     return EXIT_USAGE
 

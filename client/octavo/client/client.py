@@ -174,7 +174,22 @@ class Client:
         await handle.read_last_add_confirmed()
         return handle
 
-    async def delete_ledger(self, ledger_id: int) -> None:
+    async def read_last_add_confirmed(self, ledger_id: int) -> int:
+        """A ledger's last readable entry: a closed ledger's last entry, or what an open one's bookies hold
+        (see ReadHandle.read_last_add_confirmed). Needs no password: it tells a number, not data."""
+        meta, _ = await self.metadata_store.read_ledger(ledger_id)
+        if meta.closed:
+            return meta.last_entry_id
+        await self.bookies(refresh=True)
+        return await ReadHandle(self, meta, -1).read_last_add_confirmed()
+
+    async def delete_ledger(self, ledger_id: int, password: bytes | None = None) -> None:
+        """Delete a ledger's metadata; its bookies drop it when they learn of it. With a password, the
+        ledger's must match (WrongPasswordError otherwise)."""
+        if password is not None:
+            meta, _ = await self.metadata_store.read_ledger(ledger_id)
+            if meta.password_digest != password_digest(password):
+                raise WrongPasswordError(f"wrong password for ledger {ledger_id}")
         await self.metadata_store.delete_ledger(ledger_id)
 
     async def all_ledger_metadata(self) -> list[LedgerMetadata]:
@@ -309,8 +324,11 @@ class SyncClient:
     def open_ledger(self, ledger_id: int, password: bytes = b"", recovery: bool = True) -> SyncReadHandle:
         return SyncReadHandle(self._loop, self._loop.run(self._client.open_ledger(ledger_id, password, recovery)))
 
-    def delete_ledger(self, ledger_id: int) -> None:
-        self._loop.run(self._client.delete_ledger(ledger_id))
+    def delete_ledger(self, ledger_id: int, password: bytes | None = None) -> None:
+        self._loop.run(self._client.delete_ledger(ledger_id, password))
+
+    def read_last_add_confirmed(self, ledger_id: int) -> int:
+        return self._loop.run(self._client.read_last_add_confirmed(ledger_id))
 
     def list_ledgers(self) -> list[int]:
         return self._loop.run(self._client.list_ledgers())

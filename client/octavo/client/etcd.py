@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,9 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# Before the first call succeeds, every endpoint gets a plain TCP connect of at most this long: if each one is
+# refused or cannot be resolved, the call fails at once with that reason instead of waiting out its timeout.
+PROBE_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +119,7 @@ class EtcdClient:
         self._closing: set[asyncio.Task[None]] = set()
         # Every call waits for its channel to be ready (etcd restarting) up to the timeout.
         self._opts: dict[str, Any] = {"timeout": timeout_s, "wait_for_ready": True}
+        self._contacted = False  # a call has succeeded: from then on an outage is waited out, not probed
 
     async def __aenter__(self) -> EtcdClient:
         return self
@@ -157,13 +162,32 @@ class EtcdClient:
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
+    async def _probe(self) -> None:
+        """Fail at once when no endpoint can be connected to for a reason that waiting will not change soon
+        (refused, unresolvable, unreachable); move to the first endpoint that accepts a connection."""
+        results = await asyncio.gather(*(_tcp_probe(e, min(PROBE_TIMEOUT_S, self.timeout_s))
+                                         for e in self.endpoints))
+        if any(r is None for r in results):
+            first = results.index(None)
+            if first != self._index and self._channel is not None:
+                await self._fail_over()
+            self._index = first
+            return
+        if all(r is not None and not r.startswith("no answer") for r in results):
+            raise MetadataUnavailableError("etcd unavailable: " + "; ".join(
+                f"{e}: {r}" for e, r in zip(self.endpoints, results, strict=True)))
+
     async def _call(self, what: str, fn: Any, retry: bool) -> Any:
+        if not self._contacted:
+            await self._probe()
         attempts = len(self.endpoints) if retry else 1
         last: grpc.aio.AioRpcError | None = None
         for _ in range(attempts):
             kv, lease = self._stubs()
             try:
-                return await fn(kv, lease)
+                result = await fn(kv, lease)
+                self._contacted = True
+                return result
             except grpc.aio.AioRpcError as e:
                 if e.code() not in RETRYABLE:
                     raise MetadataUnavailableError(f"etcd {what} failed: {e.code().name}: {e.details()}") from e
@@ -186,6 +210,13 @@ class EtcdClient:
                                    sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.KEY)
         resp = await self._call("get prefix", lambda kv, _: kv.Range(request, **self._opts), retry=True)
         return [_kv(item) for item in resp.kvs]
+
+    async def range_from(self, start: bytes, end: bytes) -> bytes | None:
+        """The first key in [start, end), None if there is none (one key, keys only)."""
+        request = rpc.RangeRequest(key=start, range_end=end, limit=1, keys_only=True,
+                                   sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.KEY)
+        resp = await self._call("range", lambda kv, _: kv.Range(request, **self._opts), retry=True)
+        return bytes(resp.kvs[0].key) if resp.kvs else None
 
     async def watch_deletes(self, prefix: bytes) -> AsyncIterator[list[bytes]]:
         """Yield the keys under `prefix` as they are deleted (one list per etcd response), until the stream
@@ -262,10 +293,36 @@ class EtcdClient:
         reply = await self._call("lease keepalive", refresh, retry=True)
         return int(reply.TTL) if reply is not None else 0
 
-    async def revoke_lease(self, lease_id: int) -> None:
-        with contextlib.suppress(MetadataUnavailableError):
+    async def revoke_lease(self, lease_id: int, timeout_s: float | None = None) -> bool:
+        """Revoke a lease (its keys go at once); False if etcd could not be reached within the timeout (the
+        lease then expires by itself)."""
+        opts = {**self._opts, "timeout": timeout_s or self.timeout_s}
+        try:
             await self._call("lease revoke", lambda _, lease: lease.LeaseRevoke(
-                rpc.LeaseRevokeRequest(ID=lease_id), **self._opts), retry=True)
+                rpc.LeaseRevokeRequest(ID=lease_id), **opts), retry=False)
+        except MetadataUnavailableError:
+            return False
+        return True
+
+
+async def _tcp_probe(endpoint: str, timeout_s: float) -> str | None:
+    """None if a TCP connection to host:port opens, else why not, in words."""
+    host, _, port = endpoint.rpartition(":")
+    host = host.strip("[]")
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
+    except TimeoutError:
+        return f"no answer within {timeout_s:g}s"
+    except socket.gaierror:
+        return f"cannot resolve {host!r}"
+    except ConnectionRefusedError:
+        return "connection refused"
+    except OSError as e:
+        return e.strerror or str(e)
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return None
 
 
 def _kv(item: Any) -> KeyValue:

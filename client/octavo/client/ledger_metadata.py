@@ -50,6 +50,9 @@ def write_set(entry_id: int, ensemble_size: int, write_quorum: int) -> list[int]
     return [(start + i) % ensemble_size for i in range(write_quorum)]
 
 
+LENGTH_UNKNOWN = -1
+
+
 @dataclass(frozen=True)
 class LedgerMetadata:
     ledger_id: int
@@ -60,6 +63,8 @@ class LedgerMetadata:
     password_digest: str
     state: str = OPEN
     last_entry_id: int = -1
+    # Payload bytes of a closed ledger; LENGTH_UNKNOWN when a recovery open closed it without reading every
+    # entry (it reads only past the LAC). 0 while open.
     length: int = 0
     custom_metadata: dict[str, str] = field(default_factory=dict)
     created_unix_ms: int = 0

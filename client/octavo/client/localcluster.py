@@ -35,6 +35,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def port_is_free(port: int) -> bool:
+    """Nothing listens on 127.0.0.1:port and it can be bound now (as a server binds: connections of the last
+    run lingering in TIME_WAIT do not count)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 class EtcdProcess:
     """One etcd member on 127.0.0.1 with its data in `data_dir`."""
 
@@ -100,7 +112,8 @@ class LocalCluster:
     (`bookie-<i>`) so a restart keeps its identity and data."""
 
     def __init__(self, root: str, bookies: int = 4, cluster: str = "default", bookie_args: list[str] | None = None,
-                 etcd_endpoint: str = "", etcd_ports: tuple[int, int] = (0, 0), new_session: bool = False) -> None:
+                 etcd_endpoint: str = "", etcd_ports: tuple[int, int] = (0, 0), new_session: bool = False,
+                 bookie_ports: dict[str, int] | None = None) -> None:
         from octavo.node.testing import BookieProcess
 
         self.root = root
@@ -113,7 +126,8 @@ class LocalCluster:
         for i in range(bookies):
             bookie_id = f"bookie-{i}"
             self.bookies[bookie_id] = BookieProcess(os.path.join(root, bookie_id), args=self._args(bookie_id),
-                                                    new_session=new_session)
+                                                    new_session=new_session,
+                                                    port=(bookie_ports or {}).get(bookie_id, 0))
 
     @property
     def etcd_endpoint(self) -> str:

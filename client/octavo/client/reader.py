@@ -47,15 +47,56 @@ class ReadHandle:
         return self.metadata.last_entry_id if self.metadata.closed else self._lac
 
     async def read_last_add_confirmed(self) -> int:
-        """Ask the last ensemble's bookies for their LAC (the maximum of the answers) and remember it."""
+        """The last entry of an open ledger that readers may safely read, and remember it.
+
+        The bookies' LACs come first (the highest answer). They lag the writer by one batch (a LAC rides on
+        the next add), and a writer that died right after its last batch leaves them behind for good; so
+        entries past that LAC are then checked on their write sets: every entry in a row that Qa bookies of
+        its write set hold is as good as acknowledged, because a recovery open can never close the ledger
+        short of it ((Qw - Qa) + 1 bookies must deny an entry before recovery ends there)."""
         if self.metadata.closed:
             return self.metadata.last_entry_id
         answers = await asyncio.gather(*(self._client.bookie_client(b).read_lac(self.ledger_id)
                                          for b in self.metadata.last_ensemble), return_exceptions=True)
-        lacs = [a.last_add_confirmed for a in answers if not isinstance(a, BaseException) and a.code == pb.OK]
-        if lacs:
-            self._lac = max(self._lac, *lacs)
-        return self._lac
+        ok = [a for a in answers if not isinstance(a, BaseException) and a.code == pb.OK]
+        # Entries before the last segment were acknowledged before it began.
+        floor = self.metadata.ensembles[-1][0] - 1
+        lac: int = max([self._lac, floor, *(int(a.last_add_confirmed) for a in ok)])
+        stored = max((int(a.last_entry_id) for a in ok), default=-1)
+        if stored > lac:
+            lac = await self._held_by_ack_quorum(lac, stored)
+        self._lac = lac
+        return lac
+
+    async def _held_by_ack_quorum(self, lac: int, last: int) -> int:
+        """The highest entry id in (lac, last] such that it and every entry before it past `lac` is held by
+        Qa bookies of its write set (one read per bookie per window of entries); `lac` if none is."""
+        meta = self.metadata
+        for start in range(lac + 1, last + 1, READ_CHUNK_ENTRIES):
+            ids = list(range(start, min(last, start + READ_CHUNK_ENTRIES - 1) + 1))
+            per_bookie: dict[str, list[int]] = {}
+            for e in ids:
+                for bookie in meta.write_set_bookies(e):
+                    per_bookie.setdefault(bookie, []).append(e)
+            held: dict[int, int] = {}
+            for entries in await asyncio.gather(*(self._held_on(b, es) for b, es in per_bookie.items())):
+                for e in entries:
+                    held[e] = held.get(e, 0) + 1
+            for e in ids:
+                if held.get(e, 0) < meta.ack_quorum:
+                    return e - 1
+        return last
+
+    async def _held_on(self, bookie_id: str, entries: list[int]) -> list[int]:
+        """The entries of `entries` that the bookie returns (a read limit may cut the answer: fewer, never more)."""
+        try:
+            response = await self._client.bookie_client(bookie_id).read(
+                self.ledger_id, entries, timeout_s=self._client.options.read_timeout_s)
+        except BookieUnavailableError:
+            return []
+        if response.error:
+            return []
+        return [item.entry_id for item in response.entries if item.code == pb.OK]
 
     async def read(self, first: int, last: int) -> AsyncIterator[Entry]:
         """Entries first..last inclusive, in order. `last` may not pass last_entry_id."""

@@ -23,7 +23,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from octavo.client.errors import BookieUnavailableError, RecoveryError, WrongPasswordError
-from octavo.client.ledger_metadata import CLOSED, IN_RECOVERY, LedgerMetadata, write_set
+from octavo.client.ledger_metadata import CLOSED, IN_RECOVERY, LENGTH_UNKNOWN, LedgerMetadata, write_set
 from octavo.v1 import bookie_pb2 as pb
 
 if TYPE_CHECKING:
@@ -63,9 +63,11 @@ async def recover_ledger(client: Client, ledger_id: int, master_key: bytes) -> L
         raise RecoveryError(f"ledger {ledger_id}: could not mark it IN_RECOVERY (metadata kept changing)")
 
     lac, suspect = await _fence(client, meta, master_key)
-    last = await _read_forward(client, meta, master_key, lac, suspect)
+    last, found_bytes = await _read_forward(client, meta, master_key, lac, suspect)
+    # Recovery reads only the entries past the LAC: it knows the length only when that was all of them.
+    length = found_bytes if lac < 0 else LENGTH_UNKNOWN
     for _ in range(RECOVERY_CAS_ATTEMPTS_MAX):
-        closed = meta.with_state(CLOSED, last_entry_id=last, length=-1)
+        closed = meta.with_state(CLOSED, last_entry_id=last, length=length)
         if await store.update_ledger(closed, revision) is not None:
             log.info("ledger %d recovered and closed at entry %d", ledger_id, last)
             return closed
@@ -125,11 +127,12 @@ RECOVERY_WINDOW_ENTRIES = 1000
 
 
 async def _read_forward(client: Client, meta: LedgerMetadata, master_key: bytes, lac: int,
-                        suspect: set[str]) -> int:
+                        suspect: set[str]) -> tuple[int, int]:
     """Find and re-replicate the entries after the LAC, a window of entries at a time (one read request and
-    one recovery add per bookie per window); returns the last entry id."""
+    one recovery add per bookie per window); returns the last entry id and the payload bytes found."""
     need_negative = meta.write_quorum - meta.ack_quorum + 1
     entry = lac + 1
+    found_bytes = 0
     while True:
         ids = list(range(entry, entry + RECOVERY_WINDOW_ENTRIES))
         answers = await _read_window(client, meta, ids)
@@ -156,8 +159,9 @@ async def _read_forward(client: Client, meta: LedgerMetadata, master_key: bytes,
                 f"said it does not, {need_negative} must (others were unreachable or may have lost their tail)")
         if found:
             await _replicate(client, meta, master_key, found, lac)
+            found_bytes += sum(len(payload) for _, payload in found)
         if decided_last is not None:
-            return decided_last
+            return decided_last, found_bytes
         entry = found[-1][0] + 1 if found else entry
 
 

@@ -34,7 +34,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from octavo.client.client import Client, SyncClient
-from octavo.client.dataset import DatasetLedger, NoSuchDatasetError
+from octavo.client.dataset import DatasetExistsError, DatasetLedger, NoSuchDatasetError
+from octavo.client.errors import NotEnoughBookiesError
 from octavo.spark.arrowio import Options, client_options, decode_entry, new_write_id, write_ledger
 
 
@@ -57,6 +58,22 @@ def _run(coro: Any) -> Any:
 async def _manifest(opts: Options) -> Any:
     async with Client(opts.etcd, opts.cluster, client_options()) as client:
         return await client.datasets.get(opts.dataset)
+
+
+async def _preflight(opts: Options, mode: str) -> None:
+    """On the driver, while Spark plans the write, before any task runs: etcd must answer (an unreachable one
+    fails here at once, not after every task has failed), enough bookies must be writable for the ensemble,
+    and error-if-exists fails here when the dataset exists (the commit checks it again, atomically)."""
+    async with Client(opts.etcd, opts.cluster, client_options()) as client:
+        manifest, _ = await client.datasets.read(opts.dataset)
+        if manifest is not None and mode == "error":
+            raise DatasetExistsError(f"dataset {opts.dataset!r} already exists (if_exists error); use append or "
+                                     "overwrite")
+        writable = await client.writable_bookies()
+        if len(writable) < opts.ensemble_size:
+            raise NotEnoughBookiesError(f"writing dataset {opts.dataset!r} needs {opts.ensemble_size} writable "
+                                        f"bookies in cluster {opts.cluster!r} (etcd {opts.etcd}); "
+                                        f"{len(writable)} are registered ({', '.join(writable) or 'none'})")
 
 
 # Orphan collection reads every ledger's metadata: every batch write does it, a stream every this many batches.
@@ -113,6 +130,7 @@ class OctavoDataSource(DataSource):  # type: ignore[misc]
         # Spark passes only append or overwrite to Python sources; error-if-exists and ignore come through the
         # if_exists option (with Spark's mode append).
         mode = "overwrite" if overwrite else self.opts.if_exists
+        _run(_preflight(self.opts, mode))
         return OctavoWriter(self.opts, schema.json(), mode)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:

@@ -25,6 +25,8 @@ from octavo.node.storage import Storage
 
 log = logging.getLogger(__name__)
 
+REVOKE_TIMEOUT_S = 1.0
+
 
 class Registration:
     def __init__(self, storage: Storage, bookie_id: str, address: str) -> None:
@@ -37,6 +39,11 @@ class Registration:
         self.store = MetadataStore(self.etcd, Layout(cfg.cluster))
         self.lease_id = 0
         self.registrations = 0
+        # When the lease was last granted or refreshed (time.time()), and why the last attempt failed, if it did:
+        # `octavo bookie status` says what is known while etcd is away.
+        self.refreshed_unix_s = 0.0
+        self.last_error = ""
+        self.failing_since_unix_s = 0.0
         self.disk_usage_ratio = 0.0
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -113,6 +120,7 @@ class Registration:
     async def register(self) -> None:
         self.lease_id = await self.etcd.grant_lease(self.ttl_s)
         await self.store.register_bookie(self.info(), self.lease_id)
+        self._refreshed()
         self.registrations += 1
         log.info("bookie %s registered at %s (lease %x, ttl %ds)", self.bookie_id, self.address, self.lease_id,
                  self.ttl_s)
@@ -128,11 +136,25 @@ class Registration:
             await asyncio.sleep(interval)
             try:
                 if self.lease_id and await self.etcd.keep_alive_once(self.lease_id) > 0:
+                    self._refreshed()
                     continue
                 log.warning("bookie %s: registration lease lost; registering again", self.bookie_id)
                 await self.register()
             except MetadataUnavailableError as e:
+                if not self.last_error:
+                    self.failing_since_unix_s = time.time()
+                self.last_error = str(e)
                 log.warning("bookie %s: cannot refresh the registration (%s); retrying", self.bookie_id, e)
+
+    def _refreshed(self) -> None:
+        self.refreshed_unix_s = time.time()
+        self.last_error = ""
+        self.failing_since_unix_s = 0.0
+
+    @property
+    def registered(self) -> bool:
+        """The registration is known to be in etcd: its lease was refreshed less than a TTL ago."""
+        return bool(self.lease_id) and time.time() - self.refreshed_unix_s < self.ttl_s
 
     async def stop(self) -> None:
         self._stopping = True
@@ -140,8 +162,12 @@ class Registration:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self.lease_id:
-            await self.etcd.revoke_lease(self.lease_id)
+        # Leave at once if etcd answers; a lease that cannot be revoked quickly (etcd down) expires by itself,
+        # so stopping never waits out the etcd timeout.
+        if self.lease_id and not self.last_error and not await self.etcd.revoke_lease(self.lease_id,
+                                                                                      REVOKE_TIMEOUT_S):
+            log.info("bookie %s: could not revoke the registration lease; it expires within %ds", self.bookie_id,
+                     self.ttl_s)
         await self.etcd.close()
 
     async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata | None:

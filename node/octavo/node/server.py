@@ -326,6 +326,11 @@ class BookieAdminService(pb_grpc.BookieAdminServicer):
         if request.until_unix_ms < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"until_unix_ms must be >= 0 (0 clears the window), got {request.until_unix_ms}")
+        now_ms = int(time.time() * 1000)
+        if 0 < request.until_unix_ms <= now_ms:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"the window would end at {request.until_unix_ms} ms, which is past (now {now_ms}): "
+                                "that turns scheduled compaction off; suspend compaction for that instead")
         assert self.node.compactor is not None
         await asyncio.get_running_loop().run_in_executor(None, self.node.compactor.set_window, request.until_unix_ms)
         return self._compaction_state()
@@ -383,9 +388,10 @@ class BookieAdminService(pb_grpc.BookieAdminServicer):
         usages = await loop.run_in_executor(None, lambda: [monitor.measure(p) for p in monitor.directories])
         live_bytes, total_bytes = await loop.run_in_executor(None, storage.disk_bytes)
         mode = self._mode()
+        reg = node.registration
         status = pb.BookieStatus(
             bookie_id=node.bookie_id, instance_id=st["instance_id"],
-            cluster=cfg.cluster if cfg.etcd else "", registered=bool(node.registration and node.registration.lease_id),
+            cluster=cfg.cluster if cfg.etcd else "", registered=bool(reg and reg.registered),
             address=node.advertised, version=VERSION, mode=mode.mode, mode_reason=mode.reason,
             forced_read_only=mode.forced_read_only,
             directories=[pb.DirectoryUsage(path=u.path, total_bytes=u.total_bytes, used_bytes=u.used_bytes,
@@ -409,6 +415,11 @@ class BookieAdminService(pb_grpc.BookieAdminServicer):
             started_unix_ms=storage.started_unix_ms, compaction=self._compaction_state(),
             log_live_bytes=live_bytes, log_total_bytes=total_bytes,
         )
+        if reg is not None:
+            status.registration_refreshed_unix_ms = int(reg.refreshed_unix_s * 1000)
+            status.registration_ttl_s = reg.ttl_s
+            status.registration_error = reg.last_error
+            status.registration_failing_since_unix_ms = int(reg.failing_since_unix_s * 1000)
         if request.include_entry_logs:
             status.entry_logs.extend(pb.EntryLogInfo(log_id=i, size_bytes=size, state=state)
                                      for i, size, state in st["entry_logs"])
@@ -526,18 +537,20 @@ class BookieServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
-        self.storage = await loop.run_in_executor(None, Storage.open, self.config)
+        # The port first: a port in use must fail the start before anything is created in the data directory.
         server = grpc.aio.server(options=grpc_options(self.config))
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        names = [pb.DESCRIPTOR.services_by_name[n].full_name for n in ("Bookie", "BookieAdmin")]
-        reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
         address = f"{self.config.host}:{self.config.port}"
         try:
             self.port = server.add_insecure_port(address)
         except RuntimeError as e:
-            raise StorageError(pb.INTERNAL, f"cannot listen on {address}: {e}") from e
+            raise StorageError(pb.INTERNAL, f"cannot listen on {address} (in use, or not an address of this "
+                                            f"host): {e}") from e
         if self.port == 0:
-            raise StorageError(pb.INTERNAL, f"cannot listen on {address}")
+            raise StorageError(pb.INTERNAL, f"cannot listen on {address} (in use, or not an address of this host)")
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        names = [pb.DESCRIPTOR.services_by_name[n].full_name for n in ("Bookie", "BookieAdmin")]
+        reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+        self.storage = await loop.run_in_executor(None, Storage.open, self.config)
         advertised = self.config.advertised_address or f"{self.config.host}:{self.port}"
         self.advertised = advertised
         self.bookie_id = self.config.bookie_id or advertised

@@ -52,11 +52,13 @@ def roll_and_flush(storage: Any, timeout_s: float = 10.0) -> None:
 
 
 class BookieProcess:
-    """One `octavo node` process on 127.0.0.1 with a port chosen by the OS."""
+    """One `octavo node` process on 127.0.0.1, on `port` (0: a port chosen by the OS at each start)."""
 
     def __init__(self, data_dir: str, args: Sequence[str] = (), env: dict[str, str] | None = None,
-                 log_path: str | None = None, new_session: bool = False, wrapper: Sequence[str] = ()) -> None:
+                 log_path: str | None = None, new_session: bool = False, wrapper: Sequence[str] = (),
+                 port: int = 0) -> None:
         self.data_dir = data_dir
+        self.port = port
         self.wrapper = list(wrapper)  # a command the bookie runs under (e.g. unshare + mount of a small tmpfs)
         self.new_session = new_session
         self.args = list(args)
@@ -74,7 +76,7 @@ class BookieProcess:
         with open(self.log_path, "ab") as log_file:
             self.proc = subprocess.Popen(
                 [*self.wrapper, sys.executable, "-m", "octavo.cli.main", "node", "--data-dir", self.data_dir,
-                 "--port", "0", "--ready-file", ready, *self.args],
+                 "--port", str(self.port), "--ready-file", ready, *self.args],
                 stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=self.new_session)
         deadline = time.monotonic() + timeout_s
         while not os.path.exists(ready):

@@ -963,6 +963,10 @@ class BookieStatus(_message.Message):
     COMPACTION_FIELD_NUMBER: _builtins.int
     LOG_LIVE_BYTES_FIELD_NUMBER: _builtins.int
     LOG_TOTAL_BYTES_FIELD_NUMBER: _builtins.int
+    REGISTRATION_REFRESHED_UNIX_MS_FIELD_NUMBER: _builtins.int
+    REGISTRATION_TTL_S_FIELD_NUMBER: _builtins.int
+    REGISTRATION_ERROR_FIELD_NUMBER: _builtins.int
+    REGISTRATION_FAILING_SINCE_UNIX_MS_FIELD_NUMBER: _builtins.int
     bookie_id: _builtins.str
     address: _builtins.str
     version: _builtins.str
@@ -1004,6 +1008,13 @@ class BookieStatus(_message.Message):
     log_live_bytes: _builtins.int
     """Bytes of the flushed entry logs, and how many of them belong to live ledgers (per-log accounting)."""
     log_total_bytes: _builtins.int
+    registration_refreshed_unix_ms: _builtins.int
+    """What the bookie knows of its registration: `registered` is true only while its lease was refreshed less
+    than a TTL ago. When etcd cannot be reached, the last error and since when (0 when all is well).
+    """
+    registration_ttl_s: _builtins.int
+    registration_error: _builtins.str
+    registration_failing_since_unix_ms: _builtins.int
     @_builtins.property
     def directories(self) -> _containers.RepeatedCompositeFieldContainer[Global___DirectoryUsage]: ...
     @_builtins.property
@@ -1051,10 +1062,14 @@ class BookieStatus(_message.Message):
         compaction: Global___CompactionState | None = ...,
         log_live_bytes: _builtins.int = ...,
         log_total_bytes: _builtins.int = ...,
+        registration_refreshed_unix_ms: _builtins.int = ...,
+        registration_ttl_s: _builtins.int = ...,
+        registration_error: _builtins.str = ...,
+        registration_failing_since_unix_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["compaction", b"compaction", "write_cache", b"write_cache"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_log_id", b"active_log_id", "address", b"address", "bookie_id", b"bookie_id", "cluster", b"cluster", "compaction", b"compaction", "directories", b"directories", "disk_readonly_ratio", b"disk_readonly_ratio", "disk_warn_ratio", b"disk_warn_ratio", "disk_writable_ratio", b"disk_writable_ratio", "entry_log_count", b"entry_log_count", "entry_logs", b"entry_logs", "forced_read_only", b"forced_read_only", "fsync_policy", b"fsync_policy", "gc_bytes_reclaimed", b"gc_bytes_reclaimed", "gc_duration_s", b"gc_duration_s", "gc_last_run_unix_ms", b"gc_last_run_unix_ms", "gc_ledgers_dropped", b"gc_ledgers_dropped", "gc_logs_deleted", b"gc_logs_deleted", "instance_id", b"instance_id", "last_start_was_unclean", b"last_start_was_unclean", "last_unclean_restart_unix_ms", b"last_unclean_restart_unix_ms", "ledger_count", b"ledger_count", "log_live_bytes", b"log_live_bytes", "log_total_bytes", b"log_total_bytes", "mode", b"mode", "mode_reason", b"mode_reason", "recovery_bytes_truncated", b"recovery_bytes_truncated", "recovery_logs_scanned", b"recovery_logs_scanned", "recovery_point_log_id", b"recovery_point_log_id", "recovery_records_replayed", b"recovery_records_replayed", "registered", b"registered", "started_unix_ms", b"started_unix_ms", "tail_maybe_lost", b"tail_maybe_lost", "unclean_restart_count", b"unclean_restart_count", "version", b"version", "write_cache", b"write_cache"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_log_id", b"active_log_id", "address", b"address", "bookie_id", b"bookie_id", "cluster", b"cluster", "compaction", b"compaction", "directories", b"directories", "disk_readonly_ratio", b"disk_readonly_ratio", "disk_warn_ratio", b"disk_warn_ratio", "disk_writable_ratio", b"disk_writable_ratio", "entry_log_count", b"entry_log_count", "entry_logs", b"entry_logs", "forced_read_only", b"forced_read_only", "fsync_policy", b"fsync_policy", "gc_bytes_reclaimed", b"gc_bytes_reclaimed", "gc_duration_s", b"gc_duration_s", "gc_last_run_unix_ms", b"gc_last_run_unix_ms", "gc_ledgers_dropped", b"gc_ledgers_dropped", "gc_logs_deleted", b"gc_logs_deleted", "instance_id", b"instance_id", "last_start_was_unclean", b"last_start_was_unclean", "last_unclean_restart_unix_ms", b"last_unclean_restart_unix_ms", "ledger_count", b"ledger_count", "log_live_bytes", b"log_live_bytes", "log_total_bytes", b"log_total_bytes", "mode", b"mode", "mode_reason", b"mode_reason", "recovery_bytes_truncated", b"recovery_bytes_truncated", "recovery_logs_scanned", b"recovery_logs_scanned", "recovery_point_log_id", b"recovery_point_log_id", "recovery_records_replayed", b"recovery_records_replayed", "registered", b"registered", "registration_error", b"registration_error", "registration_failing_since_unix_ms", b"registration_failing_since_unix_ms", "registration_refreshed_unix_ms", b"registration_refreshed_unix_ms", "registration_ttl_s", b"registration_ttl_s", "started_unix_ms", b"started_unix_ms", "tail_maybe_lost", b"tail_maybe_lost", "unclean_restart_count", b"unclean_restart_count", "version", b"version", "write_cache", b"write_cache"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
