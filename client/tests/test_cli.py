@@ -214,3 +214,26 @@ def test_bad_numbers_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> Non
             build_parser().parse_args(argv)
         assert done.value.code == 2, argv
     assert "must be" in capsys.readouterr().err
+
+
+def test_unusable_data_directories_and_taken_ports_are_one_line_errors(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    octavo = [sys.executable, "-m", "octavo.cli.main"]
+    a_file = tmp_path / "file"
+    a_file.write_text("not a directory")
+    for argv in (["node", "--data-dir", str(a_file / "d"), "--port", "0"],
+                 ["dev", "up", "--data-dir", str(a_file / "dev")]):
+        run = subprocess.run([*octavo, *argv], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 1 and "Not a directory" in run.stderr and "Traceback" not in run.stderr, argv
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = subprocess.run([*octavo, "node", "--data-dir", str(tmp_path / "fresh"), "--port", str(port)],
+                             capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert not (tmp_path / "fresh").exists(), "a taken port left a half-created data directory"

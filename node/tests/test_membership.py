@@ -196,3 +196,34 @@ def test_a_cookie_from_before_instance_keys_gets_its_binding(etcd: EtcdProcess, 
     bookie.start()
     bookie.stop()
     assert asyncio.run(instance_keys()) == [b"bookie-1"]
+
+
+def test_status_says_what_is_known_of_the_registration_while_etcd_is_down(tmp_path: Path) -> None:
+    own = EtcdProcess(str(tmp_path / "etcd"))
+    own.start()
+    bookie = BookieProcess(str(tmp_path / "b1"), args=cluster_args(own, "c", "bookie-1"))
+    address = bookie.start()
+    try:
+        with BookieConnection(address) as conn:
+            st = conn.status()
+            assert st.registered and st.registration_ttl_s == 2 and not st.registration_error
+            assert st.registration_refreshed_unix_ms > 0
+            own.stop(kill=True)
+
+            def expired_and_failing() -> bool:
+                s = conn.status()
+                return not s.registered and bool(s.registration_error)
+
+            wait_for(expired_and_failing, timeout_s=30)
+            st = conn.status()
+            assert "etcd" in st.registration_error and st.registration_failing_since_unix_ms > 0
+            from octavo.cli.bookie import describe_registration
+
+            text = describe_registration(st, time.time())
+            assert text.startswith("NOT registered as far as the bookie knows") and "etcd unreachable since" in text
+        assert bookie.stop() == 0  # a dead etcd does not hold up the stop: the revoke is skipped
+        assert "stopped cleanly" in bookie.log_tail()
+    finally:
+        if bookie.alive():
+            bookie.kill()
+        own.stop()
