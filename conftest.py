@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from octavo.client.localcluster import EtcdProcess
+from octavo.cli.localcluster import EtcdProcess
 
 
 @pytest.fixture(scope="module")

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import grpc
 from common import REPORT, machine_line, median, table, write_section
 
+from octavo.cli.localcluster import LocalCluster, free_port
 from octavo.client import Client
-from octavo.client.localcluster import LocalCluster, free_port
 from octavo.v1 import bookie_pb2 as pb
 from octavo.v1 import bookie_pb2_grpc as pb_grpc
 
@@ -311,7 +311,7 @@ async def bench(args: argparse.Namespace, etcd: str, nats_servers: str) -> str:
         "`perf` puts about 30-70% of a bookie's CPU in the copy into new pages) and the disk behind it "
         "(about 280 MB/s with fdatasync, shared by 3 replicas): runs that kept their data fell from about "
         "3,900 to 1,700 entries/s of 64 KB within six runs. upb serializes large payload lists at under "
-        "1 GB/s, so requests and read responses are encoded by hand (`octavo.client.wire`).",
+        "1 GB/s, so requests and read responses are encoded by hand (`octavo.v1.wire`).",
         "",
         "Targets: 1 KB throughput >= 5x JetStream's: "
         f"{one_kb_1:.1f}x ({'met' if one_kb_1 >= 5 else 'NOT met'}); 64 KB MB/s >= 2x JetStream's: "

@@ -35,10 +35,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_line, median, table, write_section
 
+from octavo.cli.localcluster import EtcdProcess
 from octavo.client import Client, ClientOptions
-from octavo.client.localcluster import EtcdProcess
 from octavo.node.config import MIB, NodeConfig
-from octavo.node.storage import LOGS_DIR
+from octavo.node.files import LOGS_DIR
 from octavo.node.testing import BookieConnection, BookieProcess
 from octavo.v1 import bookie_pb2 as pb
 

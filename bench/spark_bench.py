@@ -27,8 +27,8 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+from octavo.cli.localcluster import LocalCluster
 from octavo.client import SyncClient
-from octavo.client.localcluster import LocalCluster
 
 
 def dir_bytes(path: Path) -> int:

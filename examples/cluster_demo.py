@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from octavo.cli.localcluster import LocalCluster
 from octavo.client import Client, LedgerFencedError
-from octavo.client.localcluster import LocalCluster
 
 PASSWORD = b"demo-password"
 ENTRY_BYTES = 1024

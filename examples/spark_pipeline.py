@@ -28,7 +28,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-from octavo.client.localcluster import LocalCluster
+from octavo.cli.localcluster import LocalCluster
 
 
 def step(text: str) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from octavo.cli.localcluster import LocalCluster
 from octavo.client import (
     Client,
     ClientOptions,
@@ -18,8 +19,7 @@ from octavo.client import (
     SyncClient,
     WrongPasswordError,
 )
-from octavo.client.ledger_metadata import CLOSED
-from octavo.client.localcluster import LocalCluster
+from octavo.meta.ledger_metadata import CLOSED
 
 PW = b"secret"
 FAST = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, speculative_read_delay_s=0.1, metadata_timeout_s=2.0)

@@ -18,12 +18,11 @@ from pathlib import Path
 import grpc
 import pytest
 
+from octavo.cli.localcluster import EtcdProcess
 from octavo.client import ClientOptions, SyncClient
-from octavo.client.localcluster import EtcdProcess
 from octavo.node import faults
-from octavo.node.compaction import COMPACTED_SUFFIX, COMPACTING_SUFFIX
 from octavo.node.faults import FAULT_POINTS_ENV
-from octavo.node.storage import LOGS_DIR
+from octavo.node.files import COMPACTED_SUFFIX, COMPACTING_SUFFIX, LOGS_DIR
 from octavo.node.testing import BookieConnection, BookieProcess
 from octavo.v1 import bookie_pb2 as pb
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from octavo.cli.localcluster import EtcdProcess
 from octavo.client import ClientOptions, SyncClient
-from octavo.client.localcluster import EtcdProcess
 from octavo.node.testing import BookieConnection, BookieProcess
 from octavo.v1 import bookie_pb2 as pb
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from octavo.cli.localcluster import LocalCluster
 from octavo.client import (
     Client,
     ClientOptions,
@@ -21,9 +22,9 @@ from octavo.client import (
     RecoveryError,
     WriteHandle,
 )
-from octavo.client.ledger_metadata import CLOSED, master_key, write_set
-from octavo.client.localcluster import LocalCluster
-from octavo.node.storage import BOOT_ID_ENV, LOGS_DIR
+from octavo.meta.ledger_metadata import CLOSED, master_key, write_set
+from octavo.node.files import LOGS_DIR
+from octavo.node.storage import BOOT_ID_ENV
 from octavo.node.testing import BookieConnection
 from octavo.v1 import bookie_pb2 as pb
 

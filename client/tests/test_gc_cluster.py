@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from octavo.cli.localcluster import LocalCluster
 from octavo.client import Client, ClientOptions
-from octavo.client.localcluster import LocalCluster
-from octavo.node.storage import LOGS_DIR
+from octavo.node.files import LOGS_DIR
 from octavo.node.testing import BookieConnection
 
 PW = b"pw"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from octavo.cli.localcluster import LocalCluster, free_port
 from octavo.client import SyncClient
-from octavo.client.localcluster import LocalCluster, free_port
 
 OCTAVO = [sys.executable, "-m", "octavo.cli.main"]
 WRITER = """

@@ -8,10 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from octavo.client.errors import MetadataUnavailableError, NoSuchLedgerError
-from octavo.client.etcd import EtcdClient, parse_endpoints, prefix_end
-from octavo.client.layout import Layout
-from octavo.client.ledger_metadata import (
+from octavo.cli.localcluster import EtcdProcess
+from octavo.meta.errors import MetadataUnavailableError, NoSuchLedgerError
+from octavo.meta.etcd import EtcdClient, parse_endpoints, prefix_end
+from octavo.meta.layout import Layout
+from octavo.meta.ledger_metadata import (
     CLOSED,
     IN_RECOVERY,
     OPEN,
@@ -20,8 +21,7 @@ from octavo.client.ledger_metadata import (
     password_digest,
     write_set,
 )
-from octavo.client.localcluster import EtcdProcess
-from octavo.client.metadata import BookieInfo, Cookie, MetadataStore
+from octavo.meta.metadata import BookieInfo, Cookie, MetadataStore
 
 
 def meta(**kw: object) -> LedgerMetadata:
@@ -117,7 +117,7 @@ async def test_cookie_is_created_once(etcd: EtcdProcess, cluster_name: str) -> N
 
 
 async def test_failover_to_the_next_endpoint_and_clear_error_when_all_are_down(etcd: EtcdProcess) -> None:
-    from octavo.client.localcluster import free_port
+    from octavo.cli.localcluster import free_port
 
     dead = f"127.0.0.1:{free_port()}"
     async with EtcdClient(f"{dead},{etcd.endpoint}", timeout_s=1) as client:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from octavo.cli.localcluster import LocalCluster
 from octavo.client import (
     Client,
     ClientOptions,
@@ -16,7 +17,6 @@ from octavo.client import (
     NoSuchLedgerError,
     NotEnoughBookiesError,
 )
-from octavo.client.localcluster import LocalCluster
 from octavo.node.testing import BookieConnection
 from octavo.v1 import bookie_pb2 as pb
 

@@ -16,9 +16,9 @@ pyspark = pytest.importorskip("pyspark", reason="the spark extra (pyspark, pyarr
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from octavo.cli.localcluster import LocalCluster  # noqa: E402
 from octavo.client import SyncClient  # noqa: E402
 from octavo.client.dataset import META_DATASET  # noqa: E402
-from octavo.client.localcluster import LocalCluster  # noqa: E402
 from octavo.spark.arrowio import OptionError, Options  # noqa: E402
 from octavo.spark.keycompact import OffsetMap, compact_dataset  # noqa: E402
 
@@ -121,7 +121,7 @@ def test_bad_options_get_clear_errors(spark, cluster: LocalCluster) -> None:  # 
 
 
 def test_a_write_to_an_unreachable_etcd_fails_while_planning(spark) -> None:  # type: ignore[no-untyped-def]
-    from octavo.client.localcluster import free_port
+    from octavo.cli.localcluster import free_port
 
     df = frame(spark, 100, parts=2).write.format("octavo").option("etcd", f"127.0.0.1:{free_port()}")
     with pytest.raises(Exception) as failed:

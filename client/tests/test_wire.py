@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from octavo.client.wire import encode_add_request, encode_read_response, varint
 from octavo.v1 import bookie_pb2 as pb
+from octavo.v1.wire import encode_add_request, encode_read_response, varint
 
 int64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 payload = st.binary(max_size=300) | st.sampled_from([b"", b"x" * 70_000, b"\x00" * 128])

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from octavo.node import compaction, faults
-from octavo.node.compaction import COMPACTED_SUFFIX, COMPACTING_SUFFIX, MAJOR, MINOR, Compactor
+from octavo.node.compaction import MAJOR, MINOR, Compactor
 from octavo.node.config import NodeConfig
 from octavo.node.errors import StorageError
 from octavo.node.fileio import FileIO
-from octavo.node.storage import LOGS_DIR, Storage
+from octavo.node.files import COMPACTED_SUFFIX, COMPACTING_SUFFIX, LOGS_DIR
+from octavo.node.storage import Storage
 from octavo.node.testing import payload_for, roll_and_flush, small_config
 from octavo.v1 import bookie_pb2 as pb
 

@@ -94,3 +94,26 @@ def test_watermarks_are_checked_at_startup(tmp_path: Path) -> None:
                 {"disk_warn_ratio": 0.99, "disk_readonly_ratio": 0.95}):
         with pytest.raises(ConfigError, match="disk"):
             NodeConfig(data_dir=str(tmp_path), **bad).validate()  # type: ignore[arg-type]
+
+
+def test_the_watermark_policy_as_a_table() -> None:
+    """Pure: every (mode, usage) pair against the marks, ENOSPC included, with no disk."""
+    from octavo.node.watermarks import Watermarks, disk_full_next, warning_due
+
+    marks = Watermarks(warn_ratio=0.90, readonly_ratio=0.95, writable_ratio=0.85)
+    rows = [  # (read-only now, worst usage, ENOSPC seen) -> read-only next
+        (False, 0.50, False, False), (False, 0.90, False, False), (False, 0.95, False, True),
+        (False, 0.99, False, True), (False, 0.50, True, True),
+        (True, 0.99, False, True), (True, 0.90, False, True), (True, 0.85, False, True),  # between: stays
+        (True, 0.849, False, False), (True, 0.10, False, False), (True, 0.10, True, True),
+    ]
+    for full, ratio, enospc, expected in rows:
+        assert disk_full_next(full, ratio, enospc, marks) is expected, (full, ratio, enospc)
+    # Hysteresis: a usage moving inside the band never changes the mode, whichever way it came in.
+    for start in (False, True):
+        mode = start
+        for ratio in (0.86, 0.94, 0.90, 0.88, 0.9499):
+            mode = disk_full_next(mode, ratio, False, marks)
+        assert mode is start
+    assert warning_due(0.91, False, marks) is True and warning_due(0.91, True, marks) is None
+    assert warning_due(0.50, True, marks) is False and warning_due(0.50, False, marks) is None

@@ -8,7 +8,8 @@ import pytest
 
 from octavo.node.config import NodeConfig
 from octavo.node.errors import StorageError
-from octavo.node.storage import LOGS_DIR, Storage
+from octavo.node.files import LOGS_DIR
+from octavo.node.storage import Storage
 from octavo.node.testing import payload_for, roll_and_flush
 from octavo.v1 import bookie_pb2 as pb
 

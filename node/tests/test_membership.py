@@ -9,11 +9,11 @@ import sys
 import time
 from pathlib import Path
 
-from octavo.client.etcd import EtcdClient
-from octavo.client.layout import Layout
-from octavo.client.ledger_metadata import IN_RECOVERY, password_digest
-from octavo.client.localcluster import EtcdProcess
-from octavo.client.metadata import MetadataStore
+from octavo.cli.localcluster import EtcdProcess
+from octavo.meta.etcd import EtcdClient
+from octavo.meta.layout import Layout
+from octavo.meta.ledger_metadata import IN_RECOVERY, password_digest
+from octavo.meta.metadata import MetadataStore
 from octavo.node.testing import BookieConnection, BookieProcess
 from octavo.v1 import bookie_pb2 as pb
 
@@ -95,7 +95,7 @@ def test_wiped_data_directory_is_refused(etcd: EtcdProcess, cluster_name: str, t
 
 
 def test_etcd_unreachable_at_start_is_a_clear_failure(tmp_path: Path) -> None:
-    from octavo.client.localcluster import free_port
+    from octavo.cli.localcluster import free_port
 
     run = subprocess.run([sys.executable, "-m", "octavo.cli.main", "node", "--data-dir", str(tmp_path / "b"),
                           "--port", "0", "--etcd", f"127.0.0.1:{free_port()}"],

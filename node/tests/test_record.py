@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from octavo.node.files import log_file_name, parse_log_file_name
 from octavo.node.record import (
     ENTRY_ID_FENCE,
     ENTRY_ID_LEDGER_KEY,
@@ -15,8 +16,6 @@ from octavo.node.record import (
     decode_record,
     encode_log_header,
     encode_record,
-    log_file_name,
-    parse_log_file_name,
     scan_records,
 )
 

@@ -11,13 +11,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from octavo.node.checkpoint import RECOVERY_POINT_FILE, read_recovery_point
+from octavo.node.checkpoint import read_recovery_point
 from octavo.node.config import ConfigError, NodeConfig
 from octavo.node.errors import StorageError
 from octavo.node.fileio import FileIO
-from octavo.node.record import LOG_HEADER_BYTES, log_file_name
+from octavo.node.files import LOGS_DIR, RECOVERY_POINT_FILE, log_file_name
+from octavo.node.record import LOG_HEADER_BYTES
 from octavo.node.recovery import scan_log
-from octavo.node.storage import LOGS_DIR, Storage, WriteCacheFull
+from octavo.node.storage import Storage, WriteCacheFull
 from octavo.node.testing import payload_for, small_config
 from octavo.v1 import bookie_pb2 as pb
 
@@ -590,7 +591,7 @@ def test_unclean_stop_across_a_reboot_answers_unknown(cfg: NodeConfig, monkeypat
     monkeypatch.setenv("OCTAVO_BOOT_ID", "another-boot")
     s = Storage.open(cfg)
     try:
-        assert s.tail_maybe_lost and s.read_lac(1).maybe_lost_tail
+        assert s.tail_maybe_lost and s.read_lac(1).tail_maybe_lost
         with pytest.raises(StorageError) as e:
             s.read_entry(1, 5)
         assert e.value.code == pb.UNKNOWN and "may have lost it" in e.value.message

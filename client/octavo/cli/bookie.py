@@ -174,7 +174,7 @@ def _resolve_bookie(spec: str, target: Target | None) -> str:
     if target is not None and not known_to_dev and looks_like_bookie_id(spec):
         import asyncio
 
-        from octavo.client.errors import OctavoError
+        from octavo.meta.errors import OctavoError
 
         try:
             registered = asyncio.run(_registered_addresses(target))
@@ -184,9 +184,9 @@ def _resolve_bookie(spec: str, target: Target | None) -> str:
 
 
 async def _registered_addresses(target: Target) -> dict[str, str]:
-    from octavo.client.etcd import EtcdClient
-    from octavo.client.layout import Layout
-    from octavo.client.metadata import MetadataStore
+    from octavo.meta.etcd import EtcdClient
+    from octavo.meta.layout import Layout
+    from octavo.meta.metadata import MetadataStore
 
     async with EtcdClient(target.etcd) as etcd:
         return {b: info.address for b, info in (await MetadataStore(etcd, Layout(target.cluster)).bookies()).items()}

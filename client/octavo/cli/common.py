@@ -118,7 +118,7 @@ def resolve_target(args: argparse.Namespace, environ: dict[str, str] | None = No
 async def check_cluster_exists(etcd: Any, cluster: str, endpoint: str) -> None:
     """CliError if etcd holds nothing for `cluster` (a mistyped --cluster would otherwise look like an empty
     cluster and every command would "succeed"); names the clusters that do exist."""
-    from octavo.client.layout import Layout
+    from octavo.meta.layout import Layout
 
     if await etcd.get_prefix(Layout(cluster).root, limit=1, keys_only=True):
         return
@@ -133,7 +133,7 @@ KNOWN_CLUSTERS_MAX = 20
 async def known_clusters(etcd: Any) -> list[str]:
     """The cluster names under /octavo/ in etcd, found by skipping from one cluster's keys to the next (one
     read of one key per cluster, at most KNOWN_CLUSTERS_MAX)."""
-    from octavo.client.etcd import prefix_end
+    from octavo.meta.etcd import prefix_end
 
     names: list[str] = []
     start = b"/octavo/"
@@ -300,7 +300,7 @@ def confirm(what: str, yes: bool, stdin: Any = None, stderr: Any = None) -> None
 async def cluster_client(args: argparse.Namespace) -> AsyncIterator[Any]:
     """A Client for the cluster the arguments name, checked to exist unless --allow-empty."""
     from octavo.client import Client
-    from octavo.client.etcd import parse_endpoints
+    from octavo.meta.etcd import parse_endpoints
 
     target = resolve_target(args)
     assert target is not None

@@ -74,7 +74,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: Namespace) -> int:
-    from octavo.client.errors import OctavoError
+    from octavo.meta.errors import OctavoError
 
     try:
         out = asyncio.run(_run(args))

@@ -137,7 +137,7 @@ def _all_pids(state: dict[str, Any]) -> list[int]:
 def _kept_ports(previous: dict[str, Any] | None, bookie_ids: list[str]) -> tuple[tuple[int, int], dict[str, int],
                                                                                  list[str]]:
     """The ports of the previous run that are still free, and a note for each that had to change."""
-    from octavo.client.localcluster import port_is_free
+    from octavo.cli.localcluster import port_is_free
 
     if not previous:
         return (0, 0), {}, []
@@ -173,7 +173,7 @@ def _state_of(cluster: Any, bookie_args: list[str]) -> dict[str, Any]:
 
 # -- commands ----------------------------------------------------------------------------------------------
 def cmd_up(args: Namespace) -> int:
-    from octavo.client.localcluster import LocalCluster
+    from octavo.cli.localcluster import LocalCluster
 
     if args.bookies < 1:
         raise CliError("--bookies must be at least 1", EXIT_USAGE)
@@ -272,7 +272,7 @@ def cmd_down(args: Namespace) -> int:
 
 
 def cmd_restart(args: Namespace) -> int:
-    from octavo.client.localcluster import LocalCluster, port_is_free
+    from octavo.cli.localcluster import LocalCluster, port_is_free
 
     root = Path(args.data_dir).resolve()
     state = _read_state(root)

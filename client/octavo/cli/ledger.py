@@ -64,7 +64,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: Namespace) -> int:
-    from octavo.client.errors import OctavoError
+    from octavo.meta.errors import OctavoError
 
     try:
         return asyncio.run(_run(args))
@@ -174,7 +174,7 @@ async def _read(client: Any, args: Namespace) -> int:
 
 
 async def _delete(client: Any, args: Namespace) -> int:
-    from octavo.client.ledger_metadata import password_digest
+    from octavo.meta.ledger_metadata import password_digest
 
     meta = await client.ledger_metadata(args.ledger_id)
     password = resolve_password(args)

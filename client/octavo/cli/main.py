@@ -144,7 +144,7 @@ def resolve_node_config(args: argparse.Namespace, environ: dict[str, str] | None
 def cmd_node(args: argparse.Namespace) -> int:
     import asyncio
 
-    from octavo.client.errors import CookieMismatchError, MetadataUnavailableError
+    from octavo.meta.errors import CookieMismatchError, MetadataUnavailableError
     from octavo.node.errors import StorageError
     from octavo.node.server import serve
 

@@ -1,7 +1,10 @@
 """The Octavo client library: `Client` (asyncio) and `SyncClient` (blocking), and the errors users see."""
 
-from octavo.client.client import Client, ClientOptions, SyncClient
-from octavo.client.errors import (
+from octavo.client.client import Client, SyncClient
+from octavo.client.options import ClientOptions
+from octavo.client.reader import Entry, ReadHandle
+from octavo.client.writer import WriteHandle
+from octavo.meta.errors import (
     BookieUnavailableError,
     EntryRefusedError,
     EntryTooLargeError,
@@ -15,8 +18,6 @@ from octavo.client.errors import (
     RecoveryError,
     WrongPasswordError,
 )
-from octavo.client.reader import Entry, ReadHandle
-from octavo.client.writer import WriteHandle
 
 __all__ = [
     "BookieUnavailableError", "Client", "ClientOptions", "Entry", "EntryRefusedError", "EntryTooLargeError",

@@ -20,11 +20,11 @@ from typing import Any, NamedTuple
 
 import grpc
 
-from octavo.client.errors import BookieUnavailableError
-from octavo.client.etcd import CHANNEL_OPTIONS
-from octavo.client.wire import encode_add_request
+from octavo.meta.errors import BookieUnavailableError
+from octavo.meta.etcd import CHANNEL_OPTIONS
 from octavo.v1 import bookie_pb2 as pb
 from octavo.v1 import bookie_pb2_grpc as pb_grpc
+from octavo.v1.wire import encode_add_request
 
 log = logging.getLogger(__name__)
 

@@ -17,20 +17,24 @@ import random
 import threading
 import weakref
 from collections.abc import Awaitable, Iterator
-from dataclasses import dataclass
 from typing import TypeVar
 
 from octavo.client.bookie_client import BookieClient
 from octavo.client.dataset import DatasetStore
-from octavo.client.errors import (
+from octavo.client.options import ClientOptions
+from octavo.client.reader import Entry, ReadHandle
+from octavo.client.recovery import recover_ledger
+from octavo.client.scheduler import WriteScheduler
+from octavo.client.writer import WriteHandle
+from octavo.meta.errors import (
     BookieUnavailableError,
     LedgerClosedError,
     NotEnoughBookiesError,
     WrongPasswordError,
 )
-from octavo.client.etcd import EtcdClient
-from octavo.client.layout import DEFAULT_CLUSTER, Layout
-from octavo.client.ledger_metadata import (
+from octavo.meta.etcd import EtcdClient
+from octavo.meta.layout import DEFAULT_CLUSTER, Layout
+from octavo.meta.ledger_metadata import (
     CUSTOM_METADATA_BYTES_MAX,
     PASSWORD_BYTES_MAX,
     LedgerMetadata,
@@ -39,26 +43,9 @@ from octavo.client.ledger_metadata import (
     master_key,
     password_digest,
 )
-from octavo.client.metadata import BookieInfo, MetadataStore
-from octavo.client.reader import Entry, ReadHandle
-from octavo.client.recovery import recover_ledger
-from octavo.client.writer import WriteHandle, WriteScheduler
+from octavo.meta.metadata import BookieInfo, MetadataStore
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class ClientOptions:
-    entry_size_bytes_max: int = 4 * 1024 * 1024
-    # Bytes of appended but not yet acknowledged entries per write handle; append() waits beyond this.
-    inflight_bytes_max: int = 64 * 1024 * 1024
-    add_timeout_s: float = 10.0
-    read_timeout_s: float = 10.0
-    speculative_read_delay_s: float = 0.2
-    # How long the client trusts its list of bookie registrations before asking etcd again.
-    bookie_list_ttl_s: float = 2.0
-    # How long one etcd call may wait (for etcd to be reachable, and for its answer).
-    metadata_timeout_s: float = 5.0
 
 
 class Client:

@@ -24,10 +24,10 @@ from dataclasses import asdict, dataclass, field
 from dataclasses import replace as copy_with
 from typing import Any
 
-from octavo.client.errors import NoSuchLedgerError, OctavoError
-from octavo.client.etcd import EtcdClient
-from octavo.client.layout import Layout
-from octavo.client.ledger_metadata import LedgerMetadata
+from octavo.meta.errors import NoSuchLedgerError, OctavoError
+from octavo.meta.etcd import EtcdClient
+from octavo.meta.layout import Layout
+from octavo.meta.ledger_metadata import LedgerMetadata
 
 log = logging.getLogger(__name__)
 

@@ -12,14 +12,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from octavo.client.errors import BookieUnavailableError, ReadError
-from octavo.client.ledger_metadata import LedgerMetadata
+from octavo.client.context import ClientContext
+from octavo.meta.errors import BookieUnavailableError, ReadError
+from octavo.meta.ledger_metadata import LedgerMetadata
 from octavo.v1 import bookie_pb2 as pb
-
-if TYPE_CHECKING:
-    from octavo.client.client import Client
 
 READ_CHUNK_ENTRIES = 1000
 
@@ -32,7 +29,7 @@ class Entry:
 
 
 class ReadHandle:
-    def __init__(self, client: Client, metadata: LedgerMetadata, last_add_confirmed: int) -> None:
+    def __init__(self, client: ClientContext, metadata: LedgerMetadata, last_add_confirmed: int) -> None:
         self._client = client
         self.metadata = metadata
         self._lac = last_add_confirmed

@@ -4,13 +4,13 @@ alive, find its true last entry, and close it.
 1. CAS the ledger to IN_RECOVERY in etcd (a ledger already IN_RECOVERY is recovered again: concurrent
    recoveries converge, see 6).
 2. Fence: a fenced LAC read to every bookie of the last ensemble. Each fences the ledger (adds from the old
-   writer fail from then on), syncs the fence, and rotates its log. Wait until every write quorum has
+   writer fail from then on), syncs the fence, and rolls its log. Wait until every write quorum has
    (Qw - Qa) + 1 fenced bookies: then no ack quorum of the old writer can complete any more.
 3. LAC = the highest LAC answered; every entry up to it is acknowledged.
 4. Read forward from LAC + 1: an entry found on any bookie of its write set is re-replicated to the whole
    write set with recovery adds (they pass the fence) and needs Qa of them to succeed.
 5. Stop at the first entry that (Qw - Qa) + 1 bookies of its write set say they do not have. A bookie whose
-   unclean restart may have lost its tail (it answers UNKNOWN, or maybe_lost_tail) never counts as a "do not
+   unclean restart may have lost its tail (it answers UNKNOWN, or tail_maybe_lost) never counts as a "do not
    have": one bookie's lost tail can never make recovery close short of an acknowledged entry. If the
    answers cannot decide, recovery fails (RecoveryError) and closes nothing.
 6. CAS to CLOSED with the last entry. If another recovery closed it first, its result stands.
@@ -20,32 +20,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from octavo.client.errors import BookieUnavailableError, RecoveryError, WrongPasswordError
-from octavo.client.ledger_metadata import CLOSED, IN_RECOVERY, LENGTH_UNKNOWN, LedgerMetadata, write_set
+from octavo.client.context import ClientContext
+from octavo.client.quorums import Answer, EntryAnswers, Verdict, fence_coverage_ok, recovery_verdict
+from octavo.meta.errors import BookieUnavailableError, RecoveryError, WrongPasswordError
+from octavo.meta.ledger_metadata import CLOSED, IN_RECOVERY, LENGTH_UNKNOWN, LedgerMetadata
 from octavo.v1 import bookie_pb2 as pb
-
-if TYPE_CHECKING:
-    from octavo.client.client import Client
 
 log = logging.getLogger(__name__)
 
 RECOVERY_CAS_ATTEMPTS_MAX = 20
 
 
-def fence_coverage_ok(meta: LedgerMetadata, fenced: set[str]) -> bool:
-    """Every write quorum of the last ensemble has at least (Qw - Qa) + 1 fenced bookies."""
-    ensemble = meta.last_ensemble
-    need = meta.write_quorum - meta.ack_quorum + 1
-    for start in range(meta.ensemble_size):
-        quorum = {ensemble[p] for p in write_set(start, meta.ensemble_size, meta.write_quorum)}
-        if len(quorum & fenced) < need:
-            return False
-    return True
-
-
-async def recover_ledger(client: Client, ledger_id: int, master_key: bytes) -> LedgerMetadata:
+async def recover_ledger(client: ClientContext, ledger_id: int, master_key: bytes) -> LedgerMetadata:
     store = client.metadata_store
     meta, revision = await store.read_ledger(ledger_id)
     for _ in range(RECOVERY_CAS_ATTEMPTS_MAX):
@@ -80,7 +68,7 @@ async def recover_ledger(client: Client, ledger_id: int, master_key: bytes) -> L
     raise RecoveryError(f"ledger {ledger_id}: could not close it (metadata kept changing)")
 
 
-async def _fence(client: Client, meta: LedgerMetadata, master_key: bytes) -> tuple[int, set[str]]:
+async def _fence(client: ClientContext, meta: LedgerMetadata, master_key: bytes) -> tuple[int, set[str]]:
     """Fence the last ensemble; returns (the highest LAC, bookies that may have lost their tail)."""
     answers = await asyncio.gather(*(
         _fence_one(client, bookie, meta.ledger_id, master_key) for bookie in meta.last_ensemble))
@@ -96,15 +84,15 @@ async def _fence(client: Client, meta: LedgerMetadata, master_key: bytes) -> tup
             continue
         fenced.add(bookie)
         lac = max(lac, answer.last_add_confirmed)
-        if answer.maybe_lost_tail:
+        if answer.tail_maybe_lost:
             suspect.add(bookie)
-    if not fence_coverage_ok(meta, fenced):
+    if not fence_coverage_ok(meta.last_ensemble, meta.write_quorum, meta.ack_quorum, fenced):
         raise RecoveryError(f"ledger {meta.ledger_id}: only {sorted(fenced)} of {list(meta.last_ensemble)} could be "
                             f"fenced; every write quorum needs {meta.write_quorum - meta.ack_quorum + 1}")
     return lac, suspect
 
 
-async def _with_moved_retry(client: Client, bookie: str, call: Any) -> Any:
+async def _with_moved_retry(client: ClientContext, bookie: str, call: Any) -> Any:
     """Run call(bookie client); if it fails because the bookie restarted at another address, once more there."""
     try:
         return await call(client.bookie_client(bookie))
@@ -114,7 +102,7 @@ async def _with_moved_retry(client: Client, bookie: str, call: Any) -> Any:
         return await call(client.bookie_client(bookie))
 
 
-async def _fence_one(client: Client, bookie: str, ledger_id: int, master_key: bytes) -> Any:
+async def _fence_one(client: ClientContext, bookie: str, ledger_id: int, master_key: bytes) -> Any:
     try:
         return await _with_moved_retry(client, bookie, lambda c: c.read_lac(
             ledger_id, fence=True, master_key=master_key, timeout_s=client.options.read_timeout_s))
@@ -126,7 +114,7 @@ async def _fence_one(client: Client, bookie: str, ledger_id: int, master_key: by
 RECOVERY_WINDOW_ENTRIES = 1000
 
 
-async def _read_forward(client: Client, meta: LedgerMetadata, master_key: bytes, lac: int,
+async def _read_forward(client: ClientContext, meta: LedgerMetadata, master_key: bytes, lac: int,
                         suspect: set[str]) -> tuple[int, int]:
     """Find and re-replicate the entries after the LAC, a window of entries at a time (one read request and
     one recovery add per bookie per window); returns the last entry id and the payload bytes found."""
@@ -141,21 +129,19 @@ async def _read_forward(client: Client, meta: LedgerMetadata, master_key: bytes,
         for e in ids:
             bookies = meta.write_set_bookies(e)
             replies = [answers.get((b, e), _UNREACHABLE) for b in bookies]
-            payload = next((r.payload for r in replies if r is not _UNREACHABLE and r is not _NOT_RETURNED
-                            and r.code == pb.OK), None)
-            if payload is not None:
-                found.append((e, payload))
+            said = EntryAnswers(tuple(map(_answer, replies)), tuple(b in suspect for b in bookies))
+            verdict = recovery_verdict(said, meta.write_quorum, meta.ack_quorum)
+            if verdict is Verdict.FOUND:
+                found.append((e, next(r.payload for r in replies if _answer(r) is Answer.HAS)))
                 continue
-            if any(r is _NOT_RETURNED for r in replies):
+            if verdict is Verdict.RETRY:
                 break  # a read limit cut a reply short: continue from this entry in the next window
-            negatives = sum(1 for b, r in zip(bookies, replies, strict=True)
-                            if r is not _UNREACHABLE and r.code in (pb.NO_SUCH_ENTRY, pb.NO_SUCH_LEDGER)
-                            and b not in suspect)
-            if negatives >= need_negative:
+            if verdict is Verdict.END:
                 decided_last = e - 1
                 break
+            denials = sum(1 for a, s in zip(said.answers, said.suspect, strict=True) if a is Answer.HAS_NOT and not s)
             raise RecoveryError(
-                f"ledger {meta.ledger_id}: cannot tell whether entry {e} exists: {negatives} bookies of {bookies} "
+                f"ledger {meta.ledger_id}: cannot tell whether entry {e} exists: {denials} bookies of {bookies} "
                 f"said it does not, {need_negative} must (others were unreachable or may have lost their tail)")
         if found:
             await _replicate(client, meta, master_key, found, lac)
@@ -169,7 +155,19 @@ _UNREACHABLE: Any = object()
 _NOT_RETURNED: Any = object()
 
 
-async def _read_window(client: Client, meta: LedgerMetadata, ids: list[int]) -> dict[tuple[str, int], Any]:
+def _answer(reply: Any) -> Answer:
+    if reply is _UNREACHABLE:
+        return Answer.UNKNOWN
+    if reply is _NOT_RETURNED:
+        return Answer.CUT_SHORT
+    if reply.code == pb.OK:
+        return Answer.HAS
+    if reply.code in (pb.NO_SUCH_ENTRY, pb.NO_SUCH_LEDGER):
+        return Answer.HAS_NOT
+    return Answer.UNKNOWN
+
+
+async def _read_window(client: ClientContext, meta: LedgerMetadata, ids: list[int]) -> dict[tuple[str, int], Any]:
     per_bookie: dict[str, list[int]] = {}
     for e in ids:
         for bookie in meta.write_set_bookies(e):
@@ -194,7 +192,7 @@ async def _read_window(client: Client, meta: LedgerMetadata, ids: list[int]) -> 
     return answers
 
 
-async def _replicate(client: Client, meta: LedgerMetadata, master_key: bytes, found: list[tuple[int, bytes]],
+async def _replicate(client: ClientContext, meta: LedgerMetadata, master_key: bytes, found: list[tuple[int, bytes]],
                      lac: int) -> None:
     """Recovery adds of the found entries to their whole write set; each entry needs Qa of them to succeed."""
     per_bookie: dict[str, list[tuple[int, bytes]]] = {}

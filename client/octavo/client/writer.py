@@ -5,12 +5,12 @@ at e mod E of the last ensemble). Appends made in the same event-loop turn go ou
 turn for all of the client's handles, one batch per (ledger, bookie), and the client's connection to each
 bookie packs the batches of every ledger into one request.
 
-Acknowledgement is tracked per bookie, not per entry: a bookie answers its requests in order, so each
-bookie of the last ensemble has a mark, the highest entry id it stored with every entry of its write sets
-before it. An entry is acknowledged once Qa bookies of its write set have marks at or past it *and* every
-entry before it is acknowledged; the last-add-confirmed (LAC) is the highest such entry and rides on every
-add. A bookie whose stream failed or that refused an add gets no further marks (a later answer on a new
-stream must not vouch for the failed request's entries).
+Acknowledgement is tracked per bookie, not per entry, by the pure `quorums.AckMarks`: a bookie answers its
+requests in order, so each bookie of the last ensemble has a mark, the highest entry id it stored with every
+entry of its write sets before it. An entry is acknowledged once Qa bookies of its write set have marks at or
+past it *and* every entry before it is acknowledged; the last-add-confirmed (LAC) is the highest such entry
+and rides on every add. A bookie whose stream failed or that refused an add gets no further marks (a later
+answer on a new stream must not vouch for the failed request's entries).
 
 Refusals are of two kinds. A refusal of the entry itself (TOO_LARGE, INVALID) or of the writer (UNAUTHORIZED:
 wrong master key; NO_SUCH_LEDGER: the ledger was deleted; FENCED, below) would be the same on any bookie, so it
@@ -34,10 +34,12 @@ import random
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from octavo.client.bookie_client import AddCallback, AddGroup, Refusal, add_group
-from octavo.client.errors import (
+from octavo.client.context import ClientContext
+from octavo.client.quorums import AckMarks
+from octavo.client.scheduler import LAC_UPDATE_DELAY_S
+from octavo.meta.errors import (
     BookieUnavailableError,
     EntryRefusedError,
     EntryTooLargeError,
@@ -49,70 +51,22 @@ from octavo.client.errors import (
     OctavoError,
     WrongPasswordError,
 )
-from octavo.client.ledger_metadata import CLOSED, OPEN, LedgerMetadata, write_set
+from octavo.meta.ledger_metadata import CLOSED, OPEN, LedgerMetadata, write_set
+from octavo.meta.metadata import BookieInfo
 from octavo.v1 import bookie_pb2 as pb
-
-if TYPE_CHECKING:
-    from octavo.client.client import Client
-    from octavo.client.metadata import BookieInfo
 
 log = logging.getLogger(__name__)
 
 ENSEMBLE_CHANGE_ATTEMPTS_MAX = 10
 ENSEMBLE_CHANGE_METADATA_WAIT_S = 30.0
-# How long a writer must be idle before it sends its LAC on its own.
-LAC_UPDATE_DELAY_S = 0.05
 
 
 def _ignore(_: AddGroup, __: object) -> None:
     """Answers to LAC-only adds change nothing: a lost one only leaves readers one batch behind."""
 
 
-class WriteScheduler:
-    """One per client: runs the flushes of every handle with appends this event-loop turn in one callback,
-    and the explicit LAC updates of idle handles on one timer, instead of a callback or timer per handle."""
-
-    def __init__(self) -> None:
-        self._flush: list[WriteHandle] = []
-        self._lac_due: set[WriteHandle] = set()
-        self._lac_timer: asyncio.TimerHandle | None = None
-
-    def flush_soon(self, handle: WriteHandle) -> None:
-        self._flush.append(handle)
-        if len(self._flush) == 1:
-            asyncio.get_running_loop().call_soon(self._run_flushes)
-
-    def _run_flushes(self) -> None:
-        todo, self._flush = self._flush, []
-        for handle in todo:
-            try:
-                handle._flush()
-            except Exception:  # one handle's bug must not strand the others' appends
-                log.exception("ledger %d: flush failed", handle.ledger_id)
-
-    def lac_later(self, handle: WriteHandle) -> None:
-        self._lac_due.add(handle)
-        if self._lac_timer is None:
-            self._lac_timer = asyncio.get_running_loop().call_later(LAC_UPDATE_DELAY_S, self._run_lacs)
-
-    def _run_lacs(self) -> None:
-        self._lac_timer = None
-        due, self._lac_due = self._lac_due, set()
-        for handle in due:
-            try:
-                handle._send_lac_if_idle()
-            except Exception:
-                log.exception("ledger %d: LAC update failed", handle.ledger_id)
-
-    def cancel(self) -> None:
-        if self._lac_timer is not None:
-            self._lac_timer.cancel()
-            self._lac_timer = None
-        self._lac_due.clear()
-
-
 class WriteHandle:
-    def __init__(self, client: Client, metadata: LedgerMetadata, revision: int, master_key: bytes) -> None:
+    def __init__(self, client: ClientContext, metadata: LedgerMetadata, revision: int, master_key: bytes) -> None:
         self._client = client
         self.metadata = metadata
         self._revision = revision
@@ -125,11 +79,9 @@ class WriteHandle:
         self._data: list[bytes] = []
         self._sent_to = 0  # entries below this id have been handed to the bookies
         self._waiters: deque[tuple[int, asyncio.Future[int]]] = deque()  # (entry id, future), in id order
-        # Per bookie of the last ensemble: the highest entry id it stored, with every entry of its write sets
-        # before it (answers on one bookie's stream come in request order).
-        self._marks: dict[str, int] = dict.fromkeys(metadata.last_ensemble, -1)
-        # Bookies that failed this handle: their answers no longer count and they are never chosen again.
-        self._dead: set[str] = set()
+        # Acknowledgement marks per bookie of the last ensemble (quorums.AckMarks); its bookies that failed
+        # this handle no longer count and are never chosen again.
+        self._acks = AckMarks(metadata.last_ensemble)
         self._callbacks: dict[str, AddCallback] = {}  # per bookie: _on_result bound to it
         self._flush_scheduled = False
         self._inflight_bytes = 0
@@ -309,10 +261,9 @@ class WriteHandle:
         self.outstanding_requests -= 1
         if result is None:  # the common case: every entry stored
             last = group.entry_ids[-1]
-            if bookie_id not in self._dead and last > self._marks.get(bookie_id, last):
-                self._marks[bookie_id] = last
-                if last > self._lac:  # else the LAC is already past everything this answer vouches for
-                    self._advance()
+            # If last <= LAC, the LAC is already past everything this answer vouches for.
+            if self._acks.stored(bookie_id, last) and last > self._lac:
+                self._advance()
             return
         if isinstance(result, BaseException):
             self._bookie_failed(bookie_id, str(result))
@@ -336,9 +287,7 @@ class WriteHandle:
         if refused:
             self._bookie_failed(bookie_id, f"refused adds: {refused}")
             return
-        last = group.entry_ids[-1]
-        if bookie_id not in self._dead and last > self._marks.get(bookie_id, last):
-            self._marks[bookie_id] = last
+        if self._acks.stored(bookie_id, group.entry_ids[-1]):
             self._advance()
 
     def _refusal_error(self, bookie_id: str, entry_id: int, code: int, message: str) -> OctavoError | None:
@@ -361,18 +310,8 @@ class WriteHandle:
         if self._changing or self._error is not None:
             return  # the LAC stands still while the ensemble changes
         meta = self.metadata
-        qa = meta.ack_quorum
-        marks = self._marks
-        if meta.write_quorum == meta.ensemble_size:
-            top = sorted(marks.values())[-qa] if len(marks) >= qa else -1
-            top = min(top, self._sent_to - 1)
-        else:
-            top = self._lac
-            while top + 1 < self._sent_to:
-                e = top + 1
-                if sum(1 for b in meta.write_set_bookies(e) if marks.get(b, -1) >= e) < qa:
-                    break
-                top = e
+        top = self._acks.acknowledged_up_to(self._lac, self._sent_to, meta.last_ensemble, meta.write_quorum,
+                                            meta.ack_quorum)
         if top > self._lac:
             k = top - self._lac
             done = self._data[:k]
@@ -432,7 +371,7 @@ class WriteHandle:
             return
         if bookie_id not in self.metadata.last_ensemble:
             return  # already replaced
-        self._dead.add(bookie_id)  # its later answers must not vouch for the entries this failure lost
+        self._acks.failed(bookie_id)  # its later answers must not vouch for the entries this failure lost
         if bookie_id in self._changing:
             return
         log.info("ledger %d: bookie %s failed (%s); changing the ensemble", self.ledger_id, bookie_id, reason)
@@ -450,8 +389,7 @@ class WriteHandle:
                     self._fail(e)
                     return
                 self.ensemble_changes += 1
-                self._marks.pop(failed, None)
-                self._marks[replacement] = self._lac
+                self._acks.replaced(failed, replacement, self._lac)
                 # Every entry sent and not acknowledged whose write set now has the replacement goes to it;
                 # entries not flushed yet go with their flush.
                 base = self._lac + 1
@@ -518,7 +456,7 @@ class WriteHandle:
                 unusable[bookie_id] = "is the one that failed (its registration has not expired yet)"
             elif bookie_id in ensemble:
                 unusable[bookie_id] = "is already in the ensemble"
-            elif bookie_id in self._dead:
+            elif bookie_id in self._acks.dead:
                 unusable[bookie_id] = "failed earlier on this ledger"
             elif info.readonly:
                 unusable[bookie_id] = "is read-only"

@@ -17,9 +17,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from octavo.client.client import Client, ClientOptions
+from octavo.client.client import Client
 from octavo.client.dataset import META_DATASET, META_WRITE, DatasetLedger, check_name
-from octavo.client.errors import EntryTooLargeError, OctavoError
+from octavo.client.options import ClientOptions
+from octavo.meta.errors import EntryTooLargeError, OctavoError
 
 # Appended bytes a task keeps in flight (the client bounds this too); entries go out in groups of this size.
 GROUP_BYTES = 1024 * 1024

@@ -35,7 +35,7 @@ from pyspark.sql.types import StructType
 
 from octavo.client.client import Client, SyncClient
 from octavo.client.dataset import DatasetExistsError, DatasetLedger, NoSuchDatasetError
-from octavo.client.errors import NotEnoughBookiesError
+from octavo.meta.errors import NotEnoughBookiesError
 from octavo.spark.arrowio import Options, client_options, decode_entry, new_write_id, write_ledger
 
 

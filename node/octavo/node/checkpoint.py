@@ -14,11 +14,9 @@ from typing import Any
 import crc32c
 
 from octavo.node.fileio import FileIO
+from octavo.node.files import NODE_STATE_FILE, RECOVERY_POINT_FILE
 
-RECOVERY_POINT_FILE = "recovery-point"
-NODE_STATE_FILE = "node-state"
 # Present while a bookie runs on the directory; found at startup, it means the last stop was unclean.
-RUNNING_MARKER_FILE = "running"
 CHECKPOINT_FORMAT_VERSION = 1
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import crc32c
 
 from octavo.node import faults
+from octavo.node.files import COMPACTED_SUFFIX, COMPACTING_SUFFIX, CORRUPT_SUFFIX, log_file_name, parse_log_file_name
 from octavo.node.index import IndexEntry, LogMeta
 from octavo.node.record import (
     ENTRY_ID_COMPACTED_FROM,
@@ -53,9 +54,9 @@ from octavo.node.record import (
     decode_record,
     encode_log_header,
     encode_record,
-    log_file_name,
     scan_records,
 )
+from octavo.node.startup_cases import Action, Kind, LogFacts, decide
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -63,8 +64,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-COMPACTING_SUFFIX = ".compacting"  # phase 1: being written; rolled back after a crash
-COMPACTED_SUFFIX = ".compacted"    # phase 2 done: synced and complete; finished after a crash
 MINOR = "minor"
 MAJOR = "major"
 # One compaction log replaces at most this many logs (its trailer lists them).
@@ -123,16 +122,7 @@ class CompactionStopped(Exception):
 
 
 def _path(storage: Storage, log_id: int, suffix: str = "") -> str:
-    return os.path.join(storage.logs_dir, log_file_name(log_id) + suffix)
-
-
-def _parse_name(name: str, suffix: str) -> int | None:
-    if not name.endswith(".log" + suffix) or len(name) != 16 + 4 + len(suffix):
-        return None
-    try:
-        return int(name[:16], 16)
-    except ValueError:
-        return None
+    return os.path.join(storage.logs_dir, log_file_name(log_id, suffix))
 
 
 _HEADER = RECORD_HEADER.unpack_from
@@ -173,8 +163,22 @@ def recover_interrupted(storage: Storage) -> InterruptedReport:
     report = InterruptedReport()
     io = storage.io
     for name in sorted(io.listdir(storage.logs_dir)):
-        log_id = _parse_name(name, COMPACTING_SUFFIX)
-        if log_id is not None:
+        kind = Kind.COMPACTING
+        log_id = parse_log_file_name(name, COMPACTING_SUFFIX)
+        if log_id is None:
+            kind, log_id = Kind.COMPACTED, parse_log_file_name(name, COMPACTED_SUFFIX)
+        if log_id is None:
+            continue
+        described = None
+        error: RecordFormatError | None = None
+        if kind is Kind.COMPACTED:
+            try:
+                described = _describe(storage, log_id)
+            except RecordFormatError as e:
+                error = e
+        # The recovery point does not matter to compaction logs (startup_cases.decide).
+        action = decide(LogFacts(kind, log_id, readable=error is None), recovery_point=0)
+        if action is Action.ROLL_BACK:
             log.warning("compaction log %d was interrupted while copying: rolling it back", log_id)
             with storage._fd_lock:
                 fd = storage._pinned_fds.pop(log_id, None)
@@ -183,22 +187,20 @@ def recover_interrupted(storage: Storage) -> InterruptedReport:
             io.unlink(os.path.join(storage.logs_dir, name))
             io.fsync_dir(storage.logs_dir)
             report.rolled_back.append(log_id)
-            continue
-        log_id = _parse_name(name, COMPACTED_SUFFIX)
-        if log_id is None:
-            continue
-        log.warning("compaction log %d was complete but not switched over: finishing it", log_id)
-        try:
-            sources, moved, meta = _describe(storage, log_id)
-        except RecordFormatError as e:
+        elif action is Action.QUARANTINE:
             # Synced before its rename, so this is damage on disk: keep every original, set the file aside.
-            log.error("compaction log %d is unreadable (%s): setting it aside; the logs it replaced stay", log_id, e)
-            io.rename(_path(storage, log_id, COMPACTED_SUFFIX), _path(storage, log_id, COMPACTED_SUFFIX + ".corrupt"))
+            log.error("compaction log %d is unreadable (%s): setting it aside; the logs it replaced stay", log_id,
+                      error)
+            io.rename(_path(storage, log_id, COMPACTED_SUFFIX),
+                      _path(storage, log_id, COMPACTED_SUFFIX + CORRUPT_SUFFIX))
             io.fsync_dir(storage.logs_dir)
             report.quarantined.append(log_id)
-            continue
-        _switch_and_delete(storage, log_id, sources, moved, meta)
-        report.finished.append(log_id)
+        else:
+            if action is not Action.FINISH or described is None:
+                raise RuntimeError(f"compaction log {log_id}: no way to carry out {action}")
+            log.warning("compaction log %d was complete but not switched over: finishing it", log_id)
+            _switch_and_delete(storage, log_id, *described)
+            report.finished.append(log_id)
     return report
 
 

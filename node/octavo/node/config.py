@@ -65,7 +65,7 @@ class NodeConfig:
     log_size_bytes_max: int = 1 * GIB
     # A log with unsynced data older than this is rolled, so a quiet bookie still moves its recovery point.
     log_roll_interval_ms: int = 60_000
-    # A fence or write-close rotates the active log only if it holds at least this much (seed 003), so a burst
+    # A fence or write-close rolls the active log only if it holds at least this much (seed 003), so a burst
     # of closing ledgers does not make a burst of tiny logs; smaller logs roll with the interval above.
     log_rotate_on_close_bytes_min: int = 1 * MIB
     fsync_policy: str = FSYNC_POLICY_NONE

@@ -25,6 +25,7 @@ import shutil
 from dataclasses import dataclass
 
 from octavo.node.checkpoint import write_node_state
+from octavo.node.watermarks import Watermarks, disk_full_next, warning_due
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -103,24 +104,23 @@ class DiskMonitor:
         was = self.read_only
         self.usages = [self.measure(path) for path in self.directories]
         worst = max(self.usages, key=lambda u: u.ratio)
+        marks = Watermarks(cfg.disk_warn_ratio, cfg.disk_readonly_ratio, cfg.disk_writable_ratio)
         for u in self.usages:
-            if u.ratio >= cfg.disk_warn_ratio and u.path not in self._warned:
+            due = warning_due(u.ratio, u.path in self._warned, marks)
+            if due:
                 self._warned.add(u.path)
                 log.warning("disk of %s is %.1f%% full (warning at %.0f%%, read-only at %.0f%%)", u.path,
                             100 * u.ratio, 100 * cfg.disk_warn_ratio, 100 * cfg.disk_readonly_ratio)
-            elif u.ratio < cfg.disk_warn_ratio:
+            elif due is False:
                 self._warned.discard(u.path)
-        if self.storage.disk_full_seen:
-            self.storage.disk_full_seen = False
-            if not self.disk_full:
-                self.disk_full, self.full_path, self.full_by_enospc = True, worst.path, True
+        enospc, self.storage.disk_full_seen = self.storage.disk_full_seen, False
+        full = disk_full_next(self.disk_full, worst.ratio, enospc, marks)
+        if full and not self.disk_full:
+            self.full_path, self.full_by_enospc = worst.path, enospc
+            if enospc:
                 log.error("an add hit ENOSPC in %s: read-only until usage is below %.0f%%", worst.path,
                           100 * cfg.disk_writable_ratio)
-        elif worst.ratio >= cfg.disk_readonly_ratio:
-            if not self.disk_full:
-                self.disk_full, self.full_path, self.full_by_enospc = True, worst.path, False
-        elif worst.ratio < cfg.disk_writable_ratio:
-            self.disk_full = False
+        self.disk_full = full
         self._apply()
         changed = was != self.read_only
         if changed:

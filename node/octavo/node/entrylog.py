@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 
 from octavo.node.fileio import FileIO
-from octavo.node.record import LOG_HEADER_BYTES, encode_log_header, log_file_name
+from octavo.node.files import log_file_name
+from octavo.node.record import LOG_HEADER_BYTES, encode_log_header
 
 ACTIVE = "active"
 ROLLED = "rolled"

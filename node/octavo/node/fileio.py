@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from octavo.node.files import TMP_SUFFIX
+
 # Buffers per writev call (Linux's IOV_MAX).
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 # Below this average part size a batch is joined and written with one write() instead of writev().
@@ -81,7 +83,7 @@ class FileIO:
     def write_file_atomic(self, path: str, data: bytes) -> None:
         """Replace `path` with `data` so that a crash leaves either the old or the new content, never a mix:
         write a temporary file, fsync it, rename it over `path`, fsync the directory."""
-        tmp = path + ".tmp"
+        tmp = path + TMP_SUFFIX
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
             self.write_at_end(fd, data)

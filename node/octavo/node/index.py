@@ -25,8 +25,8 @@ import lmdb
 
 from octavo.node.entrylog import LOCATION_LENGTH_BITS, LOCATION_LENGTH_MASK
 from octavo.node.fileio import FileIO
+from octavo.node.files import INDEX_DIR
 
-INDEX_DIR = "index"
 INDEX_KEY = struct.Struct(">QQ")
 INDEX_VALUE = struct.Struct("<QQI")
 LEDGER_KEY = struct.Struct(">Q")

@@ -27,7 +27,6 @@ LOG_MAGIC = b"OCTAVOEL"
 LOG_FORMAT_VERSION = 1
 LOG_HEADER = struct.Struct("<8sHHIQII")
 LOG_HEADER_BYTES = LOG_HEADER.size  # 32
-LOG_FILE_SUFFIX = ".log"
 
 RECORD_HEADER = struct.Struct("<IIqq")
 RECORD_HEADER_BYTES = RECORD_HEADER.size  # 24
@@ -40,8 +39,9 @@ RECORD_BODY_BYTES_MAX = 64 * 1024 * 1024
 
 ENTRY_ID_LEDGER_KEY = -1
 ENTRY_ID_FENCE = -2
-# The first record of a compaction log: its payload lists the ids of the logs it was compacted from, so a
-# compaction interrupted after its log was marked complete can be finished from the file alone.
+# The last record of a compaction log (its trailer, written after every copied record and before the log is
+# synced and marked complete): its payload lists the ids of the logs it was compacted from, so a compaction
+# interrupted after its log was marked complete can be finished from the file alone.
 ENTRY_ID_COMPACTED_FROM = -3
 CONTROL_ENTRY_IDS = frozenset({ENTRY_ID_LEDGER_KEY, ENTRY_ID_FENCE, ENTRY_ID_COMPACTED_FROM})
 
@@ -50,20 +50,6 @@ _crc = crc32c.crc32c
 
 class RecordFormatError(ValueError):
     """Bytes that are not a valid record or log header."""
-
-
-def log_file_name(log_id: int) -> str:
-    return f"{log_id:016x}{LOG_FILE_SUFFIX}"
-
-
-def parse_log_file_name(name: str) -> int | None:
-    """The log id of an entry-log file name, or None if the name is not one."""
-    if not name.endswith(LOG_FILE_SUFFIX) or len(name) != 16 + len(LOG_FILE_SUFFIX):
-        return None
-    try:
-        return int(name[:16], 16)
-    except ValueError:
-        return None
 
 
 def encode_log_header(log_id: int) -> bytes:

@@ -16,11 +16,11 @@ import contextlib
 import logging
 import time
 
-from octavo.client.errors import CookieMismatchError, MetadataUnavailableError, NoSuchLedgerError
-from octavo.client.etcd import EtcdClient
-from octavo.client.layout import Layout
-from octavo.client.ledger_metadata import LedgerMetadata
-from octavo.client.metadata import BookieInfo, Cookie, MetadataStore
+from octavo.meta.errors import CookieMismatchError, MetadataUnavailableError, NoSuchLedgerError
+from octavo.meta.etcd import EtcdClient
+from octavo.meta.layout import Layout
+from octavo.meta.ledger_metadata import LedgerMetadata
+from octavo.meta.metadata import BookieInfo, Cookie, MetadataStore
 from octavo.node.storage import Storage
 
 log = logging.getLogger(__name__)

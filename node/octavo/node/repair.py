@@ -9,7 +9,7 @@ crash and are skipped. Missing ones are read from the other replicas and stored 
 a fence: the bookie only restores what the cluster acknowledged).
 
 Until the repair has gone through every ledger, the bookie keeps answering UNKNOWN for what it lacks and says
-maybe_lost_tail, so recovery never takes its word that an entry does not exist. A repair that fails (etcd or
+tail_maybe_lost, so recovery never takes its word that an entry does not exist. A repair that fails (etcd or
 peers unreachable) is retried with backoff.
 """
 
@@ -20,9 +20,9 @@ import logging
 from itertools import pairwise
 
 from octavo.client.client import Client
-from octavo.client.errors import OctavoError
-from octavo.client.ledger_metadata import LedgerMetadata, write_set
 from octavo.client.reader import ReadHandle
+from octavo.meta.errors import OctavoError
+from octavo.meta.ledger_metadata import LedgerMetadata, write_set
 from octavo.node.errors import StorageError
 from octavo.node.storage import Storage, WriteCacheFull
 from octavo.v1 import bookie_pb2 as pb

@@ -20,6 +20,7 @@ import shutil
 import threading
 
 from octavo.node.fileio import FileIO
+from octavo.node.files import TMP_SUFFIX
 
 
 class MachineCrashed(OSError):
@@ -102,7 +103,7 @@ class SimIO(FileIO):
 
     def write_file_atomic(self, path: str, data: bytes) -> None:
         self._check()
-        tmp = path + ".tmp"
+        tmp = path + TMP_SUFFIX
         fd = self.open_append(tmp, create=not os.path.exists(tmp))
         try:
             os.ftruncate(fd, 0)

@@ -34,7 +34,6 @@ from crc32c import crc32c as _crc32c
 
 from octavo.node import faults
 from octavo.node.checkpoint import (
-    RUNNING_MARKER_FILE,
     CheckpointError,
     NodeState,
     RecoveryPoint,
@@ -53,7 +52,8 @@ from octavo.node.entrylog import (
 )
 from octavo.node.errors import Code, StorageError, fenced, no_such_entry, no_such_ledger, unauthorized
 from octavo.node.fileio import FileIO
-from octavo.node.index import INDEX_DIR, MASTER_KEY_BYTES_MAX, Index, LedgerRow, LogMeta
+from octavo.node.files import INDEX_DIR, LOCK_FILE, LOGS_DIR, RUNNING_MARKER_FILE, log_file_name, parse_log_file_name
+from octavo.node.index import MASTER_KEY_BYTES_MAX, Index, LedgerRow, LogMeta
 from octavo.node.record import (
     CRC_FIELD,
     ENTRY_ID_COMPACTED_FROM,
@@ -66,15 +66,13 @@ from octavo.node.record import (
     RecordFormatError,
     decode_record,
     encode_record,
-    parse_log_file_name,
 )
 from octavo.node.recovery import LogScan, apply_scan, scan_log
+from octavo.node.startup_cases import Action, Kind, needs_scan, recovery_point_to_use
 from octavo.v1 import bookie_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-LOGS_DIR = "logs"
-LOCK_FILE = "lock"
 OK = pb.OK
 
 
@@ -158,7 +156,7 @@ class LacInfo:
     last_add_confirmed: int
     last_entry_id: int
     fenced: bool
-    maybe_lost_tail: bool
+    tail_maybe_lost: bool
 
 
 @dataclass
@@ -207,7 +205,7 @@ class Storage:
         self.node_state: NodeState | None = None
         self.fresh_instance = False  # this start created the data directory's identity
         # True after an unclean stop across a reboot (or power loss): the unsynced tail may be gone, so "no
-        # such entry" becomes UNKNOWN and fenced LAC reads say maybe_lost_tail (BookKeeper's BP-46).
+        # such entry" becomes UNKNOWN and fenced LAC reads say tail_maybe_lost (BookKeeper's BP-46).
         self.tail_maybe_lost = False
         self.recovery = RecoveryReport()
         self.started_unix_ms = int(time.time() * 1000)
@@ -254,15 +252,17 @@ class Storage:
         for lid, row in rows.items():
             self._ledgers[lid] = LedgerState(row.master_key, row.fenced, row.last_add_confirmed,
                                              row.durable_last_entry_id, row.durable_last_entry_id)
+        stored: RecoveryPoint | None = None
+        checksum_ok = True
         try:
-            point = read_recovery_point(self.io, self.data_dir) or RecoveryPoint(0)
+            stored = read_recovery_point(self.io, self.data_dir)
         except CheckpointError as e:
             log.warning("recovery point unreadable (%s): scanning every entry log", e)
-            point = RecoveryPoint(0)
-        if point.log_id > 0 and not index_existed:
+            checksum_ok = False
+        point = RecoveryPoint(recovery_point_to_use(stored.log_id if stored else None, checksum_ok, index_existed))
+        if stored is not None and stored.log_id > 0 and point.log_id == 0 and checksum_ok:
             log.warning("the index is missing but the recovery point is at log %d: rebuilding the index from "
-                        "every entry log", point.log_id)
-            point = RecoveryPoint(0)
+                        "every entry log", stored.log_id)
         self._recovery_point = point
         from octavo.node.compaction import recover_interrupted
 
@@ -317,14 +317,13 @@ class Storage:
         report = RecoveryReport(unclean=unclean, recovery_point_log_id=point.log_id)
         log_ids = sorted(i for i in map(parse_log_file_name, self.io.listdir(self.logs_dir)) if i is not None)
         for log_id in log_ids:
-            if log_id < point.log_id:
-                continue
-            path = os.path.join(self.logs_dir, f"{log_id:016x}.log")
-            scan = scan_log(self.io, path, log_id)
+            if not needs_scan(Kind.LOG, log_id, point.log_id):
+                continue  # Action.SKIP: fsynced and indexed before the point moved past it
+            scan = scan_log(self.io, os.path.join(self.logs_dir, log_file_name(log_id)), log_id)
             report.scans.append(scan)
             report.logs_scanned += 1
             apply_scan(self.io, self.logs_dir, scan)
-            if scan.action in ("delete", "quarantine"):
+            if scan.action in (Action.DELETE, Action.QUARANTINE):
                 continue
             report.bytes_truncated += scan.bytes_truncated
             entry_log = EntryLog.open_existing(self.io, self.logs_dir, log_id, ROLLED)
@@ -879,11 +878,11 @@ class Storage:
                     raise unauthorized(ledger_id)
                 state.fenced = True
                 row = state.row()
-                rotate = self._active is not None and ledger_id in self._active.cache
+                roll = self._active is not None and ledger_id in self._active.cache
                 self._append_fence_record_locked(ledger_id, state.master_key)
             self.index.put_ledger(ledger_id, row)
         faults.hit(faults.FENCE_AFTER_PERSIST)
-        if rotate:
+        if roll:
             self.roll(self.config.log_rotate_on_close_bytes_min)
         return LacInfo(state.last_add_confirmed, state.last_entry_id, True, self.tail_maybe_lost)
 
@@ -917,9 +916,9 @@ class Storage:
             raise no_such_ledger(ledger_id)
         if state.master_key != master_key:
             raise unauthorized(ledger_id)
-        self._rotate_for(ledger_id)
+        self._roll_for(ledger_id)
 
-    def _rotate_for(self, ledger_id: int) -> None:
+    def _roll_for(self, ledger_id: int) -> None:
         """Seed 003: roll the active log when a ledger in it is closed or fenced, so its entries get synced
         and the log can later be collected; tiny logs are left to the roll interval."""
         with self._lock:

@@ -451,7 +451,7 @@ class ReadLacResponse(_message.Message):
     LAST_ADD_CONFIRMED_FIELD_NUMBER: _builtins.int
     LAST_ENTRY_ID_FIELD_NUMBER: _builtins.int
     FENCED_FIELD_NUMBER: _builtins.int
-    MAYBE_LOST_TAIL_FIELD_NUMBER: _builtins.int
+    TAIL_MAYBE_LOST_FIELD_NUMBER: _builtins.int
     code: Global___ResultCode.ValueType
     message: _builtins.str
     last_add_confirmed: _builtins.int
@@ -459,7 +459,7 @@ class ReadLacResponse(_message.Message):
     last_entry_id: _builtins.int
     """the highest entry id stored here, -1 when none"""
     fenced: _builtins.bool
-    maybe_lost_tail: _builtins.bool
+    tail_maybe_lost: _builtins.bool
     """True after an unclean restart until the bookie has checked this ledger: its tail may be missing here."""
     def __init__(
         self,
@@ -469,11 +469,11 @@ class ReadLacResponse(_message.Message):
         last_add_confirmed: _builtins.int = ...,
         last_entry_id: _builtins.int = ...,
         fenced: _builtins.bool = ...,
-        maybe_lost_tail: _builtins.bool = ...,
+        tail_maybe_lost: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "fenced", b"fenced", "last_add_confirmed", b"last_add_confirmed", "last_entry_id", b"last_entry_id", "maybe_lost_tail", b"maybe_lost_tail", "message", b"message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "fenced", b"fenced", "last_add_confirmed", b"last_add_confirmed", "last_entry_id", b"last_entry_id", "message", b"message", "tail_maybe_lost", b"tail_maybe_lost"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

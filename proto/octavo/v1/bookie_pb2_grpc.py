@@ -83,7 +83,7 @@ class BookieServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WriteClose(self, request, context):
-        """Advisory: the writer closed the ledger. The bookie rotates its entry log so the ledger's entries get
+        """Advisory: the writer closed the ledger. The bookie rolls its entry log so the ledger's entries get
         synced and become collectable early. Failure changes nothing but a log line on the client.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 from aetcd import rpc
 
-from octavo.client.errors import MetadataUnavailableError
+from octavo.meta.errors import MetadataUnavailableError
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
-from octavo.client.errors import MetadataUnavailableError, NoSuchLedgerError
-from octavo.client.etcd import EtcdClient, Txn
-from octavo.client.layout import Layout
-from octavo.client.ledger_metadata import LedgerMetadata, MetadataError
+from octavo.meta.errors import MetadataUnavailableError, NoSuchLedgerError
+from octavo.meta.etcd import EtcdClient, Txn
+from octavo.meta.layout import Layout
+from octavo.meta.ledger_metadata import LedgerMetadata, MetadataError
 
 ALLOCATION_RETRIES_MAX = 50
 

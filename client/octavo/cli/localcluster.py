@@ -10,6 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from octavo.node.testing import BookieProcess
+
 ETCD_START_TIMEOUT_S = 30.0
 
 
@@ -114,8 +116,6 @@ class LocalCluster:
     def __init__(self, root: str, bookies: int = 4, cluster: str = "default", bookie_args: list[str] | None = None,
                  etcd_endpoint: str = "", etcd_ports: tuple[int, int] = (0, 0), new_session: bool = False,
                  bookie_ports: dict[str, int] | None = None) -> None:
-        from octavo.node.testing import BookieProcess
-
         self.root = root
         self.cluster = cluster
         self.external_etcd = etcd_endpoint

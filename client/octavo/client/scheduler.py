@@ -1,0 +1,59 @@
+"""One per client: the flushes of every write handle with appends this event-loop turn run in one callback,
+and the explicit LAC updates of idle handles on one timer, instead of a callback or timer per handle."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from octavo.client.writer import WriteHandle
+
+log = logging.getLogger(__name__)
+
+# How long a writer must be idle before it sends its LAC on its own.
+LAC_UPDATE_DELAY_S = 0.05
+
+
+class WriteScheduler:
+    """One per client: runs the flushes of every handle with appends this event-loop turn in one callback,
+    and the explicit LAC updates of idle handles on one timer, instead of a callback or timer per handle."""
+
+    def __init__(self) -> None:
+        self._flush: list[WriteHandle] = []
+        self._lac_due: set[WriteHandle] = set()
+        self._lac_timer: asyncio.TimerHandle | None = None
+
+    def flush_soon(self, handle: WriteHandle) -> None:
+        self._flush.append(handle)
+        if len(self._flush) == 1:
+            asyncio.get_running_loop().call_soon(self._run_flushes)
+
+    def _run_flushes(self) -> None:
+        todo, self._flush = self._flush, []
+        for handle in todo:
+            try:
+                handle._flush()
+            except Exception:  # one handle's bug must not strand the others' appends
+                log.exception("ledger %d: flush failed", handle.ledger_id)
+
+    def lac_later(self, handle: WriteHandle) -> None:
+        self._lac_due.add(handle)
+        if self._lac_timer is None:
+            self._lac_timer = asyncio.get_running_loop().call_later(LAC_UPDATE_DELAY_S, self._run_lacs)
+
+    def _run_lacs(self) -> None:
+        self._lac_timer = None
+        due, self._lac_due = self._lac_due, set()
+        for handle in due:
+            try:
+                handle._send_lac_if_idle()
+            except Exception:
+                log.exception("ledger %d: LAC update failed", handle.ledger_id)
+
+    def cancel(self) -> None:
+        if self._lac_timer is not None:
+            self._lac_timer.cancel()
+            self._lac_timer = None
+        self._lac_due.clear()

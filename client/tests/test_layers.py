@@ -1,0 +1,121 @@
+"""The layers' contract, checked on the source (imports at any depth, TYPE_CHECKING ones included):
+
+    octavo.cli      the command and the local cluster: may use everything below
+    octavo.spark    the Spark data source: the client library and metadata
+    octavo.client   the client library: metadata and the protocol, never the bookie
+    octavo.node     the bookie: metadata and the protocol; the client only in the BP-46 tail repair, which
+                    reads lost entries back from its peers
+    octavo.meta     metadata shared by bookie, client and operator: the protocol at most
+    octavo.v1       the wire protocol: nothing of ours
+
+Pure modules (formats, state machines, policies, decision tables) import no IO and no clock: only the modules
+listed in PURE_MAY_IMPORT, and other pure modules. Time comes in as a parameter.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = {
+    "octavo.v1": ROOT / "proto/octavo/v1",
+    "octavo.meta": ROOT / "client/octavo/meta",
+    "octavo.client": ROOT / "client/octavo/client",
+    "octavo.spark": ROOT / "client/octavo/spark",
+    "octavo.cli": ROOT / "client/octavo/cli",
+    "octavo.node": ROOT / "node/octavo/node",
+    "octavo.operator": ROOT / "operator/octavo/operator",
+}
+# What each package may import of ours (itself always).
+ALLOWED = {
+    "octavo.v1": set(),
+    "octavo.meta": {"octavo.v1"},
+    "octavo.client": {"octavo.meta", "octavo.v1"},
+    "octavo.spark": {"octavo.client", "octavo.meta", "octavo.v1"},
+    "octavo.node": {"octavo.meta", "octavo.v1"},
+    "octavo.cli": {"octavo.node", "octavo.client", "octavo.spark", "octavo.meta", "octavo.v1"},
+    "octavo.operator": {"octavo.client", "octavo.meta", "octavo.v1"},
+}
+# The one sanctioned exception: tail repair reads the entries a bookie lost from its peers, as a client.
+EXCEPTIONS = {("octavo.node.repair", "octavo.client")}
+
+PURE = {
+    "octavo.node.record", "octavo.node.config", "octavo.node.errors", "octavo.node.files",
+    "octavo.node.startup_cases", "octavo.node.watermarks",
+    "octavo.meta.layout", "octavo.meta.ledger_metadata", "octavo.meta.errors", "octavo.client.quorums",
+}
+PURE_MAY_IMPORT = {
+    "__future__", "collections", "collections.abc", "dataclasses", "enum", "typing", "struct", "hashlib", "json",
+    "math", "re", "itertools", "functools", "bisect", "crc32c", "octavo.v1.bookie_pb2", "octavo.v1",
+}
+
+
+def module_name(package: str, path: Path, root: Path) -> str:
+    rel = path.relative_to(root).with_suffix("")
+    parts = [p for p in rel.parts if p != "__init__"]
+    return ".".join([package, *parts])
+
+
+def imports_of(path: Path, module: str) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against the module's package
+                base = module.rsplit(".", node.level)[0]
+                found.add(f"{base}.{node.module}" if node.module else base)
+            elif node.module:
+                found.add(node.module)
+                found.update(f"{node.module}.{alias.name}" for alias in node.names if node.module == "octavo")
+    return found
+
+
+def all_modules() -> list[tuple[str, str, Path]]:
+    out = []
+    for package, folder in PACKAGES.items():
+        for path in sorted(folder.rglob("*.py")):
+            if path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+                continue
+            out.append((package, module_name(package, path, folder), path))
+    return out
+
+
+def owner(name: str) -> str | None:
+    return next((p for p in PACKAGES if name == p or name.startswith(p + ".")), None)
+
+
+@pytest.mark.parametrize(("package", "module", "path"), all_modules(), ids=lambda v: v if isinstance(v, str) else "")
+def test_each_module_imports_only_the_layers_below_it(package: str, module: str, path: Path) -> None:
+    wrong = []
+    for name in imports_of(path, module):
+        other = owner(name)
+        if other is None or other == package or other in ALLOWED[package]:
+            continue
+        if (module, other) in EXCEPTIONS:
+            continue
+        wrong.append(name)
+    assert not wrong, f"{module} imports {sorted(wrong)}: {package} may import only {sorted(ALLOWED[package])}"
+
+
+def test_pure_modules_import_no_io_and_no_clock() -> None:
+    modules = {module: path for _, module, path in all_modules()}
+    missing = PURE - set(modules)
+    assert not missing, f"pure modules listed but not found: {sorted(missing)}"
+    for module in sorted(PURE):
+        bad = sorted(name for name in imports_of(modules[module], module)
+                     if name not in PURE_MAY_IMPORT and name not in PURE)
+        assert not bad, f"pure module {module} imports {bad}"
+
+
+def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
+    """The contract can fail: a module importing a forbidden layer or IO is caught."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os\nfrom octavo.node.storage import Storage\nfrom . import sibling\n")
+    found = imports_of(bad, "octavo.client.bad")
+    assert {"os", "octavo.node.storage", "octavo.client"} <= found
+    assert owner("octavo.node.storage") == "octavo.node" not in ALLOWED["octavo.client"]

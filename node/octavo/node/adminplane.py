@@ -1,0 +1,208 @@
+"""The admin plane: the BookieAdmin service (status, GC, read-only mode, compaction controls)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from octavo.meta.errors import MetadataUnavailableError
+from octavo.node.compaction import MAJOR, MINOR, CompactionProgress, CompactionReport
+from octavo.node.rpc import unary, unary_stream
+from octavo.node.storage import Storage
+from octavo.v1 import bookie_pb2 as pb
+from octavo.v1 import bookie_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from octavo.node.server import BookieServer
+
+log = logging.getLogger(__name__)
+
+VERSION = "0.1.0"
+
+
+def _run_pb(report: CompactionReport) -> pb.CompactionRun:
+    return pb.CompactionRun(kind=report.kind, finished_unix_ms=report.finished_unix_ms, duration_s=report.duration_s,
+                            logs_compacted=report.logs_compacted, compaction_logs=report.compaction_logs,
+                            entries_copied=report.entries_copied, bytes_copied=report.bytes_copied,
+                            bytes_reclaimed=report.bytes_reclaimed, corrupt_records=report.corrupt_records,
+                            stopped=report.stopped, error=report.error)
+
+
+def _progress_pb(p: CompactionProgress) -> pb.CompactionUpdate:
+    return pb.CompactionUpdate(kind=p.kind, logs_total=p.logs_total, logs_done=p.logs_done, bytes_total=p.bytes_total,
+                               bytes_done=p.bytes_done)
+
+
+# A compaction started by hand streams its progress at most this often.
+PROGRESS_INTERVAL_S = 0.2
+
+
+class BookieAdminService(pb_grpc.BookieAdminServicer):
+    def __init__(self, node: BookieServer) -> None:
+        self.node = node
+
+    @property
+    def storage(self) -> Storage:
+        assert self.node.storage is not None
+        return self.node.storage
+
+    async def RunGc(self, request: pb.RunGcRequest, context: grpc.aio.ServicerContext) -> pb.RunGcResponse:
+        if self.node.registration is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "garbage collection needs cluster membership (--etcd): a standalone bookie cannot "
+                                "tell which ledgers were deleted")
+        try:
+            report = await self.node.collect_garbage()
+        except MetadataUnavailableError as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"garbage collection needs etcd: {e}")
+        return pb.RunGcResponse(ledgers_dropped=report.ledgers_dropped, logs_checked=report.logs_checked,
+                                logs_deleted=report.logs_deleted, bytes_reclaimed=report.bytes_reclaimed,
+                                duration_s=report.duration_s)
+
+    def _mode(self) -> pb.ModeStatus:
+        monitor = self.node.disk
+        assert monitor is not None
+        return pb.ModeStatus(mode=pb.MODE_READ_ONLY if monitor.read_only else pb.MODE_WRITABLE,
+                             reason=monitor.reason(), forced_read_only=monitor.forced)
+
+    async def SetReadOnly(self, request: pb.SetReadOnlyRequest, context: grpc.aio.ServicerContext) -> pb.ModeStatus:
+        await self.node.set_forced_read_only(request.read_only)
+        return self._mode()
+
+    def _compaction_state(self) -> pb.CompactionState:
+        comp = self.node.compactor
+        assert comp is not None
+        cfg = self.storage.config
+        progress = comp.progress
+        state = pb.CompactionState(
+            enabled=comp.enabled, suspended=comp.suspended, window_until_unix_ms=comp.window_until_ms,
+            blocked_reason=comp.blocked_reason(), running=progress is not None,
+            running_kind=progress.kind if progress else "", running_bytes_done=progress.bytes_done if progress else 0,
+            running_bytes_total=progress.bytes_total if progress else 0,
+            minor_threshold=cfg.compaction_minor_threshold, major_threshold=cfg.compaction_major_threshold,
+            rate_bytes_per_s=cfg.compaction_rate_bytes_per_s)
+        if comp.last is not None:
+            state.last_run.CopyFrom(_run_pb(comp.last))
+        return state
+
+    async def SetCompactionWindow(self, request: pb.SetCompactionWindowRequest,
+                                  context: grpc.aio.ServicerContext) -> pb.CompactionState:
+        if request.until_unix_ms < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"until_unix_ms must be >= 0 (0 clears the window), got {request.until_unix_ms}")
+        now_ms = int(time.time() * 1000)
+        if 0 < request.until_unix_ms <= now_ms:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"the window would end at {request.until_unix_ms} ms, which is past (now {now_ms}): "
+                                "that turns scheduled compaction off; suspend compaction for that instead")
+        assert self.node.compactor is not None
+        await asyncio.get_running_loop().run_in_executor(None, self.node.compactor.set_window, request.until_unix_ms)
+        return self._compaction_state()
+
+    async def SuspendCompaction(self, request: pb.SuspendCompactionRequest,
+                                context: grpc.aio.ServicerContext) -> pb.CompactionState:
+        assert self.node.compactor is not None
+        await asyncio.get_running_loop().run_in_executor(None, self.node.compactor.set_suspended, request.suspend)
+        return self._compaction_state()
+
+    async def RunCompaction(self, request: pb.RunCompactionRequest,
+                            context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CompactionUpdate]:
+        comp = self.node.compactor
+        assert comp is not None
+        if comp.suspended:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "compaction is suspended: resume it first (`octavo bookie compaction resume`)")
+        loop = asyncio.get_running_loop()
+        updates: asyncio.Queue[pb.CompactionUpdate] = asyncio.Queue()
+        last_sent = [0.0]
+
+        def on_progress(p: CompactionProgress) -> None:  # on the compaction thread
+            now = time.monotonic()
+            if now - last_sent[0] >= PROGRESS_INTERVAL_S or p.logs_done == p.logs_total:
+                last_sent[0] = now
+                loop.call_soon_threadsafe(updates.put_nowait, _progress_pb(p))
+
+        cancel = threading.Event()
+        kind = MAJOR if request.major else MINOR
+        run = loop.run_in_executor(None, functools.partial(comp.run, kind, on_progress, True, cancel))
+        try:
+            while not run.done():
+                getter = asyncio.ensure_future(updates.get())
+                waiting: list[asyncio.Future[Any]] = [getter, run]
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield getter.result()
+                else:
+                    getter.cancel()
+            report = await run
+        finally:
+            cancel.set()  # the caller went away: stop at the next safe point (no effect once finished)
+        yield pb.CompactionUpdate(kind=kind, done=True, report=_run_pb(report))
+
+    async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.BookieStatus:
+        node = self.node
+        storage = self.storage
+        st = storage.status()
+        cfg = storage.config
+        rec = st["recovery"]
+        gc = storage.last_gc
+        monitor = node.disk
+        assert monitor is not None
+        loop = asyncio.get_running_loop()
+        usages = await loop.run_in_executor(None, lambda: [monitor.measure(p) for p in monitor.directories])
+        live_bytes, total_bytes = await loop.run_in_executor(None, storage.disk_bytes)
+        mode = self._mode()
+        reg = node.registration
+        status = pb.BookieStatus(
+            bookie_id=node.bookie_id, instance_id=st["instance_id"],
+            cluster=cfg.cluster if cfg.etcd else "", registered=bool(reg and reg.registered),
+            address=node.advertised, version=VERSION, mode=mode.mode, mode_reason=mode.reason,
+            forced_read_only=mode.forced_read_only,
+            directories=[pb.DirectoryUsage(path=u.path, total_bytes=u.total_bytes, used_bytes=u.used_bytes,
+                                           free_bytes=u.free_bytes, usage_ratio=u.ratio) for u in usages],
+            disk_warn_ratio=cfg.disk_warn_ratio, disk_readonly_ratio=cfg.disk_readonly_ratio,
+            disk_writable_ratio=cfg.disk_writable_ratio,
+            recovery_point_log_id=st["recovery_point_log_id"], active_log_id=st["active_log_id"],
+            entry_log_count=len(st["entry_logs"]),
+            write_cache=pb.WriteCacheUsage(entries=st["write_cache_entries"],
+                                           entries_max=st["write_cache_entries_max"],
+                                           estimated_bytes=st["write_cache_bytes_estimate"]),
+            ledger_count=st["ledger_count"], fsync_policy=cfg.fsync_policy,
+            unclean_restart_count=st["unclean_restart_count"],
+            last_unclean_restart_unix_ms=st["last_unclean_restart_unix_ms"],
+            last_start_was_unclean=st["last_start_was_unclean"], tail_maybe_lost=st["tail_maybe_lost"],
+            gc_last_run_unix_ms=gc.finished_unix_ms if gc else 0, gc_ledgers_dropped=gc.ledgers_dropped if gc else 0,
+            gc_logs_deleted=gc.logs_deleted if gc else 0, gc_bytes_reclaimed=gc.bytes_reclaimed if gc else 0,
+            gc_duration_s=gc.duration_s if gc else 0.0,
+            recovery_logs_scanned=rec.logs_scanned,
+            recovery_records_replayed=rec.records_replayed, recovery_bytes_truncated=rec.bytes_truncated,
+            started_unix_ms=storage.started_unix_ms, compaction=self._compaction_state(),
+            log_live_bytes=live_bytes, log_total_bytes=total_bytes,
+        )
+        if reg is not None:
+            status.registration_refreshed_unix_ms = int(reg.refreshed_unix_s * 1000)
+            status.registration_ttl_s = reg.ttl_s
+            status.registration_error = reg.last_error
+            status.registration_failing_since_unix_ms = int(reg.failing_since_unix_s * 1000)
+        if request.include_entry_logs:
+            status.entry_logs.extend(pb.EntryLogInfo(log_id=i, size_bytes=size, state=state)
+                                     for i, size, state in st["entry_logs"])
+        return status
+
+
+def admin_handler(service: BookieAdminService) -> Any:
+    return grpc.method_handlers_generic_handler("octavo.v1.BookieAdmin", {
+        "GetStatus": unary(service.GetStatus, pb.GetStatusRequest, pb.BookieStatus),
+        "RunGc": unary(service.RunGc, pb.RunGcRequest, pb.RunGcResponse),
+        "SetReadOnly": unary(service.SetReadOnly, pb.SetReadOnlyRequest, pb.ModeStatus),
+        "RunCompaction": unary_stream(service.RunCompaction, pb.RunCompactionRequest, pb.CompactionUpdate),
+        "SetCompactionWindow": unary(service.SetCompactionWindow, pb.SetCompactionWindowRequest, pb.CompactionState),
+        "SuspendCompaction": unary(service.SuspendCompaction, pb.SuspendCompactionRequest, pb.CompactionState),
+    })

@@ -1,0 +1,254 @@
+"""The data plane: the Bookie service (adds on a stream, reads, LAC reads and fences, write-close).
+
+The storage engine is synchronous. Adds and reads run on the event loop (they only touch the page cache and
+take a short lock); anything that syncs to disk (a fence) or may block (waiting for write-cache room) runs in
+the default executor so the loop keeps serving other streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from octavo.meta.errors import MetadataUnavailableError
+from octavo.node.errors import Code, StorageError
+from octavo.node.registration import Registration
+from octavo.node.rpc import stream, unary
+from octavo.node.storage import LedgerBatch, Storage, WriteCacheFull
+from octavo.v1 import bookie_pb2 as pb
+from octavo.v1 import bookie_pb2_grpc as pb_grpc
+from octavo.v1.wire import encode_read_response
+
+log = logging.getLogger(__name__)
+
+# Ledgers remembered as not open (see BookieService._not_open): 8 bytes of id and ~100 of dict slot each.
+NOT_OPEN_LEDGERS_MAX = 100_000
+
+
+class BookieService(pb_grpc.BookieServicer):
+    def __init__(self, storage: Storage, registration: Registration | None = None) -> None:
+        self.storage = storage
+        self.config = storage.config
+        self.registration = registration
+        # Ledgers etcd says are not open (IN_RECOVERY or CLOSED): adds without the recovery flag are refused.
+        # An ordered set bounded by NOT_OPEN_LEDGERS_MAX: the oldest is forgotten first, and a forgotten one is
+        # looked up in etcd again (ids below the lookup mark) or, created after the start, refused by its fence.
+        self._not_open: dict[int, None] = {}
+
+    async def AddEntries(self, request_iterator: AsyncIterator[pb.AddRequest],
+                         context: grpc.aio.ServicerContext) -> AsyncIterator[pb.AddResponse]:
+        async for request in request_iterator:
+            yield await self._add(request)
+
+    async def _add(self, request: pb.AddRequest) -> pb.AddResponse:
+        flat = bool(request.group_ledger_ids or request.entry_ids or request.payloads)
+        if flat and request.ledgers:
+            return _refused(request, pb.INVALID, "a request carries either ledgers or group columns, not both")
+        batches = self._flat_batches(request) if flat else [
+            # Materialize each repeated field once: every access to a protobuf repeated bytes field copies the
+            # payload out of the message, so walking it twice would copy the batch twice.
+            LedgerBatch(adds.ledger_id, adds.master_key, list(adds.entry_ids), list(adds.payloads),
+                        adds.last_add_confirmed, adds.recovery) for adds in request.ledgers]
+        if isinstance(batches, pb.AddResponse):
+            return batches
+        cfg = self.config
+        total_entries = sum(len(b.entry_ids) for b in batches)
+        total_bytes = sum(sum(map(len, b.payloads)) for b in batches)
+        if total_entries > cfg.batch_entries_max:
+            return _refused(request, pb.TOO_LARGE, f"request carries {total_entries} entries, over "
+                                                   f"batch_entries_max={cfg.batch_entries_max}")
+        if total_bytes > cfg.batch_bytes_max:
+            return _refused(request, pb.TOO_LARGE, f"request carries {total_bytes} payload bytes, over "
+                                                   f"batch_bytes_max={cfg.batch_bytes_max}")
+        results: list[tuple[list[Code], str] | None] = [None] * len(batches)
+        unknown = self._needing_lookup(batches)
+        if unknown:  # looked up concurrently: a request may open many ledgers at once
+            refusals = await asyncio.gather(*(self._check_unknown_ledger(batches[i].ledger_id, batches[i].recovery)
+                                              for i in unknown))
+            for i, refused in zip(unknown, refusals, strict=True):
+                if refused is not None:
+                    results[i] = ([refused[0]] * len(batches[i].entry_ids), refused[1])
+        todo = [i for i, result in enumerate(results) if result is None]
+        if todo:
+            written = await self._add_batch([batches[i] for i in todo] if len(todo) < len(batches) else batches,
+                                            total_entries)
+            for i, result in zip(todo, written, strict=True):
+                results[i] = result
+        if flat:
+            return pb.AddResponse(request_id=request.request_id, group_count=len(batches), refused_groups=[
+                pb.GroupResult(group=i, codes=result[0], message=result[1])
+                for i, result in enumerate(results) if result is not None and any(result[0])])
+        return pb.AddResponse(request_id=request.request_id, results=[
+            pb.LedgerAddResult(ledger_id=batch.ledger_id, codes=result[0], message=result[1])
+            for batch, result in zip(batches, results, strict=True) if result is not None])
+
+    @staticmethod
+    def _flat_batches(request: pb.AddRequest) -> list[LedgerBatch] | pb.AddResponse:
+        """The groups of a flat request as batches, or the INVALID answer to malformed columns."""
+        ledger_ids = list(request.group_ledger_ids)
+        keys = list(request.group_master_keys)
+        lacs = list(request.group_lacs)
+        recovery = list(request.group_recovery) or [False] * len(ledger_ids)
+        counts = list(request.group_entry_counts)
+        groups = len(ledger_ids)
+        if not len(keys) == len(lacs) == len(recovery) == len(counts) == groups:
+            return _refused(request, pb.INVALID, (
+                f"group columns differ in length: {groups} ledger ids, {len(keys)} master keys, {len(lacs)} "
+                f"LACs, {len(recovery)} recovery flags, {len(counts)} entry counts"))
+        entry_ids = list(request.entry_ids)
+        payloads = list(request.payloads)
+        if not sum(counts) == len(entry_ids) == len(payloads):
+            return _refused(request, pb.INVALID, (
+                f"group entry counts add up to {sum(counts)}, with {len(entry_ids)} entry ids and "
+                f"{len(payloads)} payloads"))
+        batches = []
+        offset = 0
+        for g in range(groups):
+            end = offset + counts[g]
+            batches.append(LedgerBatch(ledger_ids[g], keys[g], entry_ids[offset:end], payloads[offset:end],
+                                       lacs[g], recovery[g]))
+            offset = end
+        return batches
+
+    async def _add_batch(self, batches: list[LedgerBatch], total_entries: int) -> list[tuple[list[Code], str]]:
+        storage = self.storage
+        while True:
+            try:
+                return storage.add_batch(batches)
+            except WriteCacheFull:
+                wait_s = self.config.add_wait_ms_max / 1000
+                loop = asyncio.get_running_loop()
+                if not await loop.run_in_executor(None, storage.wait_for_room, total_entries, wait_s):
+                    return [([pb.INTERNAL] * len(b.entry_ids), (
+                        f"write cache full (write_cache_entries_max={self.config.write_cache_entries_max}) for "
+                        f"{self.config.add_wait_ms_max} ms: the background flush is not keeping up"))
+                        for b in batches]
+            except StorageError as e:
+                return [([e.code] * len(b.entry_ids), e.message) for b in batches]
+            except Exception as e:  # an add must never take the stream down with it
+                log.exception("add request failed")
+                return [([pb.INTERNAL] * len(b.entry_ids), f"internal error: {type(e).__name__}: {e}")
+                        for b in batches]
+
+    def _needing_lookup(self, batches: list[LedgerBatch]) -> list[int]:
+        """The batches of ledgers this bookie holds no state for that may have existed before it started."""
+        registration = self.registration
+        if registration is None:
+            return []
+        born_after = registration.new_ledgers_from
+        if born_after is None:
+            born_after = 1 << 63
+        not_open = self._not_open
+        known = self.storage.ledger_state
+        # Cheapest tests first: in the common case every ledger is newer than the start, or known.
+        return [i for i, b in enumerate(batches)
+                if (b.ledger_id < born_after or b.ledger_id in not_open) and b.ledger_id >= 0
+                and known(b.ledger_id) is None]
+
+    async def _check_unknown_ledger(self, ledger_id: int, recovery: bool) -> tuple[Code, str] | None:
+        """A ledger this bookie holds no state for that existed before it started (it may have forgotten it
+        with the unsynced tail of an unclean stop) is looked up in etcd before an add is accepted: a ledger
+        that etcd says is being recovered or is closed must never take an add from its old writer here,
+        whatever this bookie remembers. Ledgers created after the start (id >= new_ledgers_from) cannot have
+        been forgotten and skip the lookup."""
+        assert self.registration is not None
+        if ledger_id not in self._not_open:
+            try:
+                meta = await self.registration.ledger_metadata(ledger_id)
+            except MetadataUnavailableError as e:
+                return pb.INTERNAL, f"cannot check ledger {ledger_id} in etcd before its first add here: {e}"
+            if meta is None:
+                return pb.NO_SUCH_LEDGER, f"ledger {ledger_id} does not exist in the cluster metadata"
+            if self.registration.bookie_id not in {b for _, bookies in meta.ensembles for b in bookies}:
+                return pb.INVALID, f"bookie {self.registration.bookie_id} is not in ledger {ledger_id}'s ensembles"
+            if meta.state == "OPEN":
+                return None
+            self._not_open[ledger_id] = None
+            if len(self._not_open) > NOT_OPEN_LEDGERS_MAX:
+                del self._not_open[next(iter(self._not_open))]
+        if recovery:
+            return None
+        return pb.FENCED, f"ledger {ledger_id} is being recovered or is closed (etcd): adds from its writer are refused"
+
+    async def ReadEntries(self, request: pb.ReadRequest, context: grpc.aio.ServicerContext) -> pb.ReadResponse:
+        cfg = self.config
+        state = self.storage.ledger_state(request.ledger_id)
+        max_entries = min(request.max_entries or cfg.read_entries_max, cfg.read_entries_max)
+        max_bytes = min(request.max_bytes or cfg.read_bytes_max, cfg.read_bytes_max)
+        if request.entry_ids:
+            ids = list(request.entry_ids)
+            if request.ledger_id < 0 or min(ids) < 0:
+                return pb.ReadResponse(ledger_id=request.ledger_id, error=pb.INVALID,
+                                       error_message="ledger and entry ids must be non-negative")
+            stop_on_failure = False
+        else:
+            first, last = request.first_entry_id, request.last_entry_id
+            if request.ledger_id < 0 or first < 0 or last < first:
+                return pb.ReadResponse(ledger_id=request.ledger_id, error=pb.INVALID, error_message=(
+                    f"invalid range: ledger {request.ledger_id} entries [{first}, {last}]; ids must be "
+                    "non-negative and first <= last"))
+            ids = range(first, min(last, first + max_entries - 1) + 1)  # type: ignore[assignment]
+            stop_on_failure = True
+        if state is None:
+            code = pb.UNKNOWN if self.storage.tail_maybe_lost else pb.NO_SUCH_LEDGER
+            return pb.ReadResponse(ledger_id=request.ledger_id, error=code,
+                                   error_message=f"ledger {request.ledger_id} is not known to this bookie")
+        entries: list[tuple[int, int, bytes, str]] = []
+        size = 0
+        for entry_id in ids:
+            if len(entries) >= max_entries:
+                break
+            try:
+                payload = self.storage.read_entry(request.ledger_id, entry_id)
+            except StorageError as e:
+                entries.append((entry_id, e.code, b"", e.message))
+                if stop_on_failure:
+                    break
+                continue
+            if entries and size + len(payload) > max_bytes:
+                break
+            size += len(payload)
+            entries.append((entry_id, pb.OK, payload, ""))
+        # Pre-encoded: upb serializes many large payloads far below memory speed (see octavo.v1.wire).
+        return encode_read_response(pb.ReadResponse(ledger_id=request.ledger_id,  # type: ignore[return-value]
+                                                    last_add_confirmed=state.last_add_confirmed), entries)
+
+    async def ReadLastAddConfirmed(self, request: pb.ReadLacRequest,
+                                   context: grpc.aio.ServicerContext) -> pb.ReadLacResponse:
+        try:
+            if request.fence:
+                loop = asyncio.get_running_loop()
+                info = await loop.run_in_executor(None, self.storage.fence, request.ledger_id, request.master_key)
+            else:
+                info = self.storage.read_lac(request.ledger_id)
+        except StorageError as e:
+            return pb.ReadLacResponse(code=e.code, message=e.message, last_add_confirmed=-1, last_entry_id=-1)
+        return pb.ReadLacResponse(code=pb.OK, last_add_confirmed=info.last_add_confirmed,
+                                  last_entry_id=info.last_entry_id, fenced=info.fenced,
+                                  tail_maybe_lost=info.tail_maybe_lost)
+
+    async def WriteClose(self, request: pb.WriteCloseRequest,
+                         context: grpc.aio.ServicerContext) -> pb.WriteCloseResponse:
+        try:
+            self.storage.write_close(request.ledger_id, request.master_key)
+        except StorageError as e:
+            return pb.WriteCloseResponse(code=e.code, message=e.message)
+        return pb.WriteCloseResponse(code=pb.OK)
+
+
+def _refused(request: pb.AddRequest, code: Code, message: str) -> pb.AddResponse:
+    """A request refused as a whole: nothing of it was written."""
+    return pb.AddResponse(request_id=request.request_id, error=code, error_message=message)
+
+
+def bookie_handler(service: BookieService) -> Any:
+    return grpc.method_handlers_generic_handler("octavo.v1.Bookie", {
+        "AddEntries": stream(service.AddEntries, pb.AddRequest, pb.AddResponse),
+        "ReadEntries": unary(service.ReadEntries, pb.ReadRequest, pb.ReadResponse),
+        "ReadLastAddConfirmed": unary(service.ReadLastAddConfirmed, pb.ReadLacRequest, pb.ReadLacResponse),
+        "WriteClose": unary(service.WriteClose, pb.WriteCloseRequest, pb.WriteCloseResponse),
+    })
