@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 
 from octavo.node.checkpoint import read_recovery_point
 from octavo.node.config import ConfigError, NodeConfig
-from octavo.node.errors import StorageError
+from octavo.node.errors import StorageError, WriteCacheFull
 from octavo.node.fileio import FileIO
 from octavo.node.files import LOGS_DIR, RECOVERY_POINT_FILE, log_file_name
 from octavo.node.record import LOG_HEADER_BYTES
 from octavo.node.recovery import scan_log
-from octavo.node.storage import Storage, WriteCacheFull
+from octavo.node.storage import Storage
 from octavo.node.testing import payload_for, small_config
 from octavo.v1 import bookie_pb2 as pb
 

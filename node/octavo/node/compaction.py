@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 import crc32c
 
 from octavo.node import faults
+from octavo.node.checkpoint import write_node_state
+from octavo.node.engine import Engine
 from octavo.node.files import COMPACTED_SUFFIX, COMPACTING_SUFFIX, CORRUPT_SUFFIX, log_file_name, parse_log_file_name
 from octavo.node.index import IndexEntry, LogMeta
 from octavo.node.record import (
@@ -57,10 +59,6 @@ from octavo.node.record import (
     scan_records,
 )
 from octavo.node.startup_cases import Action, Kind, LogFacts, decide
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from octavo.node.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +119,7 @@ class CompactionStopped(Exception):
     """Raised inside a copy when the pass must stop at the next safe point."""
 
 
-def _path(storage: Storage, log_id: int, suffix: str = "") -> str:
+def _path(storage: Engine, log_id: int, suffix: str = "") -> str:
     return os.path.join(storage.logs_dir, log_file_name(log_id, suffix))
 
 
@@ -157,7 +155,7 @@ def _walk_live(buf: bytes, base: int, live: Container[int]) -> tuple[
     return found, base + pos, None, False
 
 
-def recover_interrupted(storage: Storage) -> InterruptedReport:
+def recover_interrupted(storage: Engine) -> InterruptedReport:
     """Roll back or finish every compaction a crash (or a failed pass) left behind. Runs at startup, before
     the entry logs are scanned, and at the start of every GC and compaction pass."""
     report = InterruptedReport()
@@ -180,10 +178,7 @@ def recover_interrupted(storage: Storage) -> InterruptedReport:
         action = decide(LogFacts(kind, log_id, readable=error is None), recovery_point=0)
         if action is Action.ROLL_BACK:
             log.warning("compaction log %d was interrupted while copying: rolling it back", log_id)
-            with storage._fd_lock:
-                fd = storage._pinned_fds.pop(log_id, None)
-                if fd is not None:
-                    io.close(fd)
+            storage.read_fds.unpin(log_id, keep=False)
             io.unlink(os.path.join(storage.logs_dir, name))
             io.fsync_dir(storage.logs_dir)
             report.rolled_back.append(log_id)
@@ -204,7 +199,7 @@ def recover_interrupted(storage: Storage) -> InterruptedReport:
     return report
 
 
-def _describe(storage: Storage, log_id: int) -> tuple[list[int], list[IndexEntry], LogMeta]:
+def _describe(storage: Engine, log_id: int) -> tuple[list[int], list[IndexEntry], LogMeta]:
     """Read a complete compaction log back: the logs it replaces (its trailer), its copies and accounting."""
     io = storage.io
     path = _path(storage, log_id, COMPACTED_SUFFIX)
@@ -233,7 +228,7 @@ def _describe(storage: Storage, log_id: int) -> tuple[list[int], list[IndexEntry
     return sources, moved, LogMeta(size, ledger_bytes)
 
 
-def _switch_and_delete(storage: Storage, log_id: int, sources: list[int], moved: list[IndexEntry],
+def _switch_and_delete(storage: Engine, log_id: int, sources: list[int], moved: list[IndexEntry],
                        meta: LogMeta) -> list[int]:
     """Phases 3 and 4 of a complete compaction log. Returns the sizes of the old logs deleted."""
     io = storage.io
@@ -248,17 +243,14 @@ def _switch_and_delete(storage: Storage, log_id: int, sources: list[int], moved:
     faults.hit(faults.COMPACTION_AFTER_DELETE_SOURCES)
     io.rename(_path(storage, log_id, COMPACTED_SUFFIX), _path(storage, log_id))
     io.fsync_dir(storage.logs_dir)
-    with storage._fd_lock:
-        fd = storage._pinned_fds.pop(log_id, None)
-        if fd is not None:
-            storage._remember_read_fd_locked(log_id, fd)
+    storage.read_fds.unpin(log_id, keep=True)
     return sizes
 
 
 class Compactor:
-    """Runs compaction passes for one Storage. Thread-safe: passes take storage.space_lock."""
+    """Runs compaction passes for one Engine. Thread-safe: passes take storage.space_lock."""
 
-    def __init__(self, storage: Storage) -> None:
+    def __init__(self, storage: Engine) -> None:
         self.storage = storage
         cfg = storage.config
         self.enabled = cfg.compaction_enabled
@@ -286,8 +278,6 @@ class Compactor:
         self._persist(STATE_WINDOW_UNTIL_MS, self.window_until_ms)
 
     def _persist(self, key: str, value: object) -> None:
-        from octavo.node.checkpoint import write_node_state
-
         state = self.storage.node_state
         if state is None:
             return
@@ -411,8 +401,7 @@ class Compactor:
                        on_progress: Callable[[CompactionProgress], None] | None) -> None:
         storage = self.storage
         io = storage.io
-        with storage._lock:
-            log_id = storage.allocate_log_id()
+        log_id = storage.allocate_log_id()
         path = _path(storage, log_id, COMPACTING_SUFFIX)
         fd = io.open_append(path, create=True)
         out = _Output(storage, log_id, fd, self, deadline, on_progress)
@@ -455,8 +444,7 @@ class Compactor:
         io.close(fd)
         # Readers follow the switched index into the file before it has its log name: keep a fd for them.
         read_fd = io.open_read(_path(storage, log_id, COMPACTED_SUFFIX))
-        with storage._fd_lock:
-            storage._pinned_fds[log_id] = read_fd
+        storage.read_fds.pin(log_id, read_fd)
         meta = LogMeta(out.size, out.ledger_bytes)
         sizes = _switch_and_delete(storage, log_id, copied, out.moved, meta)
         report.compaction_logs += 1
@@ -467,7 +455,7 @@ class Compactor:
 class _Output:
     """The compaction log being written: buffered copies, the index entries they will replace, accounting."""
 
-    def __init__(self, storage: Storage, log_id: int, fd: int, compactor: Compactor, deadline: float,
+    def __init__(self, storage: Engine, log_id: int, fd: int, compactor: Compactor, deadline: float,
                  on_progress: Callable[[CompactionProgress], None] | None) -> None:
         self.storage = storage
         self.log_id = log_id
@@ -560,7 +548,7 @@ class _Output:
             while offset < size:
                 # Each read starts at a record boundary (a record cut by the last chunk is read again whole).
                 buf = io.pread(fd, min(chunk, size - offset), offset)
-                found, end, error, incomplete = _walk_live(buf, offset, storage._ledgers)
+                found, end, error, incomplete = _walk_live(buf, offset, storage.ledgers)
                 self._copy_found(src, buf, offset, found, report)
                 eof = offset + len(buf) >= size
                 if error is not None or (incomplete and (eof or (end == offset and chunk > RECORD_BODY_BYTES_MAX))):
@@ -619,7 +607,7 @@ class _Output:
     def _copy_rest_via_index(self, src: int, fd: int, after: int, report: CompactionReport) -> None:
         storage = self.storage
         meta = storage.index.log_metas().get(src)
-        ledgers = [lid for lid in (meta.ledger_bytes if meta else storage.ledger_ids()) if lid in storage._ledgers]
+        ledgers = [lid for lid in (meta.ledger_bytes if meta else storage.ledger_ids()) if lid in storage.ledgers]
         for lid, eid, offset, length in sorted(storage.index.entries_in(src, ledgers, after),
                                                key=lambda e: e[2]):
             try:

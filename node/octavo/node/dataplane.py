@@ -15,10 +15,10 @@ from typing import Any
 import grpc
 
 from octavo.meta.errors import MetadataUnavailableError
-from octavo.node.errors import Code, StorageError
+from octavo.node.errors import Code, StorageError, WriteCacheFull
 from octavo.node.registration import Registration
 from octavo.node.rpc import stream, unary
-from octavo.node.storage import LedgerBatch, Storage, WriteCacheFull
+from octavo.node.storage import LedgerBatch, Storage
 from octavo.v1 import bookie_pb2 as pb
 from octavo.v1 import bookie_pb2_grpc as pb_grpc
 from octavo.v1.wire import encode_read_response

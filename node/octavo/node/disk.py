@@ -8,7 +8,7 @@ disk_capacity_bytes set, the bytes under the directory against that capacity). T
 - back below `disk_writable_ratio` (the low-water mark, strictly lower) in every directory: writable again.
   Between the two marks the mode does not change, so a bookie hovering near the high mark does not flap.
 
-An add that hits ENOSPC turns the bookie read-only at once (Storage.disk_full_seen), whatever the measured
+An add that hits ENOSPC turns the bookie read-only at once (Engine.disk_full_seen), whatever the measured
 usage; it too is released only below the low mark. An administrator may force read-only; the forced mode is
 kept in the node state, so it survives restarts, and only the administrator releases it. The automatic mode
 never keeps a bookie read-only once usage is below the low mark.
@@ -25,11 +25,8 @@ import shutil
 from dataclasses import dataclass
 
 from octavo.node.checkpoint import write_node_state
+from octavo.node.engine import Engine
 from octavo.node.watermarks import Watermarks, disk_full_next, warning_due
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from octavo.node.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +59,7 @@ def tree_bytes(path: str) -> int:
 
 
 class DiskMonitor:
-    def __init__(self, storage: Storage) -> None:
+    def __init__(self, storage: Engine) -> None:
         self.storage = storage
         self.config = storage.config
         self.directories = [storage.data_dir]

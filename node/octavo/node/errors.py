@@ -33,3 +33,7 @@ def unauthorized(ledger_id: int) -> StorageError:
 
 def fenced(ledger_id: int) -> StorageError:
     return StorageError(pb.FENCED, f"ledger {ledger_id} is fenced: a recovery open has taken it over")
+
+
+class WriteCacheFull(Exception):
+    """The write cache has no room for this batch: the caller waits (wait_for_room) and retries."""

@@ -1,6 +1,6 @@
 """The background flusher: one thread that makes rolled entry logs durable, in order.
 
-For each rolled log (Storage.flush_one): fsync the log and its directory -> commit its index entries and the
+For each rolled log (Engine.flush_one): fsync the log and its directory -> commit its index entries and the
 dirty ledger rows in one synced index transaction -> write the recovery point past it. It also rolls an
 active log whose oldest unsynced record is older than log_roll_interval_ms. A failure is logged, kept for
 status, and retried with backoff; the log stays queued and adds wait once the write cache fills.
@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from octavo.node.storage import Storage
+from octavo.node.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +20,7 @@ FLUSH_RETRY_DELAY_MS_MAX = 5_000
 
 
 class Flusher:
-    def __init__(self, storage: Storage) -> None:
+    def __init__(self, storage: Engine) -> None:
         self._storage = storage
         self._wake = threading.Event()
         self._stop = threading.Event()

@@ -23,8 +23,8 @@ from octavo.client.client import Client
 from octavo.client.reader import ReadHandle
 from octavo.meta.errors import OctavoError
 from octavo.meta.ledger_metadata import LedgerMetadata, write_set
-from octavo.node.errors import StorageError
-from octavo.node.storage import Storage, WriteCacheFull
+from octavo.node.engine import Engine
+from octavo.node.errors import StorageError, WriteCacheFull
 from octavo.v1 import bookie_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -33,13 +33,13 @@ REPAIR_RETRY_DELAY_S_MAX = 30.0
 
 
 class TailRepair:
-    def __init__(self, storage: Storage, bookie_id: str) -> None:
+    def __init__(self, storage: Engine, bookie_id: str) -> None:
         self.storage = storage
         self.bookie_id = bookie_id
         self.entries_restored = 0
         self.ledgers_checked = 0
         # Highest durable entry per ledger when the bookie started: everything up to it survived.
-        self._durable = {lid: st.durable_last_entry_id for lid, st in storage._ledgers.items()}
+        self._durable = {lid: st.durable_last_entry_id for lid, st in storage.ledgers.items()}
 
     async def run(self) -> None:
         delay = 1.0
@@ -121,4 +121,4 @@ class TailRepair:
         return max([-1, *await asyncio.gather(*(one(b) for b in peers))])
 
     def _has(self, ledger_id: int, entry_id: int) -> bool:
-        return self.storage._locate(ledger_id, entry_id) is not None
+        return self.storage.has_entry(ledger_id, entry_id)

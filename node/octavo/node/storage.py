@@ -24,9 +24,11 @@ import os
 import threading
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import islice
+from types import MappingProxyType
 from typing import Any
 
 import lmdb
@@ -42,6 +44,7 @@ from octavo.node.checkpoint import (
     write_node_state,
     write_recovery_point,
 )
+from octavo.node.compaction import recover_interrupted
 from octavo.node.config import FSYNC_POLICY_BATCH, NodeConfig
 from octavo.node.entrylog import (
     CACHE_ENTRY_BYTES_ESTIMATE,
@@ -50,10 +53,13 @@ from octavo.node.entrylog import (
     ROLLED,
     EntryLog,
 )
-from octavo.node.errors import Code, StorageError, fenced, no_such_entry, no_such_ledger, unauthorized
+from octavo.node.errors import Code, StorageError, WriteCacheFull, fenced, no_such_entry, no_such_ledger, unauthorized
 from octavo.node.fileio import FileIO
 from octavo.node.files import INDEX_DIR, LOCK_FILE, LOGS_DIR, RUNNING_MARKER_FILE, log_file_name, parse_log_file_name
-from octavo.node.index import MASTER_KEY_BYTES_MAX, Index, LedgerRow, LogMeta
+from octavo.node.flusher import Flusher
+from octavo.node.index import MASTER_KEY_BYTES_MAX, Index, LogMeta
+from octavo.node.ledgers import LedgerState
+from octavo.node.readfds import ReadFds
 from octavo.node.record import (
     CRC_FIELD,
     ENTRY_ID_COMPACTED_FROM,
@@ -135,22 +141,6 @@ class LedgerBatch:
     recovery: bool = False
 
 
-class WriteCacheFull(Exception):
-    """The write cache has no room for this batch: the caller waits (wait_for_room) and retries."""
-
-
-@dataclass(slots=True)
-class LedgerState:
-    master_key: bytes
-    fenced: bool = False
-    last_add_confirmed: int = -1
-    last_entry_id: int = -1  # highest entry id stored here, flushed or not
-    durable_last_entry_id: int = -1  # highest entry id covered by the durable index
-
-    def row(self) -> LedgerRow:
-        return LedgerRow(self.master_key, self.fenced, self.last_add_confirmed, self.durable_last_entry_id)
-
-
 @dataclass(frozen=True)
 class LacInfo:
     last_add_confirmed: int
@@ -182,11 +172,7 @@ class Storage:
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
         self._index_write_lock = threading.Lock()
-        self._fd_lock = threading.Lock()
-        self._read_fds: OrderedDict[int, int] = OrderedDict()
-        # Read fds of compaction logs between their index switch and their rename to a normal log name
-        # (compaction.py): never evicted, since the file cannot be reopened by its log name meanwhile.
-        self._pinned_fds: dict[int, int] = {}
+        self.read_fds = ReadFds(io, self.logs_dir, config.open_log_files_max)
         self._next_log_id = 0
         # GC and compaction passes never overlap (both delete logs and rewrite the accounting).
         self.space_lock = threading.Lock()
@@ -195,6 +181,7 @@ class Storage:
         # An add failed with ENOSPC: the disk monitor turns the bookie read-only at its next check.
         self.disk_full_seen = False
         self._ledgers: dict[int, LedgerState] = {}
+        self._ledgers_view = MappingProxyType(self._ledgers)
         self._dirty_ledgers: set[int] = set()
         self._rolled: deque[EntryLog] = deque()
         self._active: EntryLog | None = None
@@ -264,8 +251,6 @@ class Storage:
             log.warning("the index is missing but the recovery point is at log %d: rebuilding the index from "
                         "every entry log", stored.log_id)
         self._recovery_point = point
-        from octavo.node.compaction import recover_interrupted
-
         recover_interrupted(self)  # each roll-back or finish is logged
         self._recover_logs(point, unclean)
         # The marker says "a bookie runs here"; a start that finds it knows the last stop was unclean.
@@ -331,7 +316,7 @@ class Storage:
             report.records_replayed += len(scan.records)
             self._rolled.append(entry_log)
         self._next_log_id = max([point.log_id, *(i + 1 for i in log_ids)])
-        self._active = self._create_active_log(self.allocate_log_id())
+        self._active = self._create_active_log(self._allocate_log_id_locked())
         self.recovery = report
         log.info("recovery: point %d, %d logs scanned, %d records replayed, %d bytes cut", point.log_id,
                  report.logs_scanned, report.records_replayed, report.bytes_truncated)
@@ -365,8 +350,6 @@ class Storage:
         self._cache_entries += entry_log.cache_entries
 
     def start_flusher(self) -> None:
-        from octavo.node.flusher import Flusher
-
         self._flusher = Flusher(self)
         self._flusher.start()
 
@@ -406,11 +389,7 @@ class Storage:
         self._close_files()
 
     def _close_files(self) -> None:
-        with self._fd_lock:
-            for fd in [*self._read_fds.values(), *self._pinned_fds.values()]:
-                self.io.close(fd)
-            self._read_fds.clear()
-            self._pinned_fds.clear()
+        self.read_fds.close_all()
         for entry_log in [*self._rolled, *([self._active] if self._active else [])]:
             self.io.close(entry_log.fd)
         if self._index is not None:
@@ -665,7 +644,7 @@ class Storage:
         """Seal the active log, queue it for the flusher and start the next one. Returns the new active log."""
         old = self._active
         assert old is not None
-        new = self._create_active_log(self.allocate_log_id())  # may raise (ENOSPC): the old log stays active
+        new = self._create_active_log(self._allocate_log_id_locked())  # may raise (ENOSPC): the old log stays active
         old.state = ROLLED
         self._rolled.append(old)
         self._active = new
@@ -675,6 +654,10 @@ class Storage:
 
     def allocate_log_id(self) -> int:
         """The next entry-log id: active logs and compaction logs share one increasing sequence."""
+        with self._lock:
+            return self._allocate_log_id_locked()
+
+    def _allocate_log_id_locked(self) -> int:
         log_id = self._next_log_id
         self._next_log_id += 1
         return log_id
@@ -758,7 +741,7 @@ class Storage:
             self._cache_entries -= entry_log.cache_entries
             entry_log.cache_entries = 0
             self._room.notify_all()
-        self._adopt_read_fd(entry_log)
+        self.read_fds.adopt(entry_log.log_id, entry_log.fd)
         self.flushes += 1
         return True
 
@@ -813,41 +796,29 @@ class Storage:
                                            f"bookie (log {log_id} offset {offset}): {e}") from e
 
     def _pread(self, log_id: int, length: int, offset: int) -> bytes:
-        with self._fd_lock:
-            fd = self._fd_for_locked(log_id)
-            return self.io.pread(fd, length, offset)
+        return self.read_fds.pread(log_id, length, offset, self._unflushed_fd)
 
-    def _fd_for_locked(self, log_id: int) -> int:
+    def _unflushed_fd(self, log_id: int) -> int | None:
+        """The fd of the active or a rolled log (not yet flushed), None for any other log."""
         active = self._active
         if active is not None and active.log_id == log_id:
             return active.fd
         for entry_log in self._rolled:
             if entry_log.log_id == log_id:
                 return entry_log.fd
-        fd = self._read_fds.get(log_id)
-        if fd is not None:
-            self._read_fds.move_to_end(log_id)
-            return fd
-        fd = self._pinned_fds.get(log_id)
-        if fd is not None:
-            return fd
-        fd = self.io.open_read(os.path.join(self.logs_dir, f"{log_id:016x}.log"))
-        self._remember_read_fd_locked(log_id, fd)
-        return fd
-
-    def _remember_read_fd_locked(self, log_id: int, fd: int) -> None:
-        self._read_fds[log_id] = fd
-        while len(self._read_fds) > self.config.open_log_files_max:
-            _, old = self._read_fds.popitem(last=False)
-            self.io.close(old)
-
-    def _adopt_read_fd(self, entry_log: EntryLog) -> None:
-        """A flushed log's fd stays open for reads, in the bounded set of read fds."""
-        with self._fd_lock:
-            self._remember_read_fd_locked(entry_log.log_id, entry_log.fd)
+        return None
 
     # ------------------------------------------------------------------------------------------------
     # Ledger state: LAC, fencing, write-close
+
+    @property
+    def ledgers(self) -> Mapping[int, LedgerState]:
+        """The ledger table, read-only (membership tests and iteration; writes go through the engine)."""
+        return self._ledgers_view
+
+    def has_entry(self, ledger_id: int, entry_id: int) -> bool:
+        """The entry is stored here (in a log's cache or the index); its bytes are not checked."""
+        return self._locate(ledger_id, entry_id) is not None
 
     def ledger_state(self, ledger_id: int) -> LedgerState | None:
         return self._ledgers.get(ledger_id)
@@ -987,16 +958,9 @@ class Storage:
     def delete_log_file(self, log_id: int, sync_dir: bool = True) -> int:
         """Delete a flushed log (GC, compaction): close its read fd, unlink it. Returns its size (0 if it was
         already gone). Its accounting row is the caller's to forget, after the directory is synced."""
-        path = os.path.join(self.logs_dir, f"{log_id:016x}.log")
-        with self._fd_lock:
-            fd = self._read_fds.pop(log_id, None)
-            if fd is not None:
-                self.io.close(fd)
-            try:
-                size = self.io.file_size(path)
-                self.io.unlink(path)
-            except FileNotFoundError:
-                return 0
+        size = self.read_fds.delete_file(log_id, os.path.join(self.logs_dir, log_file_name(log_id)))
+        if size is None:
+            return 0
         if sync_dir:
             self.io.fsync_dir(self.logs_dir)
         return size
@@ -1004,8 +968,6 @@ class Storage:
     def collect_garbage(self) -> GcReport:
         """Delete the flushed logs (below the recovery point) none of whose ledgers is alive. The active log
         and logs not yet flushed are never candidates. An interrupted compaction is finished first."""
-        from octavo.node.compaction import recover_interrupted
-
         t0 = time.monotonic()
         report = GcReport()
         with self.space_lock:

@@ -1,0 +1,61 @@
+"""The storage engine as compaction, the flusher, the disk monitor and tail repair see it: a narrow interface
+(`Engine`), so none of them reaches into the engine's private state and none imports storage.py. `Storage`
+implements it; mypy checks that wherever a Storage is handed to one of them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from octavo.node.checkpoint import NodeState
+from octavo.node.config import NodeConfig
+from octavo.node.errors import Code
+from octavo.node.fileio import FileIO
+from octavo.node.index import Index, LogMeta
+from octavo.node.ledgers import LedgerState
+from octavo.node.readfds import ReadFds
+
+
+class Engine(Protocol):
+    config: NodeConfig
+    io: FileIO
+    data_dir: str
+    logs_dir: str
+    node_state: NodeState | None
+    read_fds: ReadFds
+    space_lock: threading.Lock  # GC and compaction passes never overlap
+    read_only_reason: str
+    disk_full_seen: bool       # an add hit ENOSPC since the disk monitor last looked
+    tail_maybe_lost: bool
+    fresh_instance: bool
+    last_flush_error: str
+
+    @property
+    def index(self) -> Index: ...
+
+    @property
+    def ledgers(self) -> Mapping[int, LedgerState]: ...
+
+    def ledger_ids(self) -> set[int]: ...
+
+    def ledger_state(self, ledger_id: int) -> LedgerState | None: ...
+
+    def has_entry(self, ledger_id: int, entry_id: int) -> bool: ...
+
+    def add_entries(self, ledger_id: int, master_key: bytes, entry_ids: list[int] | Any,
+                    payloads: list[bytes] | Any, last_add_confirmed: int = -1,
+                    recovery: bool = False) -> tuple[list[Code], str]: ...
+
+    def wait_for_room(self, entries: int, timeout_s: float) -> bool: ...
+
+    def allocate_log_id(self) -> int: ...
+
+    def roll_if_older_than(self, age_s: float) -> bool: ...
+
+    def flush_one(self) -> bool: ...
+
+    def log_accounting(self) -> dict[int, LogMeta]: ...
+
+    def delete_log_file(self, log_id: int, sync_dir: bool = True) -> int: ...
