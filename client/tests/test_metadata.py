@@ -126,3 +126,29 @@ async def test_failover_to_the_next_endpoint_and_clear_error_when_all_are_down(e
     async with EtcdClient(f"{dead},127.0.0.1:{free_port()}", timeout_s=1) as client:
         with pytest.raises(MetadataUnavailableError, match="etcd unavailable"):
             await client.get(b"/x")
+
+
+async def test_prefix_reads_come_in_bounded_pages(etcd: EtcdProcess, cluster_name: str) -> None:
+    """get_prefix reads at most range_page_keys keys per etcd response and still returns every key, in order:
+    a range over the client's message limit would otherwise fail the whole read."""
+    async with EtcdClient(etcd.endpoint, range_page_keys=7) as client:
+        prefix = f"/t/{cluster_name}/paged/".encode()
+        keys = [prefix + b"%03d" % i for i in range(25)]
+        for k in keys:
+            await client.put(k, b"v" + k[-3:])
+        await client.put(prefix_end(prefix), b"outside")  # the first key past the prefix is not read
+        got = await client.get_prefix(prefix)
+        assert [kv.key for kv in got] == keys and got[3].value == b"v003"
+        assert [kv.key for kv in await client.get_prefix(prefix, keys_only=True)] == keys
+        assert [kv.key for kv in await client.get_prefix(prefix, limit=10)] == keys[:10]
+        assert [kv.key for kv in await client.get_prefix(prefix, limit=7)] == keys[:7]
+        store = MetadataStore(client, Layout(cluster_name))
+        ids = []
+        for _ in range(16):
+            created, _ = await store.create_ledger(ensemble_size=1, write_quorum=1, ack_quorum=1,
+                                                   ensembles=((0, ("b",)),), password_digest=password_digest(b""))
+            ids.append(created.ledger_id)
+        assert await store.list_ledgers() == ids
+        assert [m.ledger_id for m in await store.all_ledgers()] == ids
+    with pytest.raises(ValueError, match="range_page_keys"):
+        EtcdClient(etcd.endpoint, range_page_keys=0)

@@ -268,6 +268,8 @@ class WriteHandle:
         if isinstance(result, BaseException):
             self._bookie_failed(bookie_id, str(result))
             return
+        if self._closed:
+            return  # a late answer after the close (a copy of an acknowledged entry): nothing depends on it
         refused = ""
         for eid, code in zip(group.entry_ids, result.codes, strict=False):
             if code == pb.OK:

@@ -42,6 +42,8 @@ RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 # Before the first call succeeds, every endpoint gets a plain TCP connect of at most this long: if each one is
 # refused or cannot be resolved, the call fails at once with that reason instead of waiting out its timeout.
 PROBE_TIMEOUT_S = 1.0
+# Keys per etcd range response (get_prefix pages through larger ranges): ~1,000 ledgers' metadata is ~0.5 MB.
+RANGE_PAGE_KEYS = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +111,11 @@ class Txn:
 class EtcdClient:
     """Use as an async context manager, or call close()."""
 
-    def __init__(self, endpoints: str | Sequence[str], timeout_s: float = CALL_TIMEOUT_S) -> None:
+    def __init__(self, endpoints: str | Sequence[str], timeout_s: float = CALL_TIMEOUT_S,
+                 range_page_keys: int = RANGE_PAGE_KEYS) -> None:
+        if range_page_keys < 1:
+            raise ValueError(f"range_page_keys must be >= 1, got {range_page_keys}")
+        self.range_page_keys = range_page_keys
         self.endpoints = parse_endpoints(endpoints) if isinstance(endpoints, str) else list(endpoints)
         self.timeout_s = timeout_s
         self._index = 0
@@ -206,10 +212,20 @@ class EtcdClient:
         return _kv(resp.kvs[0])
 
     async def get_prefix(self, prefix: bytes, limit: int = 0, keys_only: bool = False) -> list[KeyValue]:
-        request = rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix), limit=limit, keys_only=keys_only,
-                                   sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.KEY)
-        resp = await self._call("get prefix", lambda kv, _: kv.Range(request, **self._opts), retry=True)
-        return [_kv(item) for item in resp.kvs]
+        """Every key under `prefix` (at most `limit`, 0 for all), in key order. Read in pages of at most
+        `range_page_keys` keys, so no single etcd response grows with the cluster: one response over the
+        client's 4 MiB message limit would fail the whole read (about 10,000 ledgers' metadata)."""
+        out: list[KeyValue] = []
+        start, end = prefix, prefix_end(prefix)
+        while True:
+            page = self.range_page_keys if not limit else min(self.range_page_keys, limit - len(out))
+            request = rpc.RangeRequest(key=start, range_end=end, limit=page, keys_only=keys_only,
+                                       sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.KEY)
+            resp = await self._call("get prefix", lambda kv, _, r=request: kv.Range(r, **self._opts), retry=True)
+            out.extend(_kv(item) for item in resp.kvs)
+            if not resp.more or not resp.kvs or (limit and len(out) >= limit):
+                return out
+            start = bytes(resp.kvs[-1].key) + b"\0"  # the next key after the last one read
 
     async def range_from(self, start: bytes, end: bytes) -> bytes | None:
         """The first key in [start, end), None if there is none (one key, keys only)."""
