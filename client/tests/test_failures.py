@@ -24,7 +24,7 @@ from octavo.client import (
 )
 from octavo.meta.ledger_metadata import CLOSED, master_key, write_set
 from octavo.node.files import LOGS_DIR
-from octavo.node.storage import BOOT_ID_ENV
+from octavo.node.startup import BOOT_ID_ENV
 from octavo.node.testing import BookieConnection
 from octavo.v1 import bookie_pb2 as pb
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from octavo.node import compaction, faults
-from octavo.node.compaction import MAJOR, MINOR, Compactor
+from octavo.node.compaction import Compactor
+from octavo.node.compaction_plan import MAJOR, MINOR
 from octavo.node.config import NodeConfig
 from octavo.node.errors import StorageError
 from octavo.node.fileio import FileIO

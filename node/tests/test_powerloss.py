@@ -29,7 +29,8 @@ from octavo.node.fileio import FileIO
 from octavo.node.files import LOGS_DIR, log_file_name
 from octavo.node.recovery import scan_log
 from octavo.node.simio import SimIO
-from octavo.node.storage import BOOT_ID_ENV, Storage
+from octavo.node.startup import BOOT_ID_ENV
+from octavo.node.storage import Storage
 from octavo.node.testing import payload_for, small_config
 from octavo.v1 import bookie_pb2 as pb
 

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from octavo.meta.errors import MetadataUnavailableError
-from octavo.node.compaction import MAJOR, MINOR, CompactionProgress, CompactionReport
+from octavo.node.compaction import CompactionProgress, CompactionReport
+from octavo.node.compaction_plan import MAJOR, MINOR
 from octavo.node.rpc import unary, unary_stream
 from octavo.node.storage import Storage
 from octavo.v1 import bookie_pb2 as pb

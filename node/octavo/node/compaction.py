@@ -37,8 +37,9 @@ from dataclasses import dataclass, field
 
 import crc32c
 
-from octavo.node import faults
+from octavo.node import compaction_plan, faults
 from octavo.node.checkpoint import write_node_state
+from octavo.node.compaction_plan import MAJOR, MINOR
 from octavo.node.engine import Engine
 from octavo.node.files import COMPACTED_SUFFIX, COMPACTING_SUFFIX, CORRUPT_SUFFIX, log_file_name, parse_log_file_name
 from octavo.node.index import IndexEntry, LogMeta
@@ -62,8 +63,6 @@ from octavo.node.startup_cases import Action, Kind, LogFacts, decide
 
 log = logging.getLogger(__name__)
 
-MINOR = "minor"
-MAJOR = "major"
 # One compaction log replaces at most this many logs (its trailer lists them).
 COMPACTION_SOURCES_MAX = 1024
 # Copies are written in chunks of about this size, and read in chunks of this size.
@@ -288,24 +287,15 @@ class Compactor:
         self._stop.set()
 
     def blocked_reason(self) -> str:
-        """Why a pass may not run now (empty: it may)."""
-        if not self.enabled:
-            return "compaction is disabled (compaction_enabled=false)"
-        if self.suspended:
-            return "compaction is suspended by an administrator"
-        if self.window_until_ms and time.time() * 1000 >= self.window_until_ms:
-            return "the compaction window closed"
-        return ""
+        """Why a scheduled pass may not run now (empty: it may)."""
+        return compaction_plan.blocked_reason(self.enabled, self.suspended, self.window_until_ms,
+                                              int(time.time() * 1000))
 
     def due(self) -> str | None:
         """The kind of scheduled pass that is due now, if any (major first)."""
         cfg = self.storage.config
-        now = time.monotonic()
-        if now - self.last_major_monotonic >= cfg.compaction_major_interval_ms / 1000:
-            return MAJOR
-        if now - self.last_minor_monotonic >= cfg.compaction_minor_interval_ms / 1000:
-            return MINOR
-        return None
+        return compaction_plan.due(time.monotonic(), self.last_major_monotonic, self.last_minor_monotonic,
+                                   cfg.compaction_major_interval_ms, cfg.compaction_minor_interval_ms)
 
     # A pass
 
@@ -355,47 +345,20 @@ class Compactor:
         return report
 
     def _why_stop(self, deadline: float) -> str:
-        if self._stop.is_set():
-            return "the bookie is stopping"
-        if self._cancel is not None and self._cancel.is_set():
-            return "cancelled"
-        if time.monotonic() >= deadline:
-            limit = self.storage.config.compaction_run_time_ms_max
-            return f"run time limit reached (compaction_run_time_ms_max={limit})"
-        if self.suspended:
-            return "suspended by an administrator"
-        if not self._manual and self.window_until_ms and time.time() * 1000 >= self.window_until_ms:
-            return "the compaction window closed"
-        return ""
+        return compaction_plan.why_stop(compaction_plan.PassState(
+            stopping=self._stop.is_set(), cancelled=self._cancel is not None and self._cancel.is_set(),
+            suspended=self.suspended, manual=self._manual, now_s=time.monotonic(), deadline_s=deadline,
+            now_unix_ms=int(time.time() * 1000), window_until_ms=self.window_until_ms,
+            run_time_ms_max=self.storage.config.compaction_run_time_ms_max))
 
     def _plan(self, threshold: float) -> list[list[tuple[int, int, int]]]:
-        """Candidates (log id, live bytes, size) by live share, lowest first, packed into groups whose live
-        bytes fit in one log. Logs with nothing alive are left to GC, which just deletes them."""
+        """The groups of logs a pass rewrites (compaction_plan.plan), from the logs' accounting."""
         storage = self.storage
-        metas = storage.log_accounting()
         live = storage.ledger_ids()
-        candidates = []
-        for log_id, meta in metas.items():
-            live_bytes = meta.live_bytes(live)
-            if meta.total_bytes <= 0 or not any(lid in live for lid in meta.ledger_bytes):
-                continue
-            ratio = live_bytes / meta.total_bytes
-            if ratio < threshold:
-                candidates.append((ratio, log_id, live_bytes, meta.total_bytes))
-        candidates.sort()
-        cap = storage.config.log_size_bytes_max
-        groups: list[list[tuple[int, int, int]]] = []
-        current: list[tuple[int, int, int]] = []
-        size = 0
-        for _, log_id, live_bytes, total in candidates:
-            if current and (size + live_bytes > cap or len(current) >= COMPACTION_SOURCES_MAX):
-                groups.append(current)
-                current, size = [], 0
-            current.append((log_id, live_bytes, total))
-            size += live_bytes
-        if current:
-            groups.append(current)
-        return groups
+        usages = [compaction_plan.LogUsage(log_id, meta.live_bytes(live), meta.total_bytes,
+                                           any(lid in live for lid in meta.ledger_bytes))
+                  for log_id, meta in storage.log_accounting().items()]
+        return compaction_plan.plan(usages, threshold, storage.config.log_size_bytes_max, COMPACTION_SOURCES_MAX)
 
     def _compact_group(self, group: list[tuple[int, int, int]], report: CompactionReport, deadline: float,
                        on_progress: Callable[[CompactionProgress], None] | None) -> None:

@@ -20,7 +20,8 @@ from grpc_reflection.v1alpha import reflection
 
 from octavo.meta.errors import MetadataUnavailableError
 from octavo.node.adminplane import BookieAdminService, admin_handler
-from octavo.node.compaction import MAJOR, Compactor
+from octavo.node.compaction import Compactor
+from octavo.node.compaction_plan import MAJOR
 from octavo.node.config import NodeConfig
 from octavo.node.dataplane import BookieService, bookie_handler
 from octavo.node.disk import DiskMonitor

@@ -17,31 +17,24 @@ caches; `_index_write_lock` serialises ledger-row writes so a fence is never ove
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import operator
 import os
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice
 from types import MappingProxyType
 from typing import Any
 
-import lmdb
 from crc32c import crc32c as _crc32c
 
-from octavo.node import faults
+from octavo.node import faults, startup
 from octavo.node.checkpoint import (
-    CheckpointError,
     NodeState,
     RecoveryPoint,
-    read_node_state,
-    read_recovery_point,
-    write_node_state,
     write_recovery_point,
 )
 from octavo.node.compaction import recover_interrupted
@@ -55,7 +48,7 @@ from octavo.node.entrylog import (
 )
 from octavo.node.errors import Code, StorageError, WriteCacheFull, fenced, no_such_entry, no_such_ledger, unauthorized
 from octavo.node.fileio import FileIO
-from octavo.node.files import INDEX_DIR, LOCK_FILE, LOGS_DIR, RUNNING_MARKER_FILE, log_file_name, parse_log_file_name
+from octavo.node.files import INDEX_DIR, LOGS_DIR, RUNNING_MARKER_FILE, log_file_name, parse_log_file_name
 from octavo.node.flusher import Flusher
 from octavo.node.index import MASTER_KEY_BYTES_MAX, Index, LogMeta
 from octavo.node.ledgers import LedgerState
@@ -73,8 +66,8 @@ from octavo.node.record import (
     decode_record,
     encode_record,
 )
-from octavo.node.recovery import LogScan, apply_scan, scan_log
-from octavo.node.startup_cases import Action, Kind, needs_scan, recovery_point_to_use
+from octavo.node.recovery import scan_log
+from octavo.node.startup import RecoveryReport, current_boot_id
 from octavo.v1 import bookie_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -99,22 +92,6 @@ def _encode_records(ledger_id: int, entry_ids: Any, payloads: Any, parts: list[b
         cache[eid] = offset << LOCATION_LENGTH_BITS | (size + overhead)
         offset += size + overhead
     return offset
-
-
-BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-# Tests simulate a reboot (after a simulated power loss) by setting this; production never does.
-BOOT_ID_ENV = "OCTAVO_BOOT_ID"
-
-
-def current_boot_id() -> str:
-    override = os.environ.get(BOOT_ID_ENV)
-    if override:
-        return override
-    try:
-        with open(BOOT_ID_PATH) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 @dataclass
@@ -147,18 +124,6 @@ class LacInfo:
     last_entry_id: int
     fenced: bool
     tail_maybe_lost: bool
-
-
-@dataclass
-class RecoveryReport:
-    """What the last startup found and did (shown in status)."""
-
-    unclean: bool = False
-    recovery_point_log_id: int = 0
-    logs_scanned: int = 0
-    records_replayed: int = 0
-    bytes_truncated: int = 0
-    scans: list[LogScan] = field(default_factory=list)
 
 
 class Storage:
@@ -218,136 +183,38 @@ class Storage:
         return storage
 
     def _open(self) -> None:
-        fresh = not os.path.isdir(self.logs_dir)
-        os.makedirs(self.logs_dir, exist_ok=True)
-        if fresh:  # make the new directories' own entries durable before anything in them is
-            self.io.fsync_dir(os.path.dirname(self.data_dir))
-            self.io.fsync_dir(self.data_dir)
-            self.io.fsync_dir(self.logs_dir)
-        self._take_dir_lock()
+        """Startup, in the order startup.py documents: directories, lock, identity, index, recovery point,
+        interrupted compactions, then the entry logs after the recovery point."""
+        startup.prepare_directories(self.io, self.data_dir, self.logs_dir)
+        self._lock_fd = startup.take_dir_lock(self.data_dir)
         running_marker = os.path.join(self.data_dir, RUNNING_MARKER_FILE)
         unclean = self.io.read_file(running_marker) is not None
-        self.node_state = self._load_node_state(unclean)
+        identity = startup.load_identity(self.io, self.data_dir, unclean, int(time.time() * 1000),
+                                         current_boot_id())
+        self.node_state, self.fresh_instance, self.tail_maybe_lost = (identity.state, identity.fresh,
+                                                                      identity.tail_maybe_lost)
         index_existed = os.path.exists(os.path.join(self.data_dir, INDEX_DIR, "data.mdb"))
-        try:
-            self._index = Index(self.data_dir, self.io, self.config.index_map_size_bytes)
-            rows = self._index.load_ledgers()
-        except lmdb.Error as e:
-            raise StorageError(pb.INTERNAL, f"the index in {os.path.join(self.data_dir, INDEX_DIR)} is unreadable "
-                                            f"({e}); move that directory aside and restart: the bookie rebuilds "
-                                            "it from the entry logs") from e
-        for lid, row in rows.items():
+        self._index = startup.open_index(self.io, self.data_dir, self.config.index_map_size_bytes)
+        for lid, row in self._index.load_ledgers().items():
             self._ledgers[lid] = LedgerState(row.master_key, row.fenced, row.last_add_confirmed,
                                              row.durable_last_entry_id, row.durable_last_entry_id)
-        stored: RecoveryPoint | None = None
-        checksum_ok = True
-        try:
-            stored = read_recovery_point(self.io, self.data_dir)
-        except CheckpointError as e:
-            log.warning("recovery point unreadable (%s): scanning every entry log", e)
-            checksum_ok = False
-        point = RecoveryPoint(recovery_point_to_use(stored.log_id if stored else None, checksum_ok, index_existed))
-        if stored is not None and stored.log_id > 0 and point.log_id == 0 and checksum_ok:
-            log.warning("the index is missing but the recovery point is at log %d: rebuilding the index from "
-                        "every entry log", stored.log_id)
+        point = startup.choose_recovery_point(self.io, self.data_dir, index_existed)
         self._recovery_point = point
         recover_interrupted(self)  # each roll-back or finish is logged
-        self._recover_logs(point, unclean)
+        replayed = startup.replay_logs(self.io, self.logs_dir, point, unclean, self._ledgers)
+        self._dirty_ledgers |= replayed.new_ledgers
+        self._rolled.extend(replayed.logs)
+        self._cache_entries += sum(entry_log.cache_entries for entry_log in replayed.logs)
+        self._next_log_id = replayed.next_log_id
+        self._active = self._create_active_log(self._allocate_log_id_locked())
+        self.recovery = replayed.report
         # The marker says "a bookie runs here"; a start that finds it knows the last stop was unclean.
         self.io.write_file_atomic(running_marker, str(os.getpid()).encode())
-
-    def _take_dir_lock(self) -> None:
-        self._lock_fd = os.open(os.path.join(self.data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
-            raise StorageError(pb.INTERNAL, f"data directory {self.data_dir} is in use by another bookie") from None
 
     def _release_dir_lock(self) -> None:
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
-
-    def _load_node_state(self, unclean: bool) -> NodeState:
-        now_ms = int(time.time() * 1000)
-        try:
-            state = read_node_state(self.io, self.data_dir)
-        except CheckpointError as e:
-            raise StorageError(pb.INTERNAL, f"{e}: the bookie's identity in {self.data_dir} cannot be trusted; "
-                                            "restore the file from a backup (removing it makes a new bookie id)"
-                               ) from e
-        if state is None:
-            state = NodeState(instance_id=str(uuid.uuid4()), created_unix_ms=now_ms)
-            write_node_state(self.io, self.data_dir, state)
-            self.fresh_instance = True
-        boot = current_boot_id()
-        if unclean:
-            state.unclean_restart_count += 1
-            state.last_unclean_restart_unix_ms = now_ms
-            # A process crash leaves the page cache, and so every acknowledged entry, in place; only a stop
-            # across a reboot (power loss, kernel crash) can lose the unsynced tail. The kernel's boot id
-            # tells them apart; an unknown boot id counts as a reboot.
-            self.tail_maybe_lost = not boot or state.extra.get("boot_id") != boot
-            log.warning("the last stop of this bookie was unclean (%d so far), %s", state.unclean_restart_count,
-                        "across a reboot: the unsynced tail may be lost" if self.tail_maybe_lost
-                        else "without a reboot: the page cache kept every acknowledged entry")
-        if state.extra.get("boot_id") != boot or unclean:
-            state.extra["boot_id"] = boot
-            write_node_state(self.io, self.data_dir, state)
-        return state
-
-    def _recover_logs(self, point: RecoveryPoint, unclean: bool) -> None:
-        report = RecoveryReport(unclean=unclean, recovery_point_log_id=point.log_id)
-        log_ids = sorted(i for i in map(parse_log_file_name, self.io.listdir(self.logs_dir)) if i is not None)
-        for log_id in log_ids:
-            if not needs_scan(Kind.LOG, log_id, point.log_id):
-                continue  # Action.SKIP: fsynced and indexed before the point moved past it
-            scan = scan_log(self.io, os.path.join(self.logs_dir, log_file_name(log_id)), log_id)
-            report.scans.append(scan)
-            report.logs_scanned += 1
-            apply_scan(self.io, self.logs_dir, scan)
-            if scan.action in (Action.DELETE, Action.QUARANTINE):
-                continue
-            report.bytes_truncated += scan.bytes_truncated
-            entry_log = EntryLog.open_existing(self.io, self.logs_dir, log_id, ROLLED)
-            self._replay(entry_log, scan)
-            report.records_replayed += len(scan.records)
-            self._rolled.append(entry_log)
-        self._next_log_id = max([point.log_id, *(i + 1 for i in log_ids)])
-        self._active = self._create_active_log(self._allocate_log_id_locked())
-        self.recovery = report
-        log.info("recovery: point %d, %d logs scanned, %d records replayed, %d bytes cut", point.log_id,
-                 report.logs_scanned, report.records_replayed, report.bytes_truncated)
-
-    def _replay(self, entry_log: EntryLog, scan: LogScan) -> None:
-        """Index a recovered log's records in its cache and rebuild the ledger states they imply."""
-        for rec in scan.records:
-            if rec.entry_id == ENTRY_ID_LEDGER_KEY:
-                if rec.ledger_id not in self._ledgers:
-                    self._ledgers[rec.ledger_id] = LedgerState(rec.payload)
-                    self._dirty_ledgers.add(rec.ledger_id)
-                entry_log.cache.setdefault(rec.ledger_id, {})
-                continue
-            state = self._ledgers.get(rec.ledger_id)
-            if rec.entry_id == ENTRY_ID_COMPACTED_FROM:
-                continue
-            if state is None:  # cannot happen: a ledger's key record precedes its entries in every log
-                raise StorageError(pb.INTERNAL, f"entry log {entry_log.log_id} holds ledger {rec.ledger_id} "
-                                                "entries without its key record")
-            if rec.entry_id == ENTRY_ID_FENCE:
-                state.fenced = True
-                continue
-            if rec.entry_id == ENTRY_ID_COMPACTED_FROM:
-                continue
-            entries = entry_log.cache.setdefault(rec.ledger_id, {})
-            if rec.entry_id not in entries:
-                entry_log.cache_entries += 1
-            entries[rec.entry_id] = rec.offset << LOCATION_LENGTH_BITS | rec.length
-            if rec.entry_id > state.last_entry_id:
-                state.last_entry_id = rec.entry_id
-        self._cache_entries += entry_log.cache_entries
 
     def start_flusher(self) -> None:
         self._flusher = Flusher(self)
