@@ -44,7 +44,7 @@ EXCEPTIONS = {("octavo.node.repair", "octavo.client")}
 
 PURE = {
     "octavo.node.record", "octavo.node.config", "octavo.node.errors", "octavo.node.files",
-    "octavo.node.startup_cases", "octavo.node.watermarks", "octavo.node.compaction_plan",
+    "octavo.node.startup_cases", "octavo.node.watermarks", "octavo.node.compaction_plan", "octavo.node.rolling",
     "octavo.meta.layout", "octavo.meta.ledger_metadata", "octavo.meta.errors", "octavo.client.quorums",
 }
 PURE_MAY_IMPORT = {

@@ -67,6 +67,7 @@ from octavo.node.record import (
     encode_record,
 )
 from octavo.node.recovery import scan_log
+from octavo.node.rolling import ActiveLog, Why, should_roll
 from octavo.node.startup import RecoveryReport, current_boot_id
 from octavo.v1 import bookie_pb2 as pb
 
@@ -92,6 +93,11 @@ def _encode_records(ledger_id: int, entry_ids: Any, payloads: Any, parts: list[b
         cache[eid] = offset << LOCATION_LENGTH_BITS | (size + overhead)
         offset += size + overhead
     return offset
+
+
+# A batch encoded for the active log, to account for once written: the batch, its ledger's state, the
+# ledger's cache in the log, whether that cache is new, and the entry ids written.
+_Staged = tuple["LedgerBatch", LedgerState, dict[int, int], bool, list[int]]
 
 
 @dataclass
@@ -345,9 +351,32 @@ class Storage:
 
     def _append_group_locked(self, batches: list[LedgerBatch], group: list[int],
                              results: list[tuple[list[Code], str]]) -> None:
-        """Encode the batches of `group` (each ledger at most once) into one buffer, write it, then account
-        for each. On a failed write nothing of the group is kept and every written entry gets INTERNAL."""
-        cfg = self.config
+        """Append the batches of `group` (each ledger at most once) with one write: refuse what must be
+        refused, roll first if the group would not fit, encode into one buffer, write it, then account for
+        what was written. On a failed write nothing of the group is kept and every written entry gets the
+        failure's code."""
+        accepted = self._accepted_locked(batches, group, results)
+        if not accepted:
+            return
+        active = self._active_for_group_locked(batches, accepted, results)
+        if active is None:
+            return
+        parts, staged, end = self._encode_group_locked(active, batches, accepted, results)
+        if not parts:
+            return
+        try:
+            self.io.write_parts(active.fd, parts, end - active.size)
+            if self.config.fsync_policy == FSYNC_POLICY_BATCH:
+                self.io.fdatasync(active.fd)
+        except OSError as e:
+            self._write_failed_locked(active, e, batches, accepted, staged, results)
+            return
+        faults.hit(faults.ADD_AFTER_WRITE)
+        self._account_written_locked(active, staged, end)
+
+    def _accepted_locked(self, batches: list[LedgerBatch], group: list[int],
+                         results: list[tuple[list[Code], str]]) -> list[int]:
+        """The batches of the group that are not refused as a whole (their results are set)."""
         accepted = []
         for i in group:
             refused = self._refusal(batches[i])
@@ -355,27 +384,39 @@ class Storage:
                 results[i] = refused
             else:
                 accepted.append(i)
-        if not accepted:
-            return
+        return accepted
+
+    def _active_for_group_locked(self, batches: list[LedgerBatch], accepted: list[int],
+                                 results: list[tuple[list[Code], str]]) -> EntryLog | None:
+        """The active log to write the group to, rolled first if the group would not fit it; None (with every
+        result set) when a new log cannot be started."""
+        cfg = self.config
+        active = self._active
+        if active is None:  # checked by the caller under the lock
+            raise RuntimeError("no active entry log under the engine lock")
         group_bytes = sum(sum(map(len, batches[i].payloads)) + len(batches[i].entry_ids) * RECORD_HEADER_BYTES
                           + len(batches[i].master_key) + RECORD_HEADER_BYTES for i in accepted)
         group_entries = sum(len(batches[i].entry_ids) for i in accepted)
-        active = self._active
-        assert active is not None  # checked by the caller under the lock
-        if active.size > LOG_HEADER_BYTES and (
-            active.size + group_bytes > cfg.log_size_bytes_max
-            or active.cache_entries + group_entries > cfg.write_cache_entries_max // 2
-        ):
-            try:
-                active = self._roll_locked()
-            except OSError as e:
-                code = self._write_failed_code(e)
-                for i in accepted:
-                    results[i] = ([code] * len(batches[i].entry_ids), f"cannot start a new entry log: {e}")
-                return
+        if not should_roll(self._active_shape(active), Why.SIZE, add_bytes=group_bytes, add_entries=group_entries,
+                           log_size_bytes_max=cfg.log_size_bytes_max,
+                           write_cache_entries_max=cfg.write_cache_entries_max):
+            return active
+        try:
+            return self._roll_locked()
+        except OSError as e:
+            code = self._write_failed_code(e)
+            for i in accepted:
+                results[i] = ([code] * len(batches[i].entry_ids), f"cannot start a new entry log: {e}")
+            return None
+
+    def _encode_group_locked(self, active: EntryLog, batches: list[LedgerBatch], accepted: list[int],
+                             results: list[tuple[list[Code], str]]) -> tuple[list[bytes], list[_Staged], int]:
+        """Encode the accepted batches for the active log: the parts to write, what each batch will add to
+        the caches and the ledger table once written, and the log's size after the write."""
+        cfg = self.config
         parts: list[bytes] = []
         offset = active.size
-        staged = []
+        staged: list[_Staged] = []
         for i in accepted:
             batch = batches[i]
             state = self._ledgers.get(batch.ledger_id)
@@ -409,28 +450,28 @@ class Storage:
                                                                        payloads, codes, parts, cache, offset)
             results[i] = (codes, message)
             staged.append((batch, state, cache, new_cache, written))
-        if not parts:
-            return
-        try:
-            self.io.write_parts(active.fd, parts, offset - active.size)
-            if cfg.fsync_policy == FSYNC_POLICY_BATCH:
-                self.io.fdatasync(active.fd)
-        except OSError as e:
-            for _, _, cache, new_cache, written in staged:
-                if not new_cache:
-                    for eid in written:
-                        cache.pop(eid, None)
-            self._undo_partial_write_locked(active, e)
-            failed = self._write_failed_code(e)
-            for i in accepted:
-                codes, _ = results[i]
-                results[i] = ([failed if c == OK else c for c in codes],
-                              f"write to entry log {active.log_id} failed: {e}")
-            return
-        faults.hit(faults.ADD_AFTER_WRITE)
+        return parts, staged, offset
+
+    def _write_failed_locked(self, active: EntryLog, error: OSError, batches: list[LedgerBatch],
+                             accepted: list[int], staged: list[_Staged],
+                             results: list[tuple[list[Code], str]]) -> None:
+        """Undo a failed write: drop the locations it would have added, cut the log back, fail its entries."""
+        for _, _, cache, new_cache, written in staged:
+            if not new_cache:
+                for eid in written:
+                    cache.pop(eid, None)
+        self._undo_partial_write_locked(active, error)
+        failed = self._write_failed_code(error)
+        for i in accepted:
+            codes, _ = results[i]
+            results[i] = ([failed if c == OK else c for c in codes],
+                          f"write to entry log {active.log_id} failed: {error}")
+
+    def _account_written_locked(self, active: EntryLog, staged: list[_Staged], end: int) -> None:
+        """After the write: the log's size, its caches and the ledger table."""
         if active.size == LOG_HEADER_BYTES:
             active.first_write_monotonic = time.monotonic()
-        active.size = offset
+        active.size = end
         for batch, state, cache, new_cache, written in staged:
             if new_cache:
                 active.cache[batch.ledger_id] = cache
@@ -537,11 +578,12 @@ class Storage:
             self.io.fsync_dir(self.logs_dir)
         return entry_log
 
-    def roll(self, min_bytes: int = 0) -> bool:
-        """Roll the active log if it holds records and at least `min_bytes`. Returns whether it rolled."""
+    def roll(self, min_bytes: int = 0, why: Why = Why.ASKED) -> bool:
+        """Roll the active log if it holds records and more than `min_bytes`. Returns whether it rolled."""
         with self._lock:
             active = self._active
-            if self._closed or active is None or active.size <= max(LOG_HEADER_BYTES, min_bytes):
+            if self._closed or active is None or not should_roll(self._active_shape(active), why,
+                                                                 min_bytes=min_bytes):
                 return False
             self._roll_locked()
             return True
@@ -549,12 +591,16 @@ class Storage:
     def roll_if_older_than(self, age_s: float) -> bool:
         with self._lock:
             active = self._active
-            if self._closed or active is None or active.size <= LOG_HEADER_BYTES:
-                return False
-            if time.monotonic() - active.first_write_monotonic < age_s:
+            if self._closed or active is None or not should_roll(self._active_shape(active), Why.AGE,
+                                                                 roll_interval_s=age_s):
                 return False
             self._roll_locked()
             return True
+
+    @staticmethod
+    def _active_shape(active: EntryLog) -> ActiveLog:
+        return ActiveLog(active.size, LOG_HEADER_BYTES, active.cache_entries,
+                         time.monotonic() - active.first_write_monotonic)
 
     # ------------------------------------------------------------------------------------------------
     # Background flush (called by the flusher thread, and by close())
@@ -721,7 +767,7 @@ class Storage:
             self.index.put_ledger(ledger_id, row)
         faults.hit(faults.FENCE_AFTER_PERSIST)
         if roll:
-            self.roll(self.config.log_rotate_on_close_bytes_min)
+            self.roll(self.config.log_rotate_on_close_bytes_min, Why.CLOSE)
         return LacInfo(state.last_add_confirmed, state.last_entry_id, True, self.tail_maybe_lost)
 
     def _append_fence_record_locked(self, ledger_id: int, master_key: bytes) -> None:
@@ -763,7 +809,7 @@ class Storage:
             active = self._active
             if active is None or ledger_id not in active.cache:
                 return
-        self.roll(self.config.log_rotate_on_close_bytes_min)
+        self.roll(self.config.log_rotate_on_close_bytes_min, Why.CLOSE)
 
     # ------------------------------------------------------------------------------------------------
     # Garbage collection (docs/durability.md, "Garbage collection")
