@@ -43,6 +43,8 @@ def _progress_pb(p: CompactionProgress) -> pb.CompactionUpdate:
 
 # A compaction started by hand streams its progress at most this often.
 PROGRESS_INTERVAL_S = 0.2
+# Progress updates waiting for a slow caller; past this the oldest are dropped (progress is a snapshot).
+PROGRESS_UPDATES_QUEUED_MAX = 16
 
 
 class BookieAdminService(pb_grpc.BookieAdminServicer):
@@ -121,14 +123,19 @@ class BookieAdminService(pb_grpc.BookieAdminServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 "compaction is suspended: resume it first (`octavo bookie compaction resume`)")
         loop = asyncio.get_running_loop()
-        updates: asyncio.Queue[pb.CompactionUpdate] = asyncio.Queue()
+        updates: asyncio.Queue[pb.CompactionUpdate] = asyncio.Queue(maxsize=PROGRESS_UPDATES_QUEUED_MAX)
         last_sent = [0.0]
+
+        def queue(update: pb.CompactionUpdate) -> None:  # on the loop: a caller that does not read loses the oldest
+            if updates.full():
+                updates.get_nowait()
+            updates.put_nowait(update)
 
         def on_progress(p: CompactionProgress) -> None:  # on the compaction thread
             now = time.monotonic()
             if now - last_sent[0] >= PROGRESS_INTERVAL_S or p.logs_done == p.logs_total:
                 last_sent[0] = now
-                loop.call_soon_threadsafe(updates.put_nowait, _progress_pb(p))
+                loop.call_soon_threadsafe(queue, _progress_pb(p))
 
         cancel = threading.Event()
         kind = MAJOR if request.major else MINOR

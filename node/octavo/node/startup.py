@@ -181,6 +181,7 @@ def replay_logs(io: FileIO, logs_dir: str, point: RecoveryPoint, unclean: bool,
         entry_log = EntryLog.open_existing(io, logs_dir, log_id, ROLLED)
         _replay(entry_log, scan, ledgers, new_ledgers)
         report.records_replayed += len(scan.records)
+        scan.records = []  # replayed: the report keeps what happened, not the payloads of the whole tail
         logs.append(entry_log)
     log.info("recovery: point %d, %d logs scanned, %d records replayed, %d bytes cut", point.log_id,
              report.logs_scanned, report.records_replayed, report.bytes_truncated)
