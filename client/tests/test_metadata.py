@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from octavo.cli.localcluster import EtcdProcess
+from octavo.client import dataset as dataset_module
+from octavo.client.dataset import META_DATASET, DatasetStore
 from octavo.meta.errors import MetadataUnavailableError, NoSuchLedgerError
 from octavo.meta.etcd import EtcdClient, parse_endpoints, prefix_end
 from octavo.meta.layout import Layout
@@ -150,5 +153,47 @@ async def test_prefix_reads_come_in_bounded_pages(etcd: EtcdProcess, cluster_nam
             ids.append(created.ledger_id)
         assert await store.list_ledgers() == ids
         assert [m.ledger_id for m in await store.all_ledgers()] == ids
+        pages = [[kv.key for kv in page] async for page in client.iter_prefix(prefix)]
+        assert [len(p) for p in pages] == [7, 7, 7, 4] and [k for p in pages for k in p] == keys
+        assert [m.ledger_id async for m in store.iter_ledgers()] == ids
     with pytest.raises(ValueError, match="range_page_keys"):
         EtcdClient(etcd.endpoint, range_page_keys=0)
+
+
+async def test_orphan_collection_reads_and_deletes_a_page_at_a_time(etcd: EtcdProcess, cluster_name: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Orphan collection walks every ledger's metadata without holding it all: pages of range_page_keys,
+    deletions every ORPHANS_DELETED_PER_STEP ids. Only the dataset's unreferenced ledgers go."""
+    monkeypatch.setattr(dataset_module, "ORPHANS_DELETED_PER_STEP", 3)
+    async with EtcdClient(etcd.endpoint, range_page_keys=4) as client:
+        store = MetadataStore(client, Layout(cluster_name))
+        pages_read = []
+
+        async def iter_ledgers() -> AsyncIterator[LedgerMetadata]:
+            async for page in client.iter_prefix(store.layout.ledgers):
+                pages_read.append(len(page))
+                for kv in page:
+                    yield LedgerMetadata.decode(kv.value)
+
+        pages_when_deleted: list[int] = []
+
+        async def delete(lid: int) -> None:
+            pages_when_deleted.append(len(pages_read))
+            await store.delete_ledger(lid)
+
+        datasets = DatasetStore(client, store.layout, delete, iter_ledgers)
+        mine, other = [], []
+        for i in range(14):
+            owner = "events" if i % 2 == 0 else "other"
+            created, _ = await store.create_ledger(ensemble_size=1, write_quorum=1, ack_quorum=1,
+                                                   ensembles=((0, ("b",)),), password_digest=password_digest(b""),
+                                                   custom_metadata={META_DATASET: owner})
+            (mine if owner == "events" else other).append(created.ledger_id)
+        assert await datasets.has_ledgers("events") and not await datasets.has_ledgers("nothing")
+        assert await datasets.collect_orphans("events", grace_s=3600) == []  # all too young
+        pages_read.clear()
+        deleted = await datasets.collect_orphans("events", grace_s=0)
+        assert deleted == mine and await store.list_ledgers() == other
+        assert max(pages_read) <= 4
+        # Deleted three at a time as the walk goes (pages of ids 0-3, 4-7, 8-11, 12-13), not all at its end.
+        assert pages_when_deleted == [2, 2, 2, 3, 3, 3, 4]

@@ -353,7 +353,7 @@ def test_an_interrupted_key_compaction_leaves_orphans_that_are_collected_and_can
         from octavo.client import Client
 
         async with Client(cluster.etcd_endpoint) as client:
-            return await client.datasets.collect_orphans("interrupted", await client.all_ledger_metadata(), 0)
+            return await client.datasets.collect_orphans("interrupted", 0)
 
     assert len(asyncio.run(orphans())) == 1  # the compaction's output ledger
     result = asyncio.run(compact_dataset(opts, seed=b"octavo-test-seed"))

@@ -135,13 +135,12 @@ async def _run(args: Namespace) -> dict[str, Any]:
             ids = await client.datasets.drop(args.name)
             return {"dropped": args.name, "ledgers": ids, "text": f"dropped {args.name} ({len(ids)} ledgers)"}
         if cmd == "gc":
-            from octavo.client.dataset import META_DATASET, NoSuchDatasetError
+            from octavo.client.dataset import NoSuchDatasetError
 
-            metas = await client.all_ledger_metadata()
             manifest, _ = await client.datasets.read(args.name)
-            if manifest is None and not any(m.custom_metadata.get(META_DATASET) == args.name for m in metas):
+            if manifest is None and not await client.datasets.has_ledgers(args.name):
                 raise NoSuchDatasetError(f"dataset {args.name!r} does not exist and no ledger was written for it")
-            doomed = await client.datasets.collect_orphans(args.name, metas, args.grace_s)
+            doomed = await client.datasets.collect_orphans(args.name, args.grace_s)
             return {"deleted": doomed, "text": f"deleted {len(doomed)} orphan ledgers"}
         assert cmd == "compact"
         from octavo.spark.arrowio import Options

@@ -16,7 +16,7 @@ import asyncio
 import random
 import threading
 import weakref
-from collections.abc import Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import TypeVar
 
 from octavo.client.bookie_client import BookieClient
@@ -53,7 +53,8 @@ class Client:
         self.options = options or ClientOptions()
         self.etcd = EtcdClient(etcd, timeout_s=self.options.metadata_timeout_s)
         self.metadata_store = MetadataStore(self.etcd, Layout(cluster))
-        self.datasets = DatasetStore(self.etcd, self.metadata_store.layout, self.delete_ledger)
+        self.datasets = DatasetStore(self.etcd, self.metadata_store.layout, self.delete_ledger,
+                                     self.metadata_store.iter_ledgers)
         self._bookie_clients: dict[str, BookieClient] = {}
         self._registrations: dict[str, BookieInfo] = {}
         self._registrations_at = -1e9
@@ -182,6 +183,10 @@ class Client:
     async def all_ledger_metadata(self) -> list[LedgerMetadata]:
         """Every ledger's metadata (one etcd range read): for tools and orphan collection."""
         return await self.metadata_store.all_ledgers()
+
+    def iter_ledger_metadata(self) -> AsyncIterator[LedgerMetadata]:
+        """Every ledger's metadata in id order, read from etcd a page at a time (memory stays one page)."""
+        return self.metadata_store.iter_ledgers()
 
     async def list_ledgers(self) -> list[int]:
         return await self.metadata_store.list_ledgers()

@@ -20,6 +20,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from dataclasses import replace as copy_with
 from typing import Any
@@ -45,6 +46,9 @@ TOMBSTONE_RETENTION_S_DEFAULT = 24 * 3600.0
 # Optimistic retries of a manifest update that lost a race before it is reported.
 COMMIT_ATTEMPTS_MAX = 20
 
+
+# Orphan collection deletes what one pass found this many at a time, so the ids it holds stay bounded too.
+ORPHANS_DELETED_PER_STEP = 1000
 
 class DatasetError(OctavoError):
     """A dataset operation that cannot be done; the message says why."""
@@ -136,10 +140,12 @@ def merge_schemas(stored: str, given: str) -> str | None:
 class DatasetStore:
     """Dataset manifests in etcd. Ledger deletion goes through `delete_ledger` (the client's)."""
 
-    def __init__(self, etcd: EtcdClient, layout: Layout, delete_ledger: Any) -> None:
+    def __init__(self, etcd: EtcdClient, layout: Layout, delete_ledger: Any,
+                 iter_ledgers: Callable[[], AsyncIterator[LedgerMetadata]]) -> None:
         self.etcd = etcd
         self.layout = layout
         self._delete_ledger = delete_ledger
+        self._iter_ledgers = iter_ledgers
 
     def key(self, name: str) -> bytes:
         return self.layout.root + b"datasets/" + check_name(name).encode()
@@ -251,21 +257,39 @@ class DatasetStore:
         await self._delete_quietly(ids)
         return ids
 
-    async def collect_orphans(self, name: str, ledger_metas: list[LedgerMetadata], grace_s: float) -> list[int]:
+    async def collect_orphans(self, name: str, grace_s: float) -> list[int]:
         """Delete the ledgers written for `name` that its manifest does not reference and that are older than
-        `grace_s` (a write still running has not committed yet). Returns the ids deleted."""
+        `grace_s` (a write still running has not committed yet). Returns the ids deleted.
+
+        The ledgers' metadata is read a page at a time and each page's orphans are deleted before the next
+        is read: memory stays one page (the etcd client's range_page_keys), however many ledgers there are."""
         manifest, _ = await self.read(name)
         referenced = {x.ledger_id for x in manifest.ledgers} if manifest else set()
         cutoff = time.time() * 1000 - grace_s * 1000
-        doomed = [m.ledger_id for m in ledger_metas
-                  if m.custom_metadata.get(META_DATASET) == name and m.ledger_id not in referenced
-                  and m.created_unix_ms < cutoff]
-        await self._delete_quietly(doomed)
-        if doomed:
-            log.info("dataset %s: deleted %d orphan ledgers", name, len(doomed))
-        return doomed
+        deleted: list[int] = []
+        doomed: list[int] = []
+        async for meta in self._iter_ledgers():
+            if (meta.custom_metadata.get(META_DATASET) == name and meta.ledger_id not in referenced
+                    and meta.created_unix_ms < cutoff):
+                doomed.append(meta.ledger_id)
+            if len(doomed) >= ORPHANS_DELETED_PER_STEP:
+                deleted += await self._delete_quietly(doomed)
+                doomed = []
+        deleted += await self._delete_quietly(doomed)
+        if deleted:
+            log.info("dataset %s: deleted %d orphan ledgers", name, len(deleted))
+        return deleted
 
-    async def _delete_quietly(self, ledger_ids: list[int]) -> None:
+    async def has_ledgers(self, name: str) -> bool:
+        """Some ledger was written for dataset `name` (committed or not)."""
+        async for meta in self._iter_ledgers():
+            if meta.custom_metadata.get(META_DATASET) == name:
+                return True
+        return False
+
+    async def _delete_quietly(self, ledger_ids: list[int]) -> list[int]:
+        """Delete ledgers, logging what fails (orphan collection retries it). Returns the ids deleted now."""
+        deleted = []
         for lid in ledger_ids:
             try:
                 await self._delete_ledger(lid)
@@ -273,3 +297,6 @@ class DatasetStore:
                 continue
             except OctavoError as e:  # orphan collection retries it
                 log.warning("could not delete ledger %d: %s", lid, e)
+                continue
+            deleted.append(lid)
+        return deleted

@@ -216,16 +216,28 @@ class EtcdClient:
         `range_page_keys` keys, so no single etcd response grows with the cluster: one response over the
         client's 4 MiB message limit would fail the whole read (about 10,000 ledgers' metadata)."""
         out: list[KeyValue] = []
+        async for page in self.iter_prefix(prefix, keys_only=keys_only, limit=limit):
+            out.extend(page)
+        return out
+
+    async def iter_prefix(self, prefix: bytes, keys_only: bool = False,
+                          limit: int = 0) -> AsyncIterator[list[KeyValue]]:
+        """The keys under `prefix` in key order, one page (at most `range_page_keys` keys) at a time: a caller
+        that handles each page and lets it go holds one page, however many keys there are."""
         start, end = prefix, prefix_end(prefix)
+        read = 0
         while True:
-            page = self.range_page_keys if not limit else min(self.range_page_keys, limit - len(out))
+            page = self.range_page_keys if not limit else min(self.range_page_keys, limit - read)
             request = rpc.RangeRequest(key=start, range_end=end, limit=page, keys_only=keys_only,
                                        sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.KEY)
             resp = await self._call("get prefix", lambda kv, _, r=request: kv.Range(r, **self._opts), retry=True)
-            out.extend(_kv(item) for item in resp.kvs)
-            if not resp.more or not resp.kvs or (limit and len(out) >= limit):
-                return out
-            start = bytes(resp.kvs[-1].key) + b"\0"  # the next key after the last one read
+            kvs = [_kv(item) for item in resp.kvs]
+            read += len(kvs)
+            if kvs:
+                yield kvs
+            if not resp.more or not kvs or (limit and read >= limit):
+                return
+            start = kvs[-1].key + b"\0"  # the next key after the last one read
 
     async def range_from(self, start: bytes, end: bytes) -> bytes | None:
         """The first key in [start, end), None if there is none (one key, keys only)."""

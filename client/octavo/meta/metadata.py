@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 
 from octavo.meta.errors import MetadataUnavailableError, NoSuchLedgerError
@@ -106,6 +107,13 @@ class MetadataStore:
 
     async def all_ledgers(self) -> list[LedgerMetadata]:
         return [LedgerMetadata.decode(kv.value) for kv in await self.etcd.get_prefix(self.layout.ledgers)]
+
+    async def iter_ledgers(self) -> AsyncIterator[LedgerMetadata]:
+        """Every ledger's metadata in id order, read a page at a time (the etcd client's range_page_keys): the
+        caller holds one page, not the whole cluster's ledgers."""
+        async for page in self.etcd.iter_prefix(self.layout.ledgers):
+            for kv in page:
+                yield LedgerMetadata.decode(kv.value)
 
     async def list_ledgers(self) -> list[int]:
         keys = await self.etcd.get_prefix(self.layout.ledgers, keys_only=True)

@@ -76,7 +76,8 @@ async def _preflight(opts: Options, mode: str) -> None:
                                         f"{len(writable)} are registered ({', '.join(writable) or 'none'})")
 
 
-# Orphan collection reads every ledger's metadata: every batch write does it, a stream every this many batches.
+# Orphan collection reads every ledger's metadata (a page at a time): every batch write does it, a stream every
+# this many batches.
 ORPHAN_SCAN_EVERY_STREAM_BATCHES = 50
 
 
@@ -86,8 +87,7 @@ async def _commit(opts: Options, schema: str, ledgers: list[DatasetLedger], mode
         await client.datasets.commit(opts.dataset, schema, ledgers, mode=mode, key_column=opts.key_column,
                                      stream=stream)
         if stream is None or stream[1] % ORPHAN_SCAN_EVERY_STREAM_BATCHES == 0:
-            metas = await client.all_ledger_metadata()
-            await client.datasets.collect_orphans(opts.dataset, metas, opts.orphan_grace_s)
+            await client.datasets.collect_orphans(opts.dataset, opts.orphan_grace_s)
 
 
 async def _delete(opts: Options, ledger_ids: list[int]) -> None:
