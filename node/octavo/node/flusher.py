@@ -38,18 +38,27 @@ class Flusher:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join()
 
+    def step(self, logs_max: int | None = None) -> int:
+        """One round of the flusher's work, on the caller's thread: roll the active log if its oldest record
+        is older than the roll interval (by the engine's clock), then flush rolled logs, oldest first (all of
+        them, or at most `logs_max`). Returns the logs flushed. Raises what a flush raises. The thread runs
+        this; tests that must replay exactly run it themselves instead (Storage.open(start_flusher=False))."""
+        storage = self._storage
+        storage.roll_if_older_than(storage.config.log_roll_interval_ms / 1000)
+        flushed = 0
+        while (logs_max is None or flushed < logs_max) and not self._stop.is_set() and storage.flush_one():
+            flushed += 1
+        return flushed
+
     def _run(self) -> None:
         storage = self._storage
-        roll_age_s = storage.config.log_roll_interval_ms / 1000
-        tick_s = min(1.0, roll_age_s / 4)
+        tick_s = min(1.0, storage.config.log_roll_interval_ms / 1000 / 4)
         delay_ms = FLUSH_RETRY_DELAY_MS_MIN
         while not self._stop.is_set():
             self._wake.wait(tick_s)
             self._wake.clear()
             try:
-                storage.roll_if_older_than(roll_age_s)
-                while not self._stop.is_set() and storage.flush_one():
-                    pass
+                self.step()
                 storage.last_flush_error = ""
                 delay_ms = FLUSH_RETRY_DELAY_MS_MIN
             except Exception as e:  # keep flushing: a stuck flusher would stall every add (seed 000)

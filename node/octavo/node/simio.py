@@ -28,8 +28,12 @@ class MachineCrashed(OSError):
 
 
 class SimIO(FileIO):
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, crash_at_op: int | None = None) -> None:
         self.root = os.path.abspath(root)
+        # The machine dies at this IO call (counted from 1 over every tracked call), if set: a single-threaded
+        # run cut at a seeded call replays exactly.
+        self.crash_at_op = crash_at_op
+        self.ops = 0
         self._lock = threading.Lock()
         self._fd_paths: dict[int, str] = {}
         self._inode_durable: dict[int, bytes] = {}
@@ -39,6 +43,9 @@ class SimIO(FileIO):
         self.fsyncs = 0
 
     def _check(self) -> None:
+        self.ops += 1
+        if self.crash_at_op is not None and self.ops >= self.crash_at_op:
+            self.crashed = True
         if self.crashed:
             raise MachineCrashed(5, "simulated machine crash")
 
@@ -142,12 +149,13 @@ class SimIO(FileIO):
         self.crashed = True
         report: dict[str, str] = {}
         with self._lock:
-            for dirpath, _dirs, files in os.walk(self.root):
+            for dirpath, dirs, files in os.walk(self.root):
+                dirs.sort()  # a fixed order: the rng decides the same thing for the same file in every run
                 dirpath = os.path.abspath(dirpath)
                 if dirpath in self._index_snapshot:
                     continue
                 durable_names = self._dir_durable.get(dirpath, {})
-                for name in files:
+                for name in sorted(files):
                     path = os.path.join(dirpath, name)
                     ino = os.stat(path).st_ino
                     if name not in durable_names:

@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from itertools import islice
 from types import MappingProxyType
@@ -135,9 +135,12 @@ class LacInfo:
 class Storage:
     """Open with Storage.open(config); close with close() (clean: syncs all, nothing to replay next time)."""
 
-    def __init__(self, config: NodeConfig, io: FileIO) -> None:
+    def __init__(self, config: NodeConfig, io: FileIO, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config.validate()
         self.io = io
+        # The engine's own clock, for how old the active log's first unflushed record is (the age roll). Tests
+        # pass a clock they step, with the flusher stepped by hand too, so a seeded run replays exactly.
+        self.clock = clock
         self.data_dir = os.path.abspath(config.data_dir)
         self.logs_dir = os.path.join(self.data_dir, LOGS_DIR)
         self._lock = threading.Lock()
@@ -177,8 +180,11 @@ class Storage:
     # Opening and closing
 
     @classmethod
-    def open(cls, config: NodeConfig, io: FileIO | None = None, start_flusher: bool = True) -> Storage:
-        storage = cls(config, io or FileIO())
+    def open(cls, config: NodeConfig, io: FileIO | None = None, start_flusher: bool = True,
+             clock: Callable[[], float] = time.monotonic) -> Storage:
+        """Start the engine. start_flusher=False leaves flushing to the caller (flush_one, roll_if_older_than:
+        what the flusher thread does, one step at a time)."""
+        storage = cls(config, io or FileIO(), clock)
         try:
             storage._open()
         except BaseException:
@@ -470,7 +476,7 @@ class Storage:
     def _account_written_locked(self, active: EntryLog, staged: list[_Staged], end: int) -> None:
         """After the write: the log's size, its caches and the ledger table."""
         if active.size == LOG_HEADER_BYTES:
-            active.first_write_monotonic = time.monotonic()
+            active.first_write_monotonic = self.clock()
         active.size = end
         for batch, state, cache, new_cache, written in staged:
             if new_cache:
@@ -597,10 +603,9 @@ class Storage:
             self._roll_locked()
             return True
 
-    @staticmethod
-    def _active_shape(active: EntryLog) -> ActiveLog:
+    def _active_shape(self, active: EntryLog) -> ActiveLog:
         return ActiveLog(active.size, LOG_HEADER_BYTES, active.cache_entries,
-                         time.monotonic() - active.first_write_monotonic)
+                         self.clock() - active.first_write_monotonic)
 
     # ------------------------------------------------------------------------------------------------
     # Background flush (called by the flusher thread, and by close())
@@ -791,7 +796,7 @@ class Storage:
             return
         active.cache.setdefault(ledger_id, {})
         if active.size == LOG_HEADER_BYTES:
-            active.first_write_monotonic = time.monotonic()
+            active.first_write_monotonic = self.clock()
         active.size += len(data)
 
     def write_close(self, ledger_id: int, master_key: bytes) -> None:
