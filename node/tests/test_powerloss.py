@@ -131,10 +131,10 @@ def crash_run(tmp_path: Path, seed: int, **overrides: object) -> Run:
     sim.crash_at_op = sim.ops + rng.randrange(20, 600)
     acked, fenced, history = run_workload(s, rng, clock, sim)
     cut_during = history[-1].split()[0] if sim.crashed and history else "end"
-    durable_point = s._recovery_point.log_id
+    durable_point = s.recovery_point_log_id
     log_of = {}
     for key in acked:
-        loc = s._locate(*key)
+        loc = s.locate(*key)
         assert loc is not None
         log_of[key] = loc[0]
     sim.crash()
@@ -217,7 +217,7 @@ def test_power_loss_keeps_nothing_unsynced_when_writeback_never_happened(tmp_pat
     deadline = time.monotonic() + 10
     while s.pending_flushes() and time.monotonic() < deadline:
         time.sleep(0.01)
-    flushed_point = s._recovery_point.log_id
+    flushed_point = s.recovery_point_log_id
     assert flushed_point >= 2
     s._flusher.stop()
     codes, _ = s.add_entries(1, KEY, [200, 201], [b"unsynced", b"tail"])

@@ -538,8 +538,8 @@ def test_a_log_shorter_than_its_header_is_deleted(cfg: NodeConfig) -> None:
 
 @given(st.lists(st.tuples(st.integers(0, 2**62), st.binary(max_size=2000)), max_size=40), st.integers(0, 2**62))
 def test_the_fast_encoder_writes_exactly_the_record_format(items: list[tuple[int, bytes]], ledger: int) -> None:
+    from octavo.node.appends import encode_records as _encode_records
     from octavo.node.record import encode_record
-    from octavo.node.storage import _encode_records
 
     ids = [eid for eid, _ in items]
     payloads = [p for _, p in items]

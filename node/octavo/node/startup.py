@@ -36,7 +36,7 @@ from octavo.node.errors import StorageError
 from octavo.node.fileio import FileIO
 from octavo.node.files import INDEX_DIR, LOCK_FILE, log_file_name, parse_log_file_name
 from octavo.node.index import Index
-from octavo.node.ledgers import LedgerState
+from octavo.node.ledgers import LedgerTable
 from octavo.node.record import ENTRY_ID_COMPACTED_FROM, ENTRY_ID_FENCE, ENTRY_ID_LEDGER_KEY
 from octavo.node.recovery import LogScan, apply_scan, scan_log
 from octavo.node.startup_cases import Action, Kind, needs_scan, recovery_point_to_use
@@ -155,19 +155,18 @@ def choose_recovery_point(io: FileIO, data_dir: str, index_existed: bool) -> Rec
 @dataclass
 class Replayed:
     logs: list[EntryLog]        # rolled logs for the flusher, oldest first
-    new_ledgers: set[int]       # ledgers first met in these logs (their rows are written by the next flush)
     next_log_id: int
     report: RecoveryReport
 
 
 def replay_logs(io: FileIO, logs_dir: str, point: RecoveryPoint, unclean: bool,
-                ledgers: dict[int, LedgerState]) -> Replayed:
+                ledgers: LedgerTable) -> Replayed:
     """Scan and decide every entry log at or past the recovery point; replay the kept ones into their write
-    caches and into `ledgers` (the ledger table, updated in place)."""
+    caches and into `ledgers` (the ledger table, updated in place; a ledger first met in these logs gets its
+    row written by the next flush)."""
     report = RecoveryReport(unclean=unclean, recovery_point_log_id=point.log_id)
     log_ids = sorted(i for i in map(parse_log_file_name, io.listdir(logs_dir)) if i is not None)
     logs: list[EntryLog] = []
-    new_ledgers: set[int] = set()
     for log_id in log_ids:
         if not needs_scan(Kind.LOG, log_id, point.log_id):
             continue  # Action.SKIP: fsynced and indexed before the point moved past it
@@ -179,22 +178,21 @@ def replay_logs(io: FileIO, logs_dir: str, point: RecoveryPoint, unclean: bool,
             continue
         report.bytes_truncated += scan.bytes_truncated
         entry_log = EntryLog.open_existing(io, logs_dir, log_id, ROLLED)
-        _replay(entry_log, scan, ledgers, new_ledgers)
+        _replay(entry_log, scan, ledgers)
         report.records_replayed += len(scan.records)
         scan.records = []  # replayed: the report keeps what happened, not the payloads of the whole tail
         logs.append(entry_log)
     log.info("recovery: point %d, %d logs scanned, %d records replayed, %d bytes cut", point.log_id,
              report.logs_scanned, report.records_replayed, report.bytes_truncated)
-    return Replayed(logs, new_ledgers, max([point.log_id, *(i + 1 for i in log_ids)]), report)
+    return Replayed(logs, max([point.log_id, *(i + 1 for i in log_ids)]), report)
 
 
-def _replay(entry_log: EntryLog, scan: LogScan, ledgers: dict[int, LedgerState], new_ledgers: set[int]) -> None:
+def _replay(entry_log: EntryLog, scan: LogScan, ledgers: LedgerTable) -> None:
     """Index a recovered log's records in its cache and rebuild the ledger states they imply."""
     for rec in scan.records:
         if rec.entry_id == ENTRY_ID_LEDGER_KEY:
             if rec.ledger_id not in ledgers:
-                ledgers[rec.ledger_id] = LedgerState(rec.payload)
-                new_ledgers.add(rec.ledger_id)
+                ledgers.create(rec.ledger_id, rec.payload)
             entry_log.cache.setdefault(rec.ledger_id, {})
             continue
         if rec.entry_id == ENTRY_ID_COMPACTED_FROM:
