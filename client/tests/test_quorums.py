@@ -34,6 +34,11 @@ SCRIPTS = [
     ("a-replacement-starts-at-the-lac", ("a", "b", "c"), 3, 3, [
         (("send", 10), -1), (("ok", "a", 9), -1), (("ok", "b", 9), -1), (("fail", "c"), -1),
         (("replace", "c", "d"), -1), (("ok", "d", 9), 9)]),
+    ("a-bookie-taken-back-after-quarantine-counts-again", ("a", "b", "c"), 3, 3, [
+        # c fails, d replaces it; later a fails and c (reachable again) replaces a: c's answers count anew.
+        (("send", 5), -1), (("ok", "a", 4), -1), (("ok", "b", 4), -1), (("fail", "c"), -1),
+        (("replace", "c", "d"), -1), (("ok", "d", 4), 4), (("send", 10), 4), (("fail", "a"), 4),
+        (("replace", "a", "c"), 4), (("ok", "b", 9), 4), (("ok", "d", 9), 4), (("ok", "c", 9), 9)]),
     ("striped-e3-qw2-qa2", ("a", "b", "c"), 2, 2, [
         # entry e lives on positions e%3 and e%3+1: 0 on a,b; 1 on b,c; 2 on c,a; 3 on a,b ...
         (("send", 6), -1), (("ok", "a", 5), -1), (("ok", "b", 4), 0), (("ok", "c", 5), 5)]),

@@ -4,8 +4,10 @@ the append with a typed error that says why, and never change the ensemble."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -95,8 +97,8 @@ async def test_appends_fail_once_the_bookies_know_the_ledger_was_deleted(cluster
 
 async def test_no_replacement_says_which_bookies_were_tried_and_why(cluster: LocalCluster) -> None:
     """The failed bookie is still registered until its lease expires: it is never its own replacement, and
-    the error names every bookie with the reason it could not be used."""
-    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+    the error, after ensemble_change_wait_s, names every bookie with the reason it could not be used."""
+    async with Client(cluster.etcd_endpoint, options=replace(FAST, ensemble_change_wait_s=1.0)) as client:
         writer = await client.create_ledger(3, 3, 2, password=PW)
         await writer.append(b"first")
         spare = next(b for b in cluster.bookies if b not in writer.metadata.last_ensemble)
@@ -110,7 +112,8 @@ async def test_no_replacement_says_which_bookies_were_tried_and_why(cluster: Loc
                 for _ in range(100):
                     await writer.append(b"more")
             message = str(failed.value)
-            assert f"no bookie can replace {victim}" in message
+            assert f"no bookie can replace {victim}, which failed (" in message
+            assert re.search(r"waited 1\.\ds \(ensemble_change_wait_s=1\)", message), message
             assert f"{victim} is the one that failed (its registration has not expired yet)" in message
             assert f"{spare} is read-only" in message
             others = [b for b in writer.metadata.last_ensemble if b != victim]

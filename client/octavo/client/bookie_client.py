@@ -136,6 +136,21 @@ class BookieClient:
         self._receiver: asyncio.Task[None] | None = None
         self._closed = False
 
+    # -- the connection ------------------------------------------------------------------------------
+    def connectivity(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
+        """The channel's state (READY, IDLE, CONNECTING, TRANSIENT_FAILURE, SHUTDOWN); with try_to_connect an
+        IDLE channel starts connecting."""
+        return self._channel.get_state(try_to_connect)
+
+    def reachable(self) -> bool:
+        """Connected, or not tried yet (an IDLE channel connects on its first call)."""
+        return self.connectivity(True) in (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.IDLE)
+
+    @property
+    def busy(self) -> bool:
+        """Adds are queued or in flight on this connection."""
+        return bool(self._queue or self._pending)
+
     async def close(self) -> None:
         self._closed = True
         self._fail_all(BookieUnavailableError(f"bookie {self.bookie_id}: client closed"))

@@ -13,6 +13,7 @@ not async).
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import threading
 import weakref
@@ -44,6 +45,8 @@ from octavo.meta.ledger_metadata import (
     password_digest,
 )
 from octavo.meta.metadata import BookieInfo, MetadataStore
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -85,15 +88,29 @@ class Client:
         """Registered bookies (writable and read-only), cached for bookie_list_ttl_s."""
         loop = asyncio.get_running_loop()
         if refresh or loop.time() - self._registrations_at > self.options.bookie_list_ttl_s:
-            self._registrations = await self.metadata_store.bookies()
+            before, self._registrations = self._registrations, await self.metadata_store.bookies()
             self._registrations_at = loop.time()
             for bookie_id, info in self._registrations.items():
                 known = self._bookie_clients.get(bookie_id)
-                if known is not None and known.address != info.address:  # it moved (restarted elsewhere)
-                    self._bookie_clients.pop(bookie_id)
-                    self._closing.add(task := loop.create_task(known.close()))
-                    task.add_done_callback(self._closing.discard)
+                if known is None:
+                    continue
+                if known.address != info.address:  # it moved (restarted elsewhere)
+                    self._replace_connection(bookie_id, known, "moved")
+                elif self._restarted(before.get(bookie_id), info) and not known.reachable() and not known.busy:
+                    # Restarted in place while our connection waits out its backoff: a new connection tries
+                    # at once (gRPC offers no way to reset a channel's backoff).
+                    self._replace_connection(bookie_id, known, "restarted")
         return self._registrations
+
+    @staticmethod
+    def _restarted(before: BookieInfo | None, now: BookieInfo) -> bool:
+        return before is not None and now.started_unix_ms != before.started_unix_ms and now.started_unix_ms > 0
+
+    def _replace_connection(self, bookie_id: str, known: BookieClient, why: str) -> None:
+        log.info("bookie %s %s: new connection to %s", bookie_id, why, self._registrations[bookie_id].address)
+        self._bookie_clients.pop(bookie_id)
+        self._closing.add(task := asyncio.get_running_loop().create_task(known.close()))
+        task.add_done_callback(self._closing.discard)
 
     @property
     def registrations(self) -> dict[str, BookieInfo]:

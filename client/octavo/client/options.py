@@ -17,3 +17,21 @@ class ClientOptions:
     bookie_list_ttl_s: float = 2.0
     # How long one etcd call may wait (for etcd to be reachable, and for its answer).
     metadata_timeout_s: float = 5.0
+    # How long an ensemble change may wait for a bookie to replace the failed one when none is usable now (all
+    # registered ones in the ensemble, read-only, quarantined and unreachable, or reconnecting): a bookie that
+    # restarts or comes back within this time is taken instead of failing the ledger.
+    ensemble_change_wait_s: float = 10.0
+    # A bookie that failed a write handle is not chosen again by that handle for this long (BookKeeper's
+    # bookie quarantine), unless no other bookie is usable and it is reachable again. After it, the bookie is a
+    # candidate like any other, so a long-lived ledger survives any number of failures over its life.
+    bookie_quarantine_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name in ("entry_size_bytes_max", "inflight_bytes_max", "add_timeout_s", "read_timeout_s",
+                     "metadata_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"ClientOptions.{name} must be positive, got {getattr(self, name)!r}")
+        for name in ("speculative_read_delay_s", "bookie_list_ttl_s", "ensemble_change_wait_s",
+                     "bookie_quarantine_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"ClientOptions.{name} must be zero or more, got {getattr(self, name)!r}")

@@ -35,8 +35,11 @@ class AckMarks:
         self.dead.add(bookie)
 
     def replaced(self, failed: str, replacement: str, last_add_confirmed: int) -> None:
-        """A new segment from LAC + 1 has `replacement` in `failed`'s place: it holds nothing past the LAC."""
+        """A new segment from LAC + 1 has `replacement` in `failed`'s place: it holds nothing past the LAC. A
+        replacement that failed before (taken back after its quarantine) starts afresh: the writer counts only
+        answers to what it sends from now on."""
         self.marks.pop(failed, None)
+        self.dead.discard(replacement)
         self.marks[replacement] = last_add_confirmed
 
     def acknowledged_up_to(self, lac: int, sent_to: int, ensemble: Sequence[str], write_quorum: int,

@@ -35,8 +35,11 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
+import grpc
+
 from octavo.client.bookie_client import AddCallback, AddGroup, Refusal, add_group
 from octavo.client.context import ClientContext
+from octavo.client.placement import CONNECTING, IDLE, READY, UNREGISTERED, replacement_choice
 from octavo.client.quorums import AckMarks
 from octavo.client.scheduler import LAC_UPDATE_DELAY_S
 from octavo.meta.errors import (
@@ -52,13 +55,14 @@ from octavo.meta.errors import (
     WrongPasswordError,
 )
 from octavo.meta.ledger_metadata import CLOSED, OPEN, LedgerMetadata, write_set
-from octavo.meta.metadata import BookieInfo
 from octavo.v1 import bookie_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 ENSEMBLE_CHANGE_ATTEMPTS_MAX = 10
 ENSEMBLE_CHANGE_METADATA_WAIT_S = 30.0
+# How often an ensemble change that waits for a usable bookie reads the registrations again.
+ENSEMBLE_CHANGE_POLL_S = 0.2
 
 
 def _ignore(_: AddGroup, __: object) -> None:
@@ -82,7 +86,14 @@ class WriteHandle:
         # Acknowledgement marks per bookie of the last ensemble (quorums.AckMarks); its bookies that failed
         # this handle no longer count and are never chosen again.
         self._acks = AckMarks(metadata.last_ensemble)
-        self._callbacks: dict[str, AddCallback] = {}  # per bookie: _on_result bound to it
+        self._callbacks: dict[str, AddCallback] = {}  # per bookie: _on_result bound to it and its epoch
+        # Per bookie, which of its connections to this handle counts: bumped when it fails and when it joins
+        # the ensemble, so an answer to a request sent before either is never taken as an acknowledgement.
+        self._epochs: dict[str, int] = {}
+        # Bookies that failed this handle, and when (loop time): not chosen again for bookie_quarantine_s,
+        # unless no other bookie is usable and they are reachable again.
+        self._quarantine: dict[str, float] = {}
+        self._failure_reasons: dict[str, str] = {}  # the last failure of each bookie, for error messages
         self._flush_scheduled = False
         self._inflight_bytes = 0
         self._room = asyncio.Event()
@@ -91,6 +102,7 @@ class WriteHandle:
         self._closing = False
         self._closed = False
         self._change_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()  # ensemble changes running (kept referenced)
         self._changing: set[str] = set()
         self.ensemble_changes = 0
         self.outstanding_requests = 0  # bookie add calls sent and not yet answered
@@ -254,11 +266,26 @@ class WriteHandle:
             self._lac_sent = self._lac
         callback = self._callbacks.get(bookie_id)
         if callback is None:
-            callback = self._callbacks[bookie_id] = functools.partial(self._on_result, bookie_id)
+            callback = self._callbacks[bookie_id] = functools.partial(self._on_result, bookie_id,
+                                                                      self._epochs.get(bookie_id, 0))
         bookie.add_group(group, callback)
 
-    def _on_result(self, bookie_id: str, group: AddGroup, result: Refusal | BaseException | None) -> None:
+    def _new_epoch(self, bookie_id: str) -> None:
+        """Answers to what was sent to this bookie so far no longer count (a failure, or a new segment)."""
+        self._epochs[bookie_id] = self._epochs.get(bookie_id, 0) + 1
+        self._callbacks.pop(bookie_id, None)
+
+    def _on_result(self, bookie_id: str, epoch: int, group: AddGroup, result: Refusal | BaseException | None) -> None:
         self.outstanding_requests -= 1
+        if epoch != self._epochs.get(bookie_id, 0):
+            # A request sent before this bookie failed or rejoined: its marks mean nothing now. A fence is
+            # still a fence.
+            if isinstance(result, Refusal) and pb.FENCED in result.codes and not self._closed \
+                    and any(eid > self._lac for eid, code in zip(group.entry_ids, result.codes, strict=False)
+                            if code == pb.FENCED):
+                self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced by a recovery open: no more "
+                                             "appends can be acknowledged"))
+            return
         if result is None:  # the common case: every entry stored
             last = group.entry_ids[-1]
             # If last <= LAC, the LAC is already past everything this answer vouches for.
@@ -377,20 +404,37 @@ class WriteHandle:
         if bookie_id in self._changing:
             return
         log.info("ledger %d: bookie %s failed (%s); changing the ensemble", self.ledger_id, bookie_id, reason)
+        self._new_epoch(bookie_id)
+        self._quarantine[bookie_id] = asyncio.get_running_loop().time()
+        self._failure_reasons[bookie_id] = reason
         self._changing.add(bookie_id)
-        asyncio.get_running_loop().create_task(self._change_ensemble(bookie_id))
+        task = asyncio.get_running_loop().create_task(self._change_ensemble(bookie_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _change_not_needed(self, failed: str) -> bool:
+        """The handle failed or closed, the bookie is already replaced, or a close waits with every entry
+        acknowledged (the ledger closes as it is; the missing copies are re-replication's to restore)."""
+        return (self._error is not None or self._closed or failed not in self.metadata.last_ensemble
+                or (self._closing and not self._pending))
 
     async def _change_ensemble(self, failed: str) -> None:
+        """The background task of one ensemble change. Changes and the close take _change_lock, so they are
+        ordered: a change that finds the close done (or not needed any more) stops quietly. It never ends with
+        an exception: whatever goes wrong fails the handle with a typed error."""
         try:
             async with self._change_lock:
-                if self._error is not None or self._closed or failed not in self.metadata.last_ensemble:
+                if self._change_not_needed(failed):
                     return
                 try:
                     replacement = await self._write_new_segment(failed)
                 except OctavoError as e:
                     self._fail(e)
                     return
+                if replacement is None:
+                    return
                 self.ensemble_changes += 1
+                self._new_epoch(replacement)
                 self._acks.replaced(failed, replacement, self._lac)
                 # Every entry sent and not acknowledged whose write set now has the replacement goes to it;
                 # entries not flushed yet go with their flush.
@@ -400,13 +444,18 @@ class WriteHandle:
                 if ids:
                     self._send(replacement, add_group(self.ledger_id, self._master_key, ids,
                                                       [self._data[e - base] for e in ids], self._lac))
+        except Exception as e:  # a bug, or an error of a kind not foreseen: the handle fails, typed and logged
+            log.exception("ledger %d: the ensemble change replacing %s failed", self.ledger_id, failed)
+            self._fail(OctavoError(f"ledger {self.ledger_id}: the ensemble change replacing bookie {failed} failed: "
+                                   f"{type(e).__name__}: {e}"))
         finally:
             self._changing.discard(failed)
         self._advance()
 
-    async def _write_new_segment(self, failed: str) -> str:
-        """Replace `failed` in a new segment; an etcd outage is waited out for up to
-        ENSEMBLE_CHANGE_METADATA_WAIT_S (appends stay pending meanwhile) before the handle fails."""
+    async def _write_new_segment(self, failed: str) -> str | None:
+        """Replace `failed` in a new segment; None if the change stopped being needed while it waited. An etcd
+        outage is waited out for up to ENSEMBLE_CHANGE_METADATA_WAIT_S (appends stay pending meanwhile) before
+        the handle fails."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ENSEMBLE_CHANGE_METADATA_WAIT_S
         while True:
@@ -418,16 +467,13 @@ class WriteHandle:
                 log.info("ledger %d: ensemble change waits for etcd: %s", self.ledger_id, e)
                 await asyncio.sleep(0.5)
 
-    async def _try_new_segment(self, failed: str) -> str:
+    async def _try_new_segment(self, failed: str) -> str | None:
         store = self._client.metadata_store
         for _ in range(ENSEMBLE_CHANGE_ATTEMPTS_MAX):
+            replacement = await self._choose_replacement(failed)
+            if replacement is None:
+                return None
             ensemble = list(self.metadata.last_ensemble)
-            candidates, unusable = self._replacement_candidates(failed, await self._client.bookies(refresh=True))
-            if not candidates:
-                raise NotEnoughBookiesError(
-                    f"ledger {self.ledger_id}: no bookie can replace {failed}: "
-                    + ("; ".join(f"{b} {why}" for b, why in sorted(unusable.items())) or "no bookie is registered"))
-            replacement = random.choice(candidates)
             ensemble[ensemble.index(failed)] = replacement
             first = self._lac + 1
             changed = self.metadata.with_segment(first, tuple(ensemble))
@@ -435,6 +481,7 @@ class WriteHandle:
             if revision is not None:
                 self.metadata, self._revision = changed, revision
                 self._entry_limit, self._entry_limit_by = self._ensemble_entry_limit()
+                self._quarantine.pop(replacement, None)
                 log.info("ledger %d: bookie %s replaced by %s from entry %d", self.ledger_id, failed, replacement,
                          first)
                 return replacement
@@ -445,29 +492,56 @@ class WriteHandle:
             self.metadata, self._revision = current, current_revision
         raise MetadataUnavailableError(f"ledger {self.ledger_id}: the ensemble change kept losing its CAS")
 
-    def _replacement_candidates(self, failed: str, registered: dict[str, BookieInfo]) -> tuple[list[str],
-                                                                                                  dict[str, str]]:
-        """The registered bookies that may replace `failed`, and why each other one may not. The failed bookie
-        itself may still be registered (its lease has not expired yet) and is never its own replacement."""
-        ensemble = self.metadata.last_ensemble
-        largest = max(map(len, self._data), default=0)  # entries sent or to be sent to the new segment
-        candidates: list[str] = []
-        unusable: dict[str, str] = {}
-        for bookie_id, info in sorted(registered.items()):
-            if bookie_id == failed:
-                unusable[bookie_id] = "is the one that failed (its registration has not expired yet)"
-            elif bookie_id in ensemble:
-                unusable[bookie_id] = "is already in the ensemble"
-            elif bookie_id in self._acks.dead:
-                unusable[bookie_id] = "failed earlier on this ledger"
-            elif info.readonly:
-                unusable[bookie_id] = "is read-only"
-            elif 0 < info.entry_size_bytes_max < largest:
-                unusable[bookie_id] = (f"takes entries up to entry_size_bytes_max={info.entry_size_bytes_max}, "
-                                       f"below a pending entry of {largest} bytes")
-            else:
-                candidates.append(bookie_id)
-        return candidates, unusable
+    async def _choose_replacement(self, failed: str) -> str | None:
+        """A bookie to take `failed`'s place: one usable now (writable, not in the ensemble, not quarantined,
+        its connection up or not tried yet), else a quarantined one that is reachable again. With neither,
+        wait up to ensemble_change_wait_s for one (a bookie restarting, a connection coming back), re-reading
+        the registrations every ENSEMBLE_CHANGE_POLL_S; then NotEnoughBookiesError names every bookie and why
+        it could not be used. None if the change stopped being needed meanwhile."""
+        loop = asyncio.get_running_loop()
+        wait_s = self._options.ensemble_change_wait_s
+        started = loop.time()
+        while True:
+            now = loop.time()
+            choice = replacement_choice(failed, self.metadata.last_ensemble, await self._client.bookies(refresh=True),
+                                        self._quarantine, now, self._options.bookie_quarantine_s,
+                                        max(map(len, self._data), default=0), self._connection_state)
+            if choice.ready:
+                return random.choice(choice.ready)
+            if choice.fallback:
+                reachable = [b for b in choice.fallback if self._connection_state(b) == READY]
+                if reachable:
+                    log.info("ledger %d: no other bookie is usable; taking back %s, which failed this ledger "
+                             "earlier and is reachable again", self.ledger_id, reachable[0])
+                    return random.choice(reachable)
+            if self._change_not_needed(failed):
+                return None
+            waited = now - started
+            if waited >= wait_s:
+                raise NotEnoughBookiesError(
+                    f"ledger {self.ledger_id}: no bookie can replace {failed}, which failed "
+                    f"({self._failure_reasons.get(failed, 'reason not known')})"
+                    + (f"; waited {waited:.1f}s (ensemble_change_wait_s={wait_s:g})" if wait_s else "") + ": "
+                    + ("; ".join(f"{b} {why}" for b, why in sorted(choice.unusable.items()))
+                       or "no bookie is registered"))
+            if waited == 0:
+                log.info("ledger %d: no bookie can replace %s now; waiting up to %gs: %s", self.ledger_id, failed,
+                         wait_s, "; ".join(f"{b} {why}" for b, why in sorted(choice.unusable.items())))
+            await asyncio.sleep(min(ENSEMBLE_CHANGE_POLL_S, wait_s - waited))
+
+    def _connection_state(self, bookie_id: str) -> str:
+        """The connection's state as placement.py names it; asking starts a connection attempt on an idle
+        channel."""
+        try:
+            bookie = self._client.bookie_client(bookie_id)
+        except BookieUnavailableError:
+            return UNREGISTERED
+        state = bookie.connectivity(True)
+        if state == grpc.ChannelConnectivity.READY:
+            return READY
+        if state == grpc.ChannelConnectivity.IDLE:
+            return IDLE
+        return CONNECTING
 
     # -- close -----------------------------------------------------------------------------------------
     async def close(self) -> None:
@@ -484,31 +558,38 @@ class WriteHandle:
             await self._room.wait()
         if self._error is not None:
             raise self._error
-        store = self._client.metadata_store
-        # An ensemble change may run concurrently (a bookie failed after the last entry was acknowledged at the
-        # ack quorum) and move the metadata's revision under the close: then the CAS loses to our own change,
-        # and the close waits for the change and closes on top of it. With etcd down, the CAS fails at once
+        # The close and ensemble changes are ordered by _change_lock: a change already running lands first and
+        # the close goes on top of it; a change that starts later finds the ledger closed and stops quietly (and
+        # one still waiting for a bookie stops as soon as nothing is pending). With etcd down, the CAS fails
         # (MetadataUnavailableError) and the close can be retried.
+        async with self._change_lock:
+            if self._error is not None:
+                raise self._error
+            await self._close_in_etcd()
+            self._closed = True
+        await asyncio.gather(*(self._write_close(b) for b in self.metadata.last_ensemble), return_exceptions=True)
+
+    async def _close_in_etcd(self) -> None:
+        """CAS the metadata to CLOSED with the last entry and length. Called with _change_lock held, so no
+        change of ours moves the revision under it: a lost CAS means another party wrote the ledger (a recovery
+        open: LedgerFencedError; anything else that left it OPEN: close on top of what it wrote)."""
+        store = self._client.metadata_store
         for _ in range(ENSEMBLE_CHANGE_ATTEMPTS_MAX):
             closed = self.metadata.with_state(CLOSED, last_entry_id=self._lac, length=self._length)
             revision = await store.update_ledger(closed, self._revision)
             if revision is not None:
                 self.metadata, self._revision = closed, revision
-                break
-            current, _ = await store.read_ledger(self.ledger_id)
+                return
+            current, current_revision = await store.read_ledger(self.ledger_id)
             if current.state == CLOSED and current.last_entry_id == self._lac:
-                break
+                self.metadata, self._revision = current, current_revision
+                return
             if current.state != OPEN:
                 self._closed = True
                 raise LedgerFencedError(f"ledger {self.ledger_id} is {current.state} in etcd (last entry "
                                         f"{current.last_entry_id}): a recovery open took it over")
-            async with self._change_lock:  # our own ensemble change: let it land, then close on top of it
-                if self._error is not None:
-                    raise self._error
-        else:
-            raise MetadataUnavailableError(f"ledger {self.ledger_id}: the close kept losing its CAS")
-        self._closed = True
-        await asyncio.gather(*(self._write_close(b) for b in self.metadata.last_ensemble), return_exceptions=True)
+            self.metadata, self._revision = current, current_revision
+        raise MetadataUnavailableError(f"ledger {self.ledger_id}: the close kept losing its CAS")
 
     async def _write_close(self, bookie_id: str) -> None:
         try:

@@ -29,14 +29,20 @@ from octavo.meta.errors import MetadataUnavailableError
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 5.0
-# A restarted server must be reachable again within about a second: gRPC's default reconnect backoff grows to
-# minutes and, through the process-wide subchannel pool, is shared even by a freshly created channel.
-# (min_reconnect_backoff_ms is also the deadline of one connection attempt, so it stays at 2 s.)
+# A restarted server (a bookie, etcd) must be reachable again within a fraction of a second: gRPC's default
+# reconnect backoff grows to minutes and, through the process-wide subchannel pool, is shared even by a freshly
+# created channel. Reconnect attempts start RECONNECT_BACKOFF_MS_INITIAL after a failure and grow by 1.6 up to
+# RECONNECT_BACKOFF_MS_MAX, each with gRPC's +-20% jitter (so clients that lost one server do not retry in
+# step). A refused connection costs the server nothing, so a small cap is cheap. min_reconnect_backoff_ms is,
+# despite its name, the deadline of one connection attempt (a host that drops SYNs): it stays at 2 s.
+RECONNECT_BACKOFF_MS_INITIAL = 50
+RECONNECT_BACKOFF_MS_MAX = 250
+CONNECT_ATTEMPT_MS_MIN = 2000
 CHANNEL_OPTIONS = [
     ("grpc.use_local_subchannel_pool", 1),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 2000),
-    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS_INITIAL),
+    ("grpc.min_reconnect_backoff_ms", CONNECT_ATTEMPT_MS_MIN),
+    ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS_MAX),
 ]
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 # Before the first call succeeds, every endpoint gets a plain TCP connect of at most this long: if each one is

@@ -32,6 +32,9 @@ class BookieInfo:
     # The bookie's own limit on one entry's payload (0: not said, by a bookie older than this field): a
     # writer checks entries against its ensemble's limits before it gives them ids.
     entry_size_bytes_max: int = 0
+    # When this bookie process started (0: not said): a client that sees it change knows the bookie restarted
+    # and reconnects at once instead of waiting out its connection backoff.
+    started_unix_ms: int = 0
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
