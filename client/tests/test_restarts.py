@@ -8,7 +8,7 @@ import gc
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -40,11 +40,11 @@ def all_bookies_up(cluster: LocalCluster) -> Iterator[None]:
 
 
 @pytest.fixture
-def task_errors() -> Iterator[list[dict[str, Any]]]:
-    """What asyncio reports about tasks that ended with an exception nobody retrieved (it reports them when
-    the task is collected): the test fails if anything is left here."""
+async def task_errors() -> AsyncIterator[list[dict[str, Any]]]:
+    """What the test's event loop reports about tasks that ended with an exception nobody retrieved (it
+    reports them when the task is collected): the test fails if anything is left here."""
     errors: list[dict[str, Any]] = []
-    loop = asyncio.get_event_loop()
+    loop = asyncio.get_running_loop()
     previous = loop.get_exception_handler()
     loop.set_exception_handler(lambda _, context: errors.append(context))
     yield errors
