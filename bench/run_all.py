@@ -13,6 +13,7 @@ BENCHES = [
     ["index_choice.py"],
     ["compaction_bench.py"],
     ["spark_bench.py"],
+    ["restart_bench.py"],
     ["cluster_bench.py"],  # needs Debian's nats-server and the bench extra (nats-py)
 ]
 
