@@ -25,10 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import machine_line, median, table, write_section  # noqa: E402
+from common import machine_line, median, table, write_section
 
-from octavo.cli.localcluster import LocalCluster, free_port  # noqa: E402
-from octavo.client import Client, ClientOptions  # noqa: E402
+from octavo.cli.localcluster import LocalCluster, free_port
+from octavo.client import Client, ClientOptions
 
 WINDOW_S = 5.0
 BATCH = 100
