@@ -12,12 +12,13 @@ read`); keys in snake_case; 64-bit integers as JSON numbers; times as `*_unix_ms
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
 import string
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -312,3 +313,18 @@ async def cluster_client(args: argparse.Namespace) -> AsyncIterator[Any]:
         if not getattr(args, "allow_empty", False):
             await check_cluster_exists(client.etcd, target.cluster, target.etcd)
         yield client
+
+
+def run_async(label: str, main: Coroutine[Any, Any, int]) -> int:
+    """Run a command's coroutine; a CliError, an OctavoError or a ValueError becomes one line on stderr,
+    prefixed with `label` (e.g. "octavo ledger read"), and an exit code."""
+    from octavo.meta.errors import OctavoError
+
+    try:
+        return asyncio.run(main)
+    except CliError as e:
+        print(f"{label}: {e}", file=sys.stderr)
+        return e.code
+    except (OctavoError, ValueError) as e:
+        print(f"{label}: {e}", file=sys.stderr)
+        return EXIT_FAILED

@@ -14,7 +14,6 @@ Exit codes: 0 success, 1 the operation failed (message on stderr), 2 bad usage.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import sys
 import time
@@ -22,7 +21,6 @@ from argparse import Namespace
 from typing import Any
 
 from octavo.cli.common import (
-    EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
     CliError,
@@ -36,6 +34,7 @@ from octavo.cli.common import (
     non_negative_int,
     print_json,
     resolve_password,
+    run_async,
     table,
 )
 
@@ -64,16 +63,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: Namespace) -> int:
-    from octavo.meta.errors import OctavoError
-
-    try:
-        return asyncio.run(_run(args))
-    except CliError as e:
-        print(f"octavo ledger {args.ledger_cmd}: {e}", file=sys.stderr)
-        return e.code
-    except (OctavoError, ValueError) as e:
-        print(f"octavo ledger {args.ledger_cmd}: {e}", file=sys.stderr)
-        return EXIT_FAILED
+    return run_async(f"octavo ledger {args.ledger_cmd}", _run(args))
 
 
 async def _run(args: Namespace) -> int:

@@ -185,9 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"octavo {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_node_parser(sub)
-    from octavo.cli import bookie, dataset, dev, ledger
+    from octavo.cli import bookie, cluster, dataset, dev, ledger
 
     bookie.add_parser(sub)
+    cluster.add_parser(sub)
     dataset.add_parser(sub)
     dev.add_parser(sub)
     ledger.add_parser(sub)
@@ -220,6 +221,10 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         from octavo.cli import bookie
 
         return bookie.run(args)
+    if args.command == "cluster":
+        from octavo.cli import cluster as cluster_cli
+
+        return cluster_cli.run(args)
     if args.command == "dataset":
         from octavo.cli import dataset
 

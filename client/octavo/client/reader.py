@@ -117,18 +117,27 @@ class ReadHandle:
         return found
 
     async def _read_chunk(self, ids: list[int]) -> dict[int, bytes]:
+        found, errors = await self.read_available(ids)
+        missing = next((e for e in ids if e not in found), None)
+        if missing is not None:
+            raise ReadError(f"ledger {self.ledger_id}: entry {missing} could not be read from any replica "
+                            f"({errors.get(missing, 'no replica left')})")
+        return found
+
+    async def read_available(self, ids: list[int], exclude: set[str] | frozenset[str] = frozenset()
+                             ) -> tuple[dict[int, bytes], dict[int, str]]:
+        """Every entry of `ids` that some replica gives (bookies in `exclude` are not asked), and for each
+        other entry the last error seen: re-replication copies what exists and reports the rest as lost."""
         found: dict[int, bytes] = {}
-        tried: dict[int, set[str]] = {e: set() for e in ids}
+        tried: dict[int, set[str]] = {e: set(exclude) for e in ids}
         errors: dict[int, str] = {}
         while True:
             remaining = [e for e in ids if e not in found]
             if not remaining:
-                return found
+                return found, {}
             groups = self._group(remaining, tried)
             if not groups:
-                missing = remaining[0]
-                raise ReadError(f"ledger {self.ledger_id}: entry {missing} could not be read from any replica "
-                                f"({errors.get(missing, 'no replica left')})")
+                return found, {e: errors.get(e, "no replica left") for e in remaining}
             await self._read_groups(groups, tried, found, errors)
 
     def _group(self, entries: list[int], tried: dict[int, set[str]]) -> dict[str, list[int]]:

@@ -6,6 +6,8 @@
     /octavo/<cluster>/bookies/readonly/<bookie id>     registration of a read-only bookie, on its lease
     /octavo/<cluster>/cookies/<bookie id>              the bookie's identity, bound to its data directory
     /octavo/<cluster>/instances/<instance id>          the other way: which bookie id a data directory serves
+    /octavo/<cluster>/underreplicated/<ledger id>      a ledger with copies missing: which bookies (JSON)
+    /octavo/<cluster>/replication-locks/<ledger id>    the worker re-replicating it, on the worker's lease
 
 Ledger ids are zero-padded so keys sort in id order.
 """
@@ -63,6 +65,19 @@ class Layout:
         if not instance_id or "/" in instance_id or not instance_id.isprintable():
             raise ValueError(f"instance id must be printable, non-empty and without '/', got {instance_id!r}")
         return self.root + b"instances/" + instance_id.encode()
+
+    @property
+    def underreplicated(self) -> bytes:
+        return self.root + b"underreplicated/"
+
+    def underreplicated_ledger(self, ledger_id: int) -> bytes:
+        return self.underreplicated + self.ledger(ledger_id)[len(self.ledgers):]
+
+    def replication_lock(self, ledger_id: int) -> bytes:
+        return self.root + b"replication-locks/" + self.ledger(ledger_id)[len(self.ledgers):]
+
+    def ledger_id_under(self, prefix: bytes, key: bytes) -> int:
+        return int(key[len(prefix):])
 
 
 def check_bookie_id(bookie_id: str) -> None:

@@ -119,6 +119,13 @@ class LedgerMetadata:
         kept = self.ensembles[:-1] if first_entry_id == last_first else self.ensembles
         return replace(self, ensembles=(*kept, (first_entry_id, tuple(bookies))))
 
+    def with_ensembles(self, ensembles: tuple[tuple[int, tuple[str, ...]], ...]) -> LedgerMetadata:
+        """The same segments, boundaries unchanged, with bookies replaced (re-replication): allowed in any state,
+        since it moves copies, not entries. Checked like any metadata (distinct bookies per segment)."""
+        if [first for first, _ in ensembles] != [first for first, _ in self.ensembles]:
+            raise MetadataError(f"ledger {self.ledger_id}: re-replication may replace bookies, not move segments")
+        return replace(self, ensembles=tuple((first, tuple(bookies)) for first, bookies in ensembles))
+
     def with_state(self, state: str, last_entry_id: int | None = None, length: int | None = None) -> LedgerMetadata:
         if (self.state, state) not in _TRANSITIONS:
             raise MetadataError(f"ledger {self.ledger_id}: {self.state} -> {state} is not a legal change")

@@ -1,0 +1,146 @@
+"""`octavo cluster ...`: the cluster as a whole.
+
+    octavo cluster recover BOOKIE [--dry-run] [--recover-open] [--rate-bytes-per-s N] [--json] [--no-progress]
+                                  copy a dead bookie's share of every ledger from the other replicas
+    octavo cluster underreplicated [--json]
+                                  the ledgers marked as missing copies, and who is restoring them
+
+`recover` is for a bookie that is gone for good (its registration expired): it marks every ledger naming it
+under-replicated in etcd, re-replicates them one by one, and unmarks each one done. It can be interrupted and
+run again; it refuses to start when the other bookies cannot hold some ledger's ensemble. Open ledgers whose
+last segment names the bookie belong to their writer; --recover-open fences and closes them first (their writer
+is taken to be gone too). Entries no surviving replica holds are reported as lost (exit code 1) and their
+ledgers stay marked. Exit codes: 0 success, 1 the operation failed or left work (message on stderr), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from argparse import Namespace
+from typing import Any
+
+from octavo.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    CliError,
+    add_etcd_arguments,
+    cluster_client,
+    fmt_age,
+    fmt_bytes,
+    non_negative_int,
+    print_json,
+    run_async,
+    table,
+)
+
+REPLICATION_RATE_BYTES_PER_S_DEFAULT = 64 << 20
+REPLICATION_BATCH_BYTES_MAX_DEFAULT = 4 << 20
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("cluster", help="the cluster as a whole: recover a dead bookie, under-replicated ledgers")
+    csub = p.add_subparsers(dest="cluster_cmd", required=True)
+    c = csub.add_parser("recover", help="copy a dead bookie's data from the other replicas to other bookies")
+    c.add_argument("bookie_id", help="the bookie id (as registered, e.g. bookie-2)")
+    c.add_argument("--dry-run", action="store_true", help="list what would move; change nothing")
+    c.add_argument("--recover-open", action="store_true",
+                   help="fence and close open ledgers whose last segment names the bookie (their writer is gone)")
+    c.add_argument("--rate-bytes-per-s", type=non_negative_int, default=REPLICATION_RATE_BYTES_PER_S_DEFAULT,
+                   help="copy at most this many bytes per second (0: unlimited; default %(default)s)")
+    c.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    add_etcd_arguments(c)
+    c.add_argument("--json", action="store_true", help="print JSON")
+    u = csub.add_parser("underreplicated", help="list the ledgers marked as missing copies")
+    add_etcd_arguments(u)
+    u.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run(args: Namespace) -> int:
+    return run_async(f"octavo cluster {args.cluster_cmd}", _run(args))
+
+
+async def _run(args: Namespace) -> int:
+    async with cluster_client(args) as client:
+        if args.cluster_cmd == "underreplicated":
+            return await _underreplicated(client, args)
+        return await _recover(client, args)
+
+
+async def _underreplicated(client: Any, args: Namespace) -> int:
+    from octavo.meta.underreplication import UnderReplication
+
+    marks = UnderReplication(client.etcd, client.metadata_store.layout)
+    now_ms = time.time() * 1000
+    rows: list[dict[str, Any]] = []
+    async for mark in marks.marks():
+        rows.append({"ledger_id": mark.ledger_id, "missing": list(mark.missing), "marked_by": mark.by,
+                     "marked_unix_ms": mark.marked_unix_ms, "age_s": round((now_ms - mark.marked_unix_ms) / 1000, 3),
+                     "worker": await marks.lock_owner(mark.ledger_id)})
+    if args.json:
+        print_json({"underreplicated": rows})
+        return EXIT_OK
+    if not rows:
+        print("(no under-replicated ledgers)", file=sys.stderr)
+        return EXIT_OK
+    print(table(["LEDGER", "MISSING", "AGE", "MARKED BY", "WORKER"], [
+        [str(r["ledger_id"]), ",".join(r["missing"]), fmt_age(r["age_s"]), r["marked_by"], r["worker"] or "-"]
+        for r in rows]))
+    return EXIT_OK
+
+
+async def _recover(client: Any, args: Namespace) -> int:
+    from octavo.client.replication import Replicator, ledgers_naming, recover_bookie
+    from octavo.meta.metadata import MetadataStore
+
+    bookie_id = args.bookie_id
+    store: MetadataStore = client.metadata_store
+    registered = await client.bookies(refresh=True)
+    if bookie_id in registered:
+        raise CliError(f"bookie {bookie_id} is registered (alive, at {registered[bookie_id].address}): `recover` "
+                       "is for a bookie that is gone for good. Stop it first (its registration then expires), or "
+                       "move its data off while it runs with a decommission")
+    if not args.dry_run and await store.read_cookie(bookie_id) is None and not await ledgers_naming(client, bookie_id):
+        raise CliError(f"unknown bookie {bookie_id!r}: it has no cookie in cluster {store.layout.cluster!r} and no "
+                       "ledger names it")
+    started = time.monotonic()
+    show_progress = not args.no_progress and not args.json and sys.stderr.isatty()
+
+    def progress(done: int, total: int, _: object) -> None:
+        if show_progress:
+            print(f"\r{done}/{total} ledgers", end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+    replicator = Replicator(client, args.rate_bytes_per_s, REPLICATION_BATCH_BYTES_MAX_DEFAULT)
+    result = await recover_bookie(client, bookie_id, replicator, by="cli", dry_run=args.dry_run,
+                                  recover_open=args.recover_open, progress=progress)
+    took = time.monotonic() - started
+    out = {"bookie_id": bookie_id, "dry_run": args.dry_run, "ledgers": result.ledgers,
+           "replicated": result.replicated, "left_open": result.left_open, "busy": result.busy,
+           "lost": [{"ledger_id": x.ledger_id, "bookie": x.bookie, "first": x.first, "last": x.last}
+                    for x in result.lost],
+           "entries_copied": result.entries_copied, "bytes_copied": result.bytes_copied,
+           "segments_to_move": result.segments_to_move, "took_s": round(took, 3)}
+    if args.json:
+        print_json(out)
+    elif args.dry_run:
+        print(f"{len(result.ledgers)} ledgers name {bookie_id}; {result.segments_to_move} segments would get a "
+              f"new bookie" + (f"; {len(result.left_open)} open ledgers' last segments are their writers' "
+                               f"(--recover-open to take them): {_ids(result.left_open)}" if result.left_open else ""))
+        if result.ledgers:
+            print(f"ledgers: {_ids(result.ledgers)}")
+    else:
+        print(f"{bookie_id}: {len(result.replicated)} of {len(result.ledgers)} ledgers re-replicated, "
+              f"{result.entries_copied} entries ({fmt_bytes(result.bytes_copied)}) copied in {took:.1f}s")
+        if result.left_open:
+            print(f"left to their writers (open; --recover-open to take them): {_ids(result.left_open)}")
+        if result.busy:
+            print(f"being re-replicated by another worker: {_ids(result.busy)}")
+    for lost in result.lost:
+        print(f"LOST: {lost}", file=sys.stderr)
+    if args.dry_run:
+        return EXIT_OK
+    return EXIT_OK if result.done else EXIT_FAILED
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(map(str, ids[:50])) + (f" ... ({len(ids)} in all)" if len(ids) > 50 else "")

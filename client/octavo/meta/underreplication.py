@@ -1,0 +1,89 @@
+"""Under-replication marks in etcd: which ledgers have copies missing, and who is restoring them.
+
+One key per ledger, `underreplicated/<ledger id>`, names the bookies whose copies are missing and when the
+ledger was first marked. Whoever finds a bookie gone (the auditor, `octavo cluster recover`, a decommission)
+marks every ledger with a segment on it; marking merges with an existing mark by CAS, never overwriting one.
+A replication worker takes a ledger's lock, `replication-locks/<ledger id>`, created on the worker's lease
+(so a worker that dies releases it when its lease expires), re-replicates the ledger, then deletes the mark,
+only if nobody changed it meanwhile (a bookie added to it is still to do), and releases the lock.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Collection
+from dataclasses import dataclass
+
+from octavo.meta.etcd import EtcdClient, Txn
+from octavo.meta.layout import Layout
+
+MARK_CAS_ATTEMPTS_MAX = 20
+
+
+@dataclass(frozen=True)
+class Mark:
+    ledger_id: int
+    missing: tuple[str, ...]   # bookies whose copies are missing, sorted
+    marked_unix_ms: int        # when the ledger was first marked
+    by: str                    # who marked it first (an auditor's bookie id, "cli", ...)
+    revision: int = 0          # the key's mod revision when read
+
+    def encode(self) -> bytes:
+        return json.dumps({"ledger_id": self.ledger_id, "missing": list(self.missing),
+                           "marked_unix_ms": self.marked_unix_ms, "by": self.by}, sort_keys=True).encode()
+
+    @staticmethod
+    def decode(value: bytes, revision: int) -> Mark:
+        d = json.loads(value)
+        return Mark(int(d["ledger_id"]), tuple(sorted(d["missing"])), int(d["marked_unix_ms"]), str(d["by"]),
+                    revision)
+
+
+class UnderReplication:
+    def __init__(self, etcd: EtcdClient, layout: Layout) -> None:
+        self.etcd = etcd
+        self.layout = layout
+
+    async def mark(self, ledger_id: int, missing: Collection[str], by: str) -> Mark:
+        """Mark a ledger as missing the copies of `missing` (merged with an existing mark). Returns the mark."""
+        key = self.layout.underreplicated_ledger(ledger_id)
+        for _ in range(MARK_CAS_ATTEMPTS_MAX):
+            current = await self.get(ledger_id)
+            if current is not None and set(missing) <= set(current.missing):
+                return current
+            mark = Mark(ledger_id, tuple(sorted({*missing, *(current.missing if current else ())})),
+                        current.marked_unix_ms if current else int(time.time() * 1000),
+                        current.by if current else by)
+            ok, resp = await self.etcd.txn(Txn().mod_revision_is(key, current.revision if current else 0)
+                                           .put(key, mark.encode()))
+            if ok:
+                return Mark(mark.ledger_id, mark.missing, mark.marked_unix_ms, mark.by, int(resp.header.revision))
+        raise RuntimeError(f"ledger {ledger_id}: could not mark it under-replicated (kept losing the CAS)")
+
+    async def get(self, ledger_id: int) -> Mark | None:
+        kv = await self.etcd.get(self.layout.underreplicated_ledger(ledger_id))
+        return Mark.decode(kv.value, kv.mod_revision) if kv is not None else None
+
+    async def marks(self) -> AsyncIterator[Mark]:
+        """Every mark, in ledger-id order, read a page at a time."""
+        async for page in self.etcd.iter_prefix(self.layout.underreplicated):
+            for kv in page:
+                yield Mark.decode(kv.value, kv.mod_revision)
+
+    async def unmark(self, mark: Mark) -> bool:
+        """Delete a mark if it is still the one read (True); False if it changed (more to do) or is gone."""
+        return await self.etcd.cas_delete(self.layout.underreplicated_ledger(mark.ledger_id), mark.revision)
+
+    async def lock(self, ledger_id: int, lease_id: int, owner: str) -> bool:
+        """Take the ledger's replication lock on `lease_id`; False if another worker holds it."""
+        key = self.layout.replication_lock(ledger_id)
+        ok, _ = await self.etcd.txn(Txn().mod_revision_is(key, 0).put(key, owner.encode(), lease=lease_id))
+        return ok
+
+    async def unlock(self, ledger_id: int) -> None:
+        await self.etcd.delete(self.layout.replication_lock(ledger_id))
+
+    async def lock_owner(self, ledger_id: int) -> str | None:
+        kv = await self.etcd.get(self.layout.replication_lock(ledger_id))
+        return kv.value.decode() if kv is not None else None
