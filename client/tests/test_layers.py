@@ -39,8 +39,9 @@ ALLOWED = {
     "octavo.cli": {"octavo.node", "octavo.client", "octavo.spark", "octavo.meta", "octavo.v1"},
     "octavo.operator": {"octavo.client", "octavo.meta", "octavo.v1"},
 }
-# The one sanctioned exception: tail repair reads the entries a bookie lost from its peers, as a client.
-EXCEPTIONS = {("octavo.node.repair", "octavo.client")}
+# The sanctioned exceptions: tail repair reads the entries a bookie lost from its peers, and autorecovery
+# re-replicates a lost bookie's share from the survivors to other bookies: both as a client.
+EXCEPTIONS = {("octavo.node.repair", "octavo.client"), ("octavo.node.autorecovery", "octavo.client")}
 
 PURE = {
     "octavo.node.record", "octavo.node.config", "octavo.node.errors", "octavo.node.files",

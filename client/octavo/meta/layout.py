@@ -8,6 +8,7 @@
     /octavo/<cluster>/instances/<instance id>          the other way: which bookie id a data directory serves
     /octavo/<cluster>/underreplicated/<ledger id>      a ledger with copies missing: which bookies (JSON)
     /octavo/<cluster>/replication-locks/<ledger id>    the worker re-replicating it, on the worker's lease
+    /octavo/<cluster>/auditor                          the bookie id of the auditor, on its lease
 
 Ledger ids are zero-padded so keys sort in id order.
 """
@@ -65,6 +66,11 @@ class Layout:
         if not instance_id or "/" in instance_id or not instance_id.isprintable():
             raise ValueError(f"instance id must be printable, non-empty and without '/', got {instance_id!r}")
         return self.root + b"instances/" + instance_id.encode()
+
+    @property
+    def auditor(self) -> bytes:
+        """The bookie that is the auditor now (on its registration lease: it goes when the bookie does)."""
+        return self.root + b"auditor"
 
     @property
     def underreplicated(self) -> bytes:

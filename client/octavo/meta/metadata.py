@@ -142,6 +142,11 @@ class MetadataStore:
         for readonly in (False, True):
             await self.etcd.delete(self.layout.bookie(bookie_id, readonly))
 
+    async def cookie_holders(self) -> set[str]:
+        """The ids of every bookie with a cookie: every bookie that ever joined and was not decommissioned."""
+        prefix = self.layout.root + b"cookies/"
+        return {kv.key[len(prefix):].decode() for kv in await self.etcd.get_prefix(prefix, keys_only=True)}
+
     async def read_cookie(self, bookie_id: str) -> Cookie | None:
         kv = await self.etcd.get(self.layout.cookie(bookie_id))
         return Cookie.decode(kv.value) if kv else None

@@ -40,6 +40,21 @@ class NodeConfig:
     # How often a bookie in a cluster looks for ledgers deleted from etcd and deletes logs with nothing alive.
     gc_interval_ms: int = 60_000
 
+    # Self-healing (autorecovery.py), cluster mode only. One bookie at a time is the auditor: a bookie whose
+    # registration has been gone for lost_bookie_delay_s (a restart within it is not re-replicated) gets every
+    # ledger naming it marked under-replicated; every audit_interval_s it also checks every ledger's ensembles
+    # for bookies that have neither a registration nor a cookie. Writable bookies run replication workers
+    # (at most replication_workers_max ledgers at once each) that copy the missing copies at most
+    # replication_rate_bytes_per_s, in adds of at most replication_batch_bytes_max. An open ledger's last
+    # segment is left to its writer for open_ledger_grace_s after the mark; then it is recovery-opened.
+    autorecovery_enabled: bool = True
+    lost_bookie_delay_s: float = 60.0
+    audit_interval_s: float = 600.0
+    open_ledger_grace_s: float = 300.0
+    replication_rate_bytes_per_s: int = 32 * MIB
+    replication_batch_bytes_max: int = 4 * MIB
+    replication_workers_max: int = 2
+
     # Compaction (compaction.py): a flushed log whose live share is below a threshold is rewritten. Minor
     # passes (small threshold, cheap) run more often than major ones. The rate limit bounds the bytes copied
     # per second (0: unlimited); a pass stops at a safe point after its maximum run time.
@@ -131,6 +146,14 @@ class NodeConfig:
         need(0.0 < self.disk_warn_ratio <= self.disk_readonly_ratio,
              f"disk_warn_ratio must be in (0, disk_readonly_ratio], got {self.disk_warn_ratio}")
         need(self.disk_capacity_bytes >= 0, "disk_capacity_bytes must be >= 0 (0: the filesystem's capacity)")
+        need(0 <= self.lost_bookie_delay_s <= 7 * 86400, "lost_bookie_delay_s must be in [0, 604800]")
+        need(1 <= self.audit_interval_s <= 7 * 86400, "audit_interval_s must be in [1, 604800]")
+        need(0 <= self.open_ledger_grace_s <= 7 * 86400, "open_ledger_grace_s must be in [0, 604800]")
+        need(self.replication_rate_bytes_per_s >= 0, "replication_rate_bytes_per_s must be >= 0 (0: unlimited)")
+        need(64 * KIB <= self.replication_batch_bytes_max <= self.batch_bytes_max,
+             f"replication_batch_bytes_max must be in [64 KiB, batch_bytes_max], got "
+             f"{self.replication_batch_bytes_max}")
+        need(1 <= self.replication_workers_max <= 64, "replication_workers_max must be in [1, 64]")
         return self
 
     def address(self) -> str:

@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 
 from octavo.meta.errors import MetadataUnavailableError
 from octavo.node.adminplane import BookieAdminService, admin_handler
+from octavo.node.autorecovery import AutoRecovery
 from octavo.node.compaction import Compactor
 from octavo.node.compaction_plan import MAJOR
 from octavo.node.config import NodeConfig
@@ -62,6 +63,8 @@ class BookieServer:
         self._space_task: asyncio.Task[None] | None = None
         self._disk_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
+        self.autorecovery: AutoRecovery | None = None
+        self._autorecovery_task: asyncio.Task[None] | None = None
         self.ledgers_dropped_by_watch = 0
         self.disk: DiskMonitor | None = None
         self.compactor: Compactor | None = None
@@ -104,6 +107,11 @@ class BookieServer:
         if self.registration is not None:
             await self.registration.start()
             self._watch_task = asyncio.create_task(self._watch_deletions(), name="octavo-watch")
+            if self.config.autorecovery_enabled:
+                storage = self.storage
+                self.autorecovery = AutoRecovery(self.config, self.bookie_id, self.registration,
+                                                 lambda: not storage.read_only_reason)
+                self._autorecovery_task = asyncio.create_task(self.autorecovery.run(), name="octavo-autorecovery")
             if self.storage.tail_maybe_lost and self.config.tail_repair:
                 self.repair = TailRepair(self.storage, self.bookie_id)
                 self._repair_task = asyncio.create_task(self.repair.run(), name="octavo-tail-repair")
@@ -230,12 +238,14 @@ class BookieServer:
         calls (bounded grace), then close storage cleanly."""
         if self.compactor is not None:
             self.compactor.stop()  # a running pass stops at its next safe point
-        for task in (self._repair_task, self._space_task, self._disk_task, self._watch_task):
+        for task in (self._repair_task, self._space_task, self._disk_task, self._watch_task, self._autorecovery_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._repair_task = self._space_task = self._disk_task = self._watch_task = None
+        self._repair_task = self._space_task = self._disk_task = self._watch_task = self._autorecovery_task = None
+        if self.autorecovery is not None:
+            await self.autorecovery.stop()
         if self.registration is not None:
             await self.registration.stop()
             self.registration = None

@@ -1,0 +1,154 @@
+"""Self-healing without anyone asking (issue 10): the auditor elected on etcd notices a bookie gone for good,
+marks its ledgers, and the replication workers in the other bookies copy its share back. Real etcd, real bookie
+processes, SIGKILL, deleted data directories; the delays are shrunk by bookie flags."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from octavo.cli.localcluster import LocalCluster
+from octavo.client import Client, ClientOptions, LedgerFencedError
+from octavo.meta.underreplication import UnderReplication
+
+PW = b"pw"
+FAST = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, speculative_read_delay_s=0.1, bookie_list_ttl_s=0.2,
+                     metadata_timeout_s=2.0, ensemble_change_wait_s=2.0)
+HEALING = ["--lost-bookie-delay-s", "3", "--audit-interval-s", "5", "--open-ledger-grace-s", "4",
+           "--replication-rate-bytes-per-s", "0"]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    with LocalCluster(str(tmp_path / "c"), bookies=4, bookie_args=HEALING) as c:
+        yield c
+
+
+def data(ledger: int, entry: int) -> bytes:
+    return f"ledger {ledger} entry {entry} ".encode() * 6
+
+
+def destroy(cluster: LocalCluster, bookie_id: str) -> None:
+    cluster.bookies[bookie_id].kill()
+    shutil.rmtree(cluster.bookies[bookie_id].data_dir)
+
+
+async def naming(client: Client, bookie_id: str) -> list[int]:
+    return [m.ledger_id async for m in client.iter_ledger_metadata()
+            if any(bookie_id in bookies for _, bookies in m.ensembles)]
+
+
+async def wait_for(what: str, check: object, timeout_s: float) -> float:
+    started = time.monotonic()
+    while True:
+        if await check():  # type: ignore[operator]
+            return time.monotonic() - started
+        assert time.monotonic() - started < timeout_s, f"{what}: not within {timeout_s}s"
+        await asyncio.sleep(0.25)
+
+
+async def read_all(client: Client, ledger: int) -> list[bytes]:
+    reader = await client.open_ledger(ledger, password=PW)
+    return [e.data async for e in reader.read(0, reader.last_entry_id)] if reader.last_entry_id >= 0 else []
+
+
+async def test_a_lost_bookie_heals_by_itself_and_a_second_loss_loses_nothing(cluster: LocalCluster) -> None:
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        written: dict[int, list[bytes]] = {}
+        for _ in range(6):
+            writer = await client.create_ledger(2, 2, 2, password=PW)
+            entries = [data(writer.ledger_id, i) for i in range(200)]
+            await writer.append_many(entries)
+            await writer.close()
+            written[writer.ledger_id] = entries
+        victim = "bookie-2"
+        assert await naming(client, victim), "no ledger on the victim: the test would prove nothing"
+        destroy(cluster, victim)
+
+        async def healed() -> bool:
+            return not await naming(client, victim)
+
+        took = await wait_for("every ensemble stops naming the lost bookie", healed, 60)
+        assert took >= 3, "re-replicated before lost_bookie_delay_s"
+        marks = UnderReplication(client.etcd, client.metadata_store.layout)
+
+        async def unmarked() -> bool:
+            return [m async for m in marks.marks()] == []
+
+        await wait_for("the marks are gone", unmarked, 20)
+        second = [b for b in ("bookie-0", "bookie-1", "bookie-3") if await naming(client, b)][0]
+        destroy(cluster, second)
+        for lid, entries in written.items():
+            assert await read_all(client, lid) == entries
+
+
+async def test_a_bookie_back_within_the_delay_is_not_re_replicated(cluster: LocalCluster) -> None:
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        writer = await client.create_ledger(2, 2, 2, password=PW)
+        await writer.append_many([data(writer.ledger_id, i) for i in range(50)])
+        await writer.close()
+        victim = writer.metadata.last_ensemble[0]
+        cluster.bookies[victim].kill()
+
+        async def unregistered() -> bool:
+            return victim not in await client.bookies(refresh=True)
+
+        await wait_for("the registration expires", unregistered, 15)
+        cluster.bookies[victim].start()  # back within lost_bookie_delay_s (3 s)
+        await asyncio.sleep(6)
+        meta = await client.ledger_metadata(writer.ledger_id)
+        assert victim in meta.last_ensemble
+        assert await UnderReplication(client.etcd, client.metadata_store.layout).get(writer.ledger_id) is None
+
+
+async def test_an_open_ledger_with_a_dead_writer_is_closed_after_the_grace_then_healed(cluster: LocalCluster) -> None:
+    """The writer's process is gone (its client closed without closing the ledger) and a bookie of the last
+    segment is lost: after open_ledger_grace_s the ledger is fenced, closed and re-replicated, and the old
+    writer could not append any more."""
+    old = Client(cluster.etcd_endpoint, options=FAST)
+    writer = await old.create_ledger(3, 3, 2, password=PW)
+    await writer.append_many([data(writer.ledger_id, i) for i in range(100)])
+    victim = writer.metadata.last_ensemble[1]
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        destroy(cluster, victim)
+
+        async def closed_and_healed() -> bool:
+            meta = await client.ledger_metadata(writer.ledger_id)
+            return meta.closed and not any(victim in b for _, b in meta.ensembles)
+
+        await wait_for("the open ledger is recovered and re-replicated", closed_and_healed, 60)
+        meta = await client.ledger_metadata(writer.ledger_id)
+        assert meta.last_entry_id == 99
+        with pytest.raises(LedgerFencedError):
+            for i in range(100, 200):
+                await asyncio.wait_for(writer.append(data(writer.ledger_id, i)), timeout=20)
+        assert await read_all(client, writer.ledger_id) == [data(writer.ledger_id, i) for i in range(100)]
+    await old.close()
+
+
+async def test_the_auditor_moves_when_its_bookie_dies(cluster: LocalCluster) -> None:
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        layout = client.metadata_store.layout
+
+        async def holder() -> str | None:
+            kv = await client.etcd.get(layout.auditor)
+            return kv.value.decode() if kv is not None else None
+
+        async def elected() -> bool:
+            return await holder() is not None
+
+        await wait_for("an auditor is elected", elected, 15)
+        first = await holder()
+        assert first in cluster.bookies
+        cluster.bookies[first].kill()
+
+        async def moved() -> bool:
+            now = await holder()
+            return now is not None and now != first
+
+        await wait_for("another bookie becomes the auditor", moved, 20)

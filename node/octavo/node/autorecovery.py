@@ -1,0 +1,235 @@
+"""Self-healing in a bookie process: the auditor (one per cluster, elected on etcd) and the replication workers
+(in every writable bookie). BookKeeper's Auditor and ReplicationWorker, on etcd instead of ZooKeeper.
+
+The auditor is whichever bookie holds the `auditor` key, created on its registration lease: when that bookie
+dies or loses its lease, the key goes and another bookie takes it at its next tick. As auditor a bookie:
+- notices a bookie with a cookie but no registration, and once it has been gone for lost_bookie_delay_s marks
+  every ledger naming it under-replicated (a bookie that restarts within the delay is left alone; a new
+  auditor starts its own clock, so a takeover can only lengthen the delay);
+- every audit_interval_s reads every ledger and marks those whose ensembles name a bookie with neither a
+  registration nor a cookie (decommissioned, or lost before an auditor noticed).
+
+A replication worker takes a marked ledger's lock (on its own registration lease, so a worker that dies
+releases it), re-replicates the ledger (octavo.client.replication), deletes the mark if nothing changed it,
+and releases the lock. A mark whose bookies are all registered again is dropped: a registered bookie has its
+data (a bookie whose disk was lost cannot register: its cookie refuses the empty directory). A ledger left with
+lost entries or an open last segment is retried later, not at every tick. An open ledger's last segment is
+recovery-opened once its mark is open_ledger_grace_s old.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from octavo.client import Client, ClientOptions
+from octavo.client.replication import (
+    DELETED,
+    LOST,
+    NOTHING_TO_DO,
+    OPEN_SEGMENT_LEFT,
+    REPLICATED,
+    LedgerReplication,
+    Replicator,
+)
+from octavo.meta.errors import MetadataUnavailableError, OctavoError
+from octavo.meta.etcd import Txn
+from octavo.meta.underreplication import Mark, UnderReplication
+from octavo.node.config import NodeConfig
+from octavo.node.registration import Registration
+
+log = logging.getLogger(__name__)
+
+# How often the auditor and the workers look at etcd.
+AUTORECOVERY_TICK_S = 1.0
+# A ledger whose re-replication left work (lost entries, an open segment, an error) is tried again after this.
+RETRY_DELAY_S = 30.0
+
+
+@dataclass
+class AuditorState:
+    """What the auditor knows; reported by the admin API and `octavo cluster status`."""
+
+    is_auditor: bool = False
+    missing_since: dict[str, float] = field(default_factory=dict)  # bookie -> when it was first seen gone
+    marked_lost: set[str] = field(default_factory=set)             # bookies whose ledgers were marked
+    last_full_audit_unix_ms: int = 0
+    ledgers_marked: int = 0
+
+
+@dataclass
+class WorkerState:
+    ledgers_replicated: int = 0
+    entries_copied: int = 0
+    bytes_copied: int = 0
+    in_progress: set[int] = field(default_factory=set)
+    last_error: str = ""
+    lost: list[str] = field(default_factory=list)  # the last lost ranges seen, in words
+
+
+class AutoRecovery:
+    def __init__(self, config: NodeConfig, bookie_id: str, registration: Registration,
+                 writable: Callable[[], bool]) -> None:
+        self.config = config
+        self.bookie_id = bookie_id
+        self.registration = registration
+        self._writable = writable
+        self.auditor = AuditorState()
+        self.worker = WorkerState()
+        self._next_full_audit = 0.0
+        self._retry_at: dict[int, float] = {}
+        self._slots = asyncio.Semaphore(config.replication_workers_max)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        cfg = self.config
+        options = ClientOptions(ensemble_change_wait_s=0.0)
+        async with Client(cfg.etcd, cfg.cluster, options) as client:
+            replicator = Replicator(client, cfg.replication_rate_bytes_per_s, cfg.replication_batch_bytes_max)
+            marks = UnderReplication(client.etcd, client.metadata_store.layout)
+            quiet = False
+            while True:
+                try:
+                    await self._audit(client, marks)
+                    if self._writable():
+                        await self._work(client, marks, replicator)
+                    quiet = False
+                except MetadataUnavailableError as e:
+                    if not quiet:
+                        log.warning("autorecovery waits for etcd: %s", e)
+                    quiet = True
+                except Exception:  # the loop goes on: one bad ledger must not stop self-healing
+                    log.exception("autorecovery step failed")
+                await asyncio.sleep(AUTORECOVERY_TICK_S)
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- the auditor ---------------------------------------------------------------------------------
+    async def _audit(self, client: Client, marks: UnderReplication) -> None:
+        lease = self.registration.lease_id
+        if not lease:
+            self.auditor.is_auditor = False
+            return
+        layout = client.metadata_store.layout
+        etcd = client.etcd
+        await etcd.txn(Txn().mod_revision_is(layout.auditor, 0).put(layout.auditor, self.bookie_id.encode(),
+                                                                     lease=lease))
+        holder = await etcd.get(layout.auditor)
+        was = self.auditor.is_auditor
+        self.auditor.is_auditor = holder is not None and holder.value.decode() == self.bookie_id
+        if self.auditor.is_auditor != was:
+            log.info("bookie %s is %s the auditor", self.bookie_id, "now" if self.auditor.is_auditor else "no longer")
+            self.auditor.missing_since.clear()
+            self.auditor.marked_lost.clear()
+        if not self.auditor.is_auditor:
+            return
+        now = time.monotonic()
+        registered = set(await client.bookies(refresh=True))
+        cookies = await client.metadata_store.cookie_holders()
+        for bookie_id in registered:
+            self.auditor.missing_since.pop(bookie_id, None)
+            self.auditor.marked_lost.discard(bookie_id)
+        for bookie_id in sorted(cookies - registered):
+            since = self.auditor.missing_since.setdefault(bookie_id, now)
+            if bookie_id in self.auditor.marked_lost or now - since < self.config.lost_bookie_delay_s:
+                continue
+            count = 0
+            async for meta in client.iter_ledger_metadata():
+                if any(bookie_id in bookies for _, bookies in meta.ensembles):
+                    await marks.mark(meta.ledger_id, [bookie_id], by=f"auditor {self.bookie_id}")
+                    count += 1
+            self.auditor.marked_lost.add(bookie_id)
+            self.auditor.ledgers_marked += count
+            log.warning("bookie %s has been gone for %.0fs: %d ledgers naming it marked under-replicated",
+                        bookie_id, now - since, count)
+        if now >= self._next_full_audit:
+            self._next_full_audit = now + self.config.audit_interval_s
+            await self._full_audit(client, marks, registered, cookies)
+
+    async def _full_audit(self, client: Client, marks: UnderReplication, registered: set[str],
+                          cookies: set[str]) -> None:
+        """Mark ledgers naming bookies that have neither a registration nor a cookie, or that are lost."""
+        lost = self.auditor.marked_lost
+        count = 0
+        async for meta in client.iter_ledger_metadata():
+            gone = {b for _, bookies in meta.ensembles for b in bookies
+                    if b not in registered and (b not in cookies or b in lost)}
+            if gone:
+                await marks.mark(meta.ledger_id, gone, by=f"auditor {self.bookie_id}")
+                count += 1
+        self.auditor.last_full_audit_unix_ms = int(time.time() * 1000)
+        self.auditor.ledgers_marked += count
+        if count:
+            log.warning("full audit: %d ledgers name bookies that are gone; marked under-replicated", count)
+
+    # -- the workers ---------------------------------------------------------------------------------
+    async def _work(self, client: Client, marks: UnderReplication, replicator: Replicator) -> None:
+        lease = self.registration.lease_id
+        if not lease:
+            return
+        registered = set(await client.bookies(refresh=True))
+        now = time.monotonic()
+        async for mark in marks.marks():
+            if mark.ledger_id in self.worker.in_progress or self._retry_at.get(mark.ledger_id, 0) > now:
+                continue
+            if self._slots.locked():
+                return
+            if set(mark.missing) <= registered:
+                if await marks.unmark(mark):
+                    log.info("ledger %d: %s registered again; mark dropped", mark.ledger_id, ", ".join(mark.missing))
+                continue
+            await self._slots.acquire()
+            self.worker.in_progress.add(mark.ledger_id)
+            task = asyncio.create_task(self._replicate(client, marks, replicator, mark, lease, registered))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _replicate(self, client: Client, marks: UnderReplication, replicator: Replicator, mark: Mark,
+                         lease: int, registered: set[str]) -> None:
+        ledger_id = mark.ledger_id
+        try:
+            if not await marks.lock(ledger_id, lease, self.bookie_id):
+                return  # another worker has it
+            try:
+                current = await marks.get(ledger_id)
+                if current is None:
+                    return
+                age_s = time.time() - current.marked_unix_ms / 1000
+                gone = set(current.missing) - registered
+                report = await replicator.replicate(ledger_id, gone,
+                                                    recover_open=age_s >= self.config.open_ledger_grace_s)
+                self._account(report)
+                if report.outcome in (REPLICATED, NOTHING_TO_DO, DELETED):
+                    await marks.unmark(current)
+                    self._retry_at.pop(ledger_id, None)
+                else:
+                    self._retry_at[ledger_id] = time.monotonic() + (
+                        min(RETRY_DELAY_S, max(1.0, self.config.open_ledger_grace_s - age_s))
+                        if report.outcome == OPEN_SEGMENT_LEFT else RETRY_DELAY_S)
+            finally:
+                await marks.unlock(ledger_id)
+        except OctavoError as e:
+            self.worker.last_error = f"ledger {ledger_id}: {e}"
+            log.warning("re-replication of ledger %d failed (retrying in %.0fs): %s", ledger_id, RETRY_DELAY_S, e)
+            self._retry_at[ledger_id] = time.monotonic() + RETRY_DELAY_S
+        except Exception as e:
+            self.worker.last_error = f"ledger {ledger_id}: {type(e).__name__}: {e}"
+            log.exception("re-replication of ledger %d failed", ledger_id)
+            self._retry_at[ledger_id] = time.monotonic() + RETRY_DELAY_S
+        finally:
+            self.worker.in_progress.discard(ledger_id)
+            self._slots.release()
+
+    def _account(self, report: LedgerReplication) -> None:
+        self.worker.entries_copied += report.entries_copied
+        self.worker.bytes_copied += report.bytes_copied
+        if report.outcome == REPLICATED:
+            self.worker.ledgers_replicated += 1
+        if report.outcome == LOST:
+            self.worker.lost = [str(x) for x in report.lost][:100]
