@@ -193,3 +193,48 @@ async def test_bad_input_is_refused_with_a_reason(cluster: LocalCluster) -> None
             await recover_bookie(client, a, Replicator(client))
         refused = cli(cluster, "recover", a)
         assert refused.returncode == 1 and "needs an ensemble of 3 bookies" in refused.stderr
+
+
+async def test_an_interrupted_copy_resumes_on_the_same_bookie(cluster: LocalCluster) -> None:
+    """A re-replication stopped mid-copy (its lease revoked, as when its process dies) leaves a partial copy
+    on one bookie and the mark; the next run picks that same bookie, finishes, and no other bookie ever got a
+    copy: at most one partial copy, never two."""
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        writer = await client.create_ledger(2, 2, 2, password=PW)
+        entries = [data(writer.ledger_id, i) * 10 for i in range(2000)]  # about 2 MB
+        await writer.append_many(entries)
+        await writer.close()
+        victim, survivor = writer.metadata.last_ensemble
+        candidates = [b for b in cluster.bookies if b not in (victim, survivor)]
+        destroy(cluster, victim)
+        await wait_unregistered(client, victim)
+
+        async def holders() -> list[str]:
+            held = []
+            for b in candidates:
+                answer = await client.bookie_client(b).read_lac(writer.ledger_id)
+                if answer.code == 0:
+                    held.append(b)
+            return held
+
+        slow = Replicator(client, rate_bytes_per_s=300_000, batch_bytes_max=64 << 10)
+        run = asyncio.ensure_future(recover_bookie(client, victim, slow))
+        deadline = time.monotonic() + 20
+        while not await holders():
+            assert time.monotonic() < deadline, "no copy started"
+            await asyncio.sleep(0.1)
+        run.cancel()  # stopped mid-copy; its lease (and so its lock) is revoked on the way out
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        partial = await holders()
+        assert len(partial) == 1
+        meta = await client.ledger_metadata(writer.ledger_id)
+        assert victim in meta.last_ensemble
+        assert await UnderReplication(client.etcd, client.metadata_store.layout).get(writer.ledger_id) is not None
+
+        result = await recover_bookie(client, victim, Replicator(client))
+        assert result.replicated == [writer.ledger_id] and result.done
+        meta = await client.ledger_metadata(writer.ledger_id)
+        assert meta.last_ensemble == tuple(partial[0] if b == victim else b for b in writer.metadata.last_ensemble)
+        assert await holders() == partial, "a second copy was started elsewhere"
+        assert await read_all(client, writer.ledger_id) == entries
