@@ -461,6 +461,12 @@ def test_roll_interval_rolls_a_quiet_log(tmp_path: Path) -> None:
     ("write_cache_entries_max", 10, "must be at least twice batch_entries_max"),
     ("port", 70000, "port must be in"),
     ("batch_bytes_max", 1024, "batch_bytes_max must be in"),
+    ("lost_bookie_delay_s", -1.0, "lost_bookie_delay_s must be in"),
+    ("audit_interval_s", 0.5, "audit_interval_s must be in"),
+    ("open_ledger_grace_s", -5.0, "open_ledger_grace_s must be in"),
+    ("replication_rate_bytes_per_s", -1, "replication_rate_bytes_per_s must be >= 0"),
+    ("replication_batch_bytes_max", 1024, "replication_batch_bytes_max must be in"),
+    ("replication_workers_max", 0, "replication_workers_max must be in"),
 ])
 def test_config_limits_are_checked(tmp_path: Path, field: str, value: object, text: str) -> None:
     with pytest.raises(ConfigError, match=text):

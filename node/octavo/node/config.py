@@ -150,9 +150,8 @@ class NodeConfig:
         need(1 <= self.audit_interval_s <= 7 * 86400, "audit_interval_s must be in [1, 604800]")
         need(0 <= self.open_ledger_grace_s <= 7 * 86400, "open_ledger_grace_s must be in [0, 604800]")
         need(self.replication_rate_bytes_per_s >= 0, "replication_rate_bytes_per_s must be >= 0 (0: unlimited)")
-        need(64 * KIB <= self.replication_batch_bytes_max <= self.batch_bytes_max,
-             f"replication_batch_bytes_max must be in [64 KiB, batch_bytes_max], got "
-             f"{self.replication_batch_bytes_max}")
+        need(64 * KIB <= self.replication_batch_bytes_max <= 1 * GIB,
+             f"replication_batch_bytes_max must be in [64 KiB, 1 GiB], got {self.replication_batch_bytes_max}")
         need(1 <= self.replication_workers_max <= 64, "replication_workers_max must be in [1, 64]")
         return self
 
