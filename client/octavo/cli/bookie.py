@@ -10,6 +10,8 @@ etcd's registrations (--etcd, or OCTAVO_ETCD).
     octavo bookie compact   --bookie HOST:PORT [--major|--minor] [--json] [--no-progress]
     octavo bookie compaction suspend|resume --bookie HOST:PORT [--json]
     octavo bookie compaction window --bookie HOST:PORT (--until TIME | --for DURATION | --clear) [--json]
+    octavo bookie decommission BOOKIE_ID [--dry-run] [--wait-s S] [--recover-open] [--json]
+                            force it read-only, move every copy off it, retire its identity (see cluster.py)
 
 Output is for people by default and one JSON object with --json. `compact` draws a progress bar on stderr
 when stderr is a terminal. Exit codes: 0 success, 1 the operation failed (message on stderr), 2 bad usage.
@@ -42,6 +44,7 @@ from octavo.cli.common import (
     resolve_target,
 )
 
+DECOMMISSION_WAIT_S_DEFAULT = 600.0
 DURATION = re.compile(r"^(\d+)([smhd])$")
 DURATION_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -64,6 +67,19 @@ def add_parser(sub: Any) -> None:
     kind.add_argument("--major", action="store_true", help="rewrite logs below the major threshold (default)")
     kind.add_argument("--minor", action="store_true", help="rewrite logs below the minor threshold only")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
+    d = bsub.add_parser("decommission", help="move every copy off a live bookie, then retire its identity")
+    d.add_argument("bookie_id", help="the bookie id (as registered, e.g. bookie-3)")
+    d.add_argument("--dry-run", action="store_true", help="list what would move; change nothing")
+    d.add_argument("--wait-s", type=positive_float, default=DECOMMISSION_WAIT_S_DEFAULT,
+                   help="how long to wait for writers of open ledgers to move off the bookie (default: "
+                        "%(default)gs); the marks stay for the workers after it")
+    d.add_argument("--recover-open", action="store_true",
+                   help="fence and close open ledgers whose last segment names the bookie instead of waiting")
+    d.add_argument("--rate-bytes-per-s", type=int, default=64 << 20,
+                   help="copy at most this many bytes per second (0: unlimited; default %(default)s)")
+    d.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    d.add_argument("--json", action="store_true", help="print JSON")
+    add_etcd_arguments(d, allow_empty=False)
     cp = bsub.add_parser("compaction", help="suspend, resume or window scheduled compaction")
     csub = cp.add_subparsers(dest="compaction_cmd", required=True)
     for name, help_text in (("suspend", "suspend compaction (a running pass stops at a safe point)"),
@@ -144,6 +160,10 @@ def run(args: Namespace) -> int:
     from octavo.v1 import bookie_pb2_grpc as pb_grpc
 
     name = args.bookie_cmd if args.bookie_cmd != "compaction" else f"compaction {args.compaction_cmd}"
+    if args.bookie_cmd == "decommission":
+        from octavo.cli.cluster import decommission
+
+        return decommission(args)
     try:
         args.address = _resolve_bookie(args.bookie, resolve_target(args, required=False))
         with grpc.insecure_channel(args.address) as channel:

@@ -144,3 +144,88 @@ async def _recover(client: Any, args: Namespace) -> int:
 
 def _ids(ids: list[int]) -> str:
     return ", ".join(map(str, ids[:50])) + (f" ... ({len(ids)} in all)" if len(ids) > 50 else "")
+
+
+def decommission(args: Namespace) -> int:
+    """`octavo bookie decommission BOOKIE_ID` (parsed in bookie.py)."""
+    return run_async("octavo bookie decommission", _decommission_main(args))
+
+
+async def _decommission_main(args: Namespace) -> int:
+    async with cluster_client(args) as client:
+        return await _decommission(client, args)
+
+
+async def _decommission(client: Any, args: Namespace) -> int:
+    import grpc
+
+    from octavo.client.replication import (
+        Replicator,
+        check_enough_bookies,
+        decommission_bookie,
+        ledgers_naming,
+        recover_bookie,
+    )
+    from octavo.v1 import bookie_pb2 as pb
+    from octavo.v1 import bookie_pb2_grpc as pb_grpc
+
+    bookie_id = args.bookie_id
+    store = client.metadata_store
+    registered = await client.bookies(refresh=True)
+    metas = await ledgers_naming(client, bookie_id)
+    if bookie_id not in registered:
+        if await store.read_cookie(bookie_id) is not None or metas:
+            raise CliError(f"bookie {bookie_id} is not registered (it is down or gone): a decommission moves copies "
+                           f"off a live bookie. To restore its copies from the other replicas, use `octavo cluster "
+                           f"recover {bookie_id}`")
+        raise CliError(f"unknown bookie {bookie_id!r}: it is not registered, has no cookie in cluster "
+                       f"{store.layout.cluster!r}, and no ledger names it")
+    await check_enough_bookies(client, bookie_id, metas)
+    if args.dry_run:
+        result = await recover_bookie(client, bookie_id, Replicator(client), dry_run=True)
+        if args.json:
+            print_json({"bookie_id": bookie_id, "dry_run": True, "ledgers": result.ledgers,
+                        "segments_to_move": result.segments_to_move, "open_ledgers": result.left_open})
+        else:
+            print(f"{len(result.ledgers)} ledgers name {bookie_id}; {result.segments_to_move} segments would get a "
+                  f"new bookie now; {len(result.left_open)} open ledgers wait for their writers to move off it")
+        return EXIT_OK
+    address = registered[bookie_id].address
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            mode = await pb_grpc.BookieAdminStub(channel).SetReadOnly(pb.SetReadOnlyRequest(read_only=True),
+                                                                     timeout=10)
+        except grpc.aio.AioRpcError as e:
+            raise CliError(f"cannot force bookie {bookie_id} at {address} read-only: {e.code().name}: "
+                           f"{e.details()}") from None
+    if not args.json:
+        print(f"{bookie_id}: forced read-only ({mode.reason}); moving its copies", file=sys.stderr)
+    started = time.monotonic()
+    show_progress = not args.no_progress and not args.json and sys.stderr.isatty()
+
+    def progress(done: int, total: int, _: object) -> None:
+        if show_progress:
+            print(f"\r{done}/{total} ledgers", end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+    result = await decommission_bookie(client, bookie_id, Replicator(client, args.rate_bytes_per_s),
+                                       wait_s=args.wait_s, recover_open=args.recover_open, progress=progress)
+    took = time.monotonic() - started
+    out = {"bookie_id": bookie_id, "dry_run": False, "ledgers": result.ledgers, "replicated": result.replicated,
+           "left_open": result.left_open,
+           "lost": [{"ledger_id": x.ledger_id, "bookie": x.bookie, "first": x.first, "last": x.last}
+                    for x in result.lost],
+           "entries_copied": result.entries_copied, "bytes_copied": result.bytes_copied,
+           "retired": result.retired, "took_s": round(took, 3)}
+    if args.json:
+        print_json(out)
+    elif result.retired:
+        print(f"{bookie_id}: decommissioned: {len(result.replicated)} ledgers re-replicated, {result.entries_copied} "
+              f"entries ({fmt_bytes(result.bytes_copied)}) copied in {took:.1f}s; its cookie is removed and its "
+              "data directory can never rejoin. Stop its process now.")
+    else:
+        print(f"{bookie_id}: NOT decommissioned yet: {len(result.left_open)} ledgers still name it after "
+              f"--wait-s {args.wait_s:g}s (open ledgers whose writers have not moved off): "
+              f"{_ids(result.left_open)}. Run the command again to go on; it stays read-only.", file=sys.stderr)
+    for lost in result.lost:
+        print(f"LOST: {lost}", file=sys.stderr)
+    return EXIT_OK if result.retired else EXIT_FAILED

@@ -34,7 +34,7 @@ from octavo.client.reader import ReadHandle
 from octavo.client.recovery import recover_ledger
 from octavo.meta.errors import NoSuchLedgerError, NotEnoughBookiesError, OctavoError
 from octavo.meta.ledger_metadata import CLOSED, LedgerMetadata, write_set
-from octavo.meta.underreplication import UnderReplication
+from octavo.meta.underreplication import DECOMMISSION_BY, UnderReplication
 from octavo.v1 import bookie_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -296,6 +296,7 @@ class BookieRecovery:
     entries_copied: int = 0
     bytes_copied: int = 0
     segments_to_move: int = 0                               # dry run: segments that would get a new bookie
+    retired: bool = False                                   # decommission: its identity removed from etcd
 
     @property
     def done(self) -> bool:
@@ -391,3 +392,44 @@ async def _keep_lease(client: Client, lease: int) -> None:
             await client.etcd.keep_alive_once(lease)
         except OctavoError as e:
             log.warning("could not refresh the replication lease: %s", e)
+
+
+# How often a decommission looks again for ledgers still naming the bookie (open ledgers whose writers have
+# yet to move off it).
+DECOMMISSION_POLL_S = 1.0
+
+
+async def decommission_bookie(client: Client, bookie_id: str, replicator: Replicator, wait_s: float,
+                              recover_open: bool = False,
+                              progress: Callable[[int, int, LedgerReplication | None], None] | None = None
+                              ) -> BookieRecovery:
+    """Move every copy off a live bookie (forced read-only by the caller first, so writers leave it at their
+    next add and nothing new lands on it), then retire its identity so it cannot rejoin. Its own copies are
+    read too, so entries with a single other copy are safe. Open ledgers whose last segment names it wait for
+    their writers to move off, up to `wait_s` (or are recovery-opened with `recover_open`). Resumable: a
+    second run starts from what still names the bookie."""
+    total = BookieRecovery(bookie_id)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    seen: set[int] = set()
+    while True:
+        run = await recover_bookie(client, bookie_id, replicator, by=f"{DECOMMISSION_BY} of {bookie_id}",
+                                   recover_open=recover_open, progress=progress)
+        seen.update(run.ledgers)
+        total.replicated += [lid for lid in run.replicated if lid not in total.replicated]
+        total.entries_copied += run.entries_copied
+        total.bytes_copied += run.bytes_copied
+        total.lost += run.lost
+        if run.lost:
+            break
+        remaining = [m.ledger_id for m in await ledgers_naming(client, bookie_id)]
+        if not remaining:
+            await client.metadata_store.retire_bookie(bookie_id)
+            total.retired = True
+            break
+        if loop.time() >= deadline:
+            total.left_open = remaining
+            break
+        await asyncio.sleep(DECOMMISSION_POLL_S)
+    total.ledgers = sorted(seen)
+    return total

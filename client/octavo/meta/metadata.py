@@ -20,6 +20,11 @@ from octavo.meta.ledger_metadata import LedgerMetadata, MetadataError
 ALLOCATION_RETRIES_MAX = 50
 
 
+# The instance key of a decommissioned bookie's data directory names this, then the bookie id: the directory
+# cannot join the cluster again.
+DECOMMISSIONED_PREFIX = "decommissioned:"
+
+
 @dataclass(frozen=True)
 class BookieInfo:
     """A bookie's registration: where to reach it and how full it is."""
@@ -141,6 +146,27 @@ class MetadataStore:
     async def deregister_bookie(self, bookie_id: str) -> None:
         for readonly in (False, True):
             await self.etcd.delete(self.layout.bookie(bookie_id, readonly))
+
+    async def retire_bookie(self, bookie_id: str) -> str | None:
+        """Decommission's last step: the bookie id loses its cookie, its data directory's instance is bound to
+        a tombstone (DECOMMISSIONED_PREFIX + the id: that directory can never join again, under any id), and
+        its registration goes with its lease. The id itself may be used again with a new, empty directory.
+        Returns the retired instance id (None if the bookie had no cookie)."""
+        cookie_kv = await self.etcd.get(self.layout.cookie(bookie_id))
+        instance_id = Cookie.decode(cookie_kv.value).instance_id if cookie_kv is not None else None
+        if cookie_kv is not None and instance_id is not None:
+            ok, _ = await self.etcd.txn(Txn().mod_revision_is(self.layout.cookie(bookie_id), cookie_kv.mod_revision)
+                                        .delete(self.layout.cookie(bookie_id))
+                                        .put(self.layout.instance(instance_id),
+                                             (DECOMMISSIONED_PREFIX + bookie_id).encode()))
+            if not ok:
+                raise MetadataUnavailableError(f"bookie {bookie_id}'s cookie changed while it was being retired")
+        for readonly in (False, True):
+            kv = await self.etcd.get(self.layout.bookie(bookie_id, readonly))
+            if kv is not None and kv.lease:
+                await self.etcd.revoke_lease(kv.lease)
+            await self.etcd.delete(self.layout.bookie(bookie_id, readonly))
+        return instance_id
 
     async def cookie_holders(self) -> set[str]:
         """The ids of every bookie with a cookie: every bookie that ever joined and was not decommissioned."""

@@ -19,6 +19,9 @@ from octavo.meta.etcd import EtcdClient, Txn
 from octavo.meta.layout import Layout
 
 MARK_CAS_ATTEMPTS_MAX = 20
+# Marks made by a decommission name a bookie that is still registered (it serves reads while its copies move):
+# workers must not take its registration for a sign that it came back.
+DECOMMISSION_BY = "decommission"
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,10 @@ class Mark:
     marked_unix_ms: int        # when the ledger was first marked
     by: str                    # who marked it first (an auditor's bookie id, "cli", ...)
     revision: int = 0          # the key's mod revision when read
+
+    @property
+    def by_decommission(self) -> bool:
+        return self.by.startswith(DECOMMISSION_BY)
 
     def encode(self) -> bytes:
         return json.dumps({"ledger_id": self.ledger_id, "missing": list(self.missing),

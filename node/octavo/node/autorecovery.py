@@ -180,7 +180,7 @@ class AutoRecovery:
                 continue
             if self._slots.locked():
                 return
-            if set(mark.missing) <= registered:
+            if set(mark.missing) <= registered and not mark.by_decommission:
                 if await marks.unmark(mark):
                     log.info("ledger %d: %s registered again; mark dropped", mark.ledger_id, ", ".join(mark.missing))
                 continue
@@ -201,7 +201,7 @@ class AutoRecovery:
                 if current is None:
                     return
                 age_s = time.time() - current.marked_unix_ms / 1000
-                gone = set(current.missing) - registered
+                gone = set(current.missing) if current.by_decommission else set(current.missing) - registered
                 report = await replicator.replicate(ledger_id, gone,
                                                     recover_open=age_s >= self.config.open_ledger_grace_s)
                 self._account(report)

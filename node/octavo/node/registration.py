@@ -20,7 +20,7 @@ from octavo.meta.errors import CookieMismatchError, MetadataUnavailableError, No
 from octavo.meta.etcd import EtcdClient
 from octavo.meta.layout import Layout
 from octavo.meta.ledger_metadata import LedgerMetadata
-from octavo.meta.metadata import BookieInfo, Cookie, MetadataStore
+from octavo.meta.metadata import DECOMMISSIONED_PREFIX, BookieInfo, Cookie, MetadataStore
 from octavo.node.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,7 @@ class Registration:
         self.etcd = EtcdClient(cfg.etcd)
         self.store = MetadataStore(self.etcd, Layout(cfg.cluster))
         self.lease_id = 0
+        self.retired = ""  # why this bookie may not register again (it was decommissioned), once it knows
         self.registrations = 0
         # When the lease was last granted or refreshed (time.time()), and why the last attempt failed, if it did:
         # `octavo bookie status` says what is known while etcd is away.
@@ -96,6 +97,12 @@ class Registration:
 
     async def _check_instance_owner(self, instance_id: str) -> None:
         owner = await self.store.instance_owner(instance_id)
+        if owner is not None and owner.startswith(DECOMMISSIONED_PREFIX):
+            raise CookieMismatchError(
+                f"{self.storage.data_dir} holds the data directory instance {instance_id} of bookie "
+                f"{owner.removeprefix(DECOMMISSIONED_PREFIX)}, which was decommissioned: its copies were moved to "
+                "other bookies and it cannot join the cluster again. Stop this process; to run a bookie here, "
+                "start it on a new, empty data directory.")
         if owner is not None and owner != self.bookie_id:
             layout = self.store.layout
             raise CookieMismatchError(
@@ -140,7 +147,15 @@ class Registration:
                     self._refreshed()
                     continue
                 log.warning("bookie %s: registration lease lost; registering again", self.bookie_id)
+                state = self.storage.node_state
+                if state is not None:
+                    await self._check_instance_owner(state.instance_id)  # decommissioned: never again
                 await self.register()
+            except CookieMismatchError as e:
+                self.retired = str(e)
+                self.lease_id = 0
+                log.error("bookie %s: not registering again: %s", self.bookie_id, e)
+                return
             except MetadataUnavailableError as e:
                 if not self.last_error:
                     self.failing_since_unix_s = time.time()

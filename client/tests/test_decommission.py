@@ -1,0 +1,151 @@
+"""`octavo bookie decommission`: a live bookie's copies move elsewhere under write load, then its identity is
+retired (issue 10, part 3). Real etcd and bookie processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from octavo.cli.localcluster import LocalCluster
+from octavo.client import Client, ClientOptions
+from octavo.client.replication import Replicator, decommission_bookie
+
+PW = b"pw"
+FAST = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, speculative_read_delay_s=0.1, bookie_list_ttl_s=0.2,
+                     metadata_timeout_s=2.0, ensemble_change_wait_s=5.0)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    with LocalCluster(str(tmp_path / "c"), bookies=4) as c:
+        yield c
+
+
+def data(ledger: int, entry: int) -> bytes:
+    return f"ledger {ledger} entry {entry} ".encode() * 6
+
+
+def decommission(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "octavo.cli.main", "bookie", "decommission", *args, "--etcd",
+                           cluster.etcd_endpoint], capture_output=True, text=True, timeout=180)
+
+
+async def naming(client: Client, bookie_id: str) -> list[int]:
+    return [m.ledger_id async for m in client.iter_ledger_metadata()
+            if any(bookie_id in bookies for _, bookies in m.ensembles)]
+
+
+async def read_all(client: Client, ledger: int) -> list[bytes]:
+    reader = await client.open_ledger(ledger, password=PW)
+    return [e.data async for e in reader.read(0, reader.last_entry_id)] if reader.last_entry_id >= 0 else []
+
+
+async def test_decommission_under_write_load_loses_nothing_and_fails_no_write(cluster: LocalCluster) -> None:
+    victim = "bookie-1"
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        closed: dict[int, list[bytes]] = {}
+        for _ in range(6):
+            w = await client.create_ledger(2, 2, 2, password=PW)
+            entries = [data(w.ledger_id, i) for i in range(300)]
+            await w.append_many(entries)
+            await w.close()
+            closed[w.ledger_id] = entries
+        writers = [await client.create_ledger(2, 2, 2, password=PW) for _ in range(4)]
+        assert await naming(client, victim)
+        written: dict[int, int] = {w.ledger_id: 0 for w in writers}
+        stop = False
+
+        async def write(w: object) -> None:
+            while not stop:
+                n = written[w.ledger_id]  # type: ignore[attr-defined]
+                await w.append_many([data(w.ledger_id, i) for i in range(n, n + 50)])  # type: ignore[attr-defined]
+                written[w.ledger_id] = n + 50  # type: ignore[attr-defined]
+                await asyncio.sleep(0.01)
+
+        load = [asyncio.ensure_future(write(w)) for w in writers]
+        await asyncio.sleep(0.5)
+        dry = await asyncio.get_running_loop().run_in_executor(None, decommission, cluster, victim, "--dry-run",
+                                                               "--json")
+        assert dry.returncode == 0, dry.stderr
+        assert sorted(json.loads(dry.stdout)["ledgers"]) == sorted(await naming(client, victim))
+        assert victim in await client.writable_bookies(), "a dry run changed the bookie's mode"
+
+        run = await asyncio.get_running_loop().run_in_executor(None, decommission, cluster, victim, "--json",
+                                                               "--wait-s", "60")
+        stop = True
+        await asyncio.gather(*load)  # no write failed: an exception here fails the test
+        assert run.returncode == 0, run.stderr
+        out = json.loads(run.stdout)
+        assert out["retired"] and out["lost"] == []
+        assert await naming(client, victim) == []
+        assert await client.metadata_store.read_cookie(victim) is None
+        for lid, entries in closed.items():
+            assert await read_all(client, lid) == entries
+        for w in writers:
+            await w.close()
+            assert await read_all(client, w.ledger_id) == [data(w.ledger_id, i) for i in range(written[w.ledger_id])]
+
+        # Its process drops out of the cluster for good, and its data directory cannot rejoin.
+        deadline = time.monotonic() + 15
+        while victim in await client.bookies(refresh=True):
+            assert time.monotonic() < deadline, "the decommissioned bookie is still registered"
+            await asyncio.sleep(0.2)
+        cluster.bookies[victim].kill()
+        with pytest.raises(RuntimeError, match="exited"):
+            cluster.bookies[victim].start()
+        assert "was decommissioned" in cluster.bookies[victim].log_tail()
+
+
+async def test_an_interrupted_decommission_resumes(cluster: LocalCluster) -> None:
+    victim = "bookie-2"
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        closed: dict[int, list[bytes]] = {}
+        for _ in range(4):
+            w = await client.create_ledger(2, 2, 2, password=PW)
+            entries = [data(w.ledger_id, i) * 10 for i in range(1000)]
+            await w.append_many(entries)
+            await w.close()
+            closed[w.ledger_id] = entries
+        assert await naming(client, victim)
+        # Forced read-only and stopped part way (a slow copy, cancelled as a killed CLI would be).
+        slow = asyncio.ensure_future(decommission_bookie(client, victim, Replicator(client, 200_000), wait_s=60))
+        await asyncio.sleep(1.5)
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        assert await naming(client, victim), "finished before the interruption: the test would prove nothing"
+        run = decommission(cluster, victim, "--json")
+        assert run.returncode == 0, run.stderr
+        assert json.loads(run.stdout)["retired"]
+        assert await naming(client, victim) == []
+        for lid, entries in closed.items():
+            assert await read_all(client, lid) == entries
+
+
+async def test_decommission_refusals_say_why(cluster: LocalCluster) -> None:
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        w = await client.create_ledger(3, 3, 2, password=PW)
+        await w.append_many([data(w.ledger_id, i) for i in range(10)])
+        await w.close()
+        unknown = decommission(cluster, "no-such-bookie")
+        assert unknown.returncode == 1 and "unknown bookie 'no-such-bookie'" in unknown.stderr
+        dead = w.metadata.last_ensemble[0]
+        cluster.bookies[dead].kill()
+        deadline = time.monotonic() + 15
+        while dead in await client.bookies(refresh=True):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.2)
+        gone = decommission(cluster, dead)
+        assert gone.returncode == 1 and f"octavo cluster recover {dead}" in gone.stderr
+        # Three bookies left and an E3 ledger: none of them may go.
+        other = w.metadata.last_ensemble[1]
+        short = decommission(cluster, other)
+        assert short.returncode == 1 and "needs an ensemble of 3 bookies (E3/Qw3/Qa2)" in short.stderr
+        assert other in await client.writable_bookies(), "a refused decommission changed the bookie's mode"
