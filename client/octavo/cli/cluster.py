@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 import time
 from argparse import Namespace
+from collections.abc import Callable
 from typing import Any
 
 from octavo.cli.common import (
@@ -104,11 +105,7 @@ async def _recover(client: Any, args: Namespace) -> int:
         raise CliError(f"unknown bookie {bookie_id!r}: it has no cookie in cluster {store.layout.cluster!r} and no "
                        "ledger names it")
     started = time.monotonic()
-    show_progress = not args.no_progress and not args.json and sys.stderr.isatty()
-
-    def progress(done: int, total: int, _: object) -> None:
-        if show_progress:
-            print(f"\r{done}/{total} ledgers", end="" if done < total else "\n", file=sys.stderr, flush=True)
+    progress = _progress(not args.no_progress and not args.json and sys.stderr.isatty())
 
     replicator = Replicator(client, args.rate_bytes_per_s, REPLICATION_BATCH_BYTES_MAX_DEFAULT)
     result = await recover_bookie(client, bookie_id, replicator, by="cli", dry_run=args.dry_run,
@@ -116,8 +113,7 @@ async def _recover(client: Any, args: Namespace) -> int:
     took = time.monotonic() - started
     out = {"bookie_id": bookie_id, "dry_run": args.dry_run, "ledgers": result.ledgers,
            "replicated": result.replicated, "left_open": result.left_open, "busy": result.busy,
-           "lost": [{"ledger_id": x.ledger_id, "bookie": x.bookie, "first": x.first, "last": x.last}
-                    for x in result.lost],
+           "lost": _lost_json(result.lost),
            "entries_copied": result.entries_copied, "bytes_copied": result.bytes_copied,
            "segments_to_move": result.segments_to_move, "took_s": round(took, 3)}
     if args.json:
@@ -140,6 +136,18 @@ async def _recover(client: Any, args: Namespace) -> int:
     if args.dry_run:
         return EXIT_OK
     return EXIT_OK if result.done else EXIT_FAILED
+
+
+def _progress(enabled: bool) -> Callable[[int, int, object], None]:
+    """A progress line on stderr (a terminal only): ledgers done of all."""
+    def progress(done: int, total: int, _: object) -> None:
+        if enabled:
+            print(f"\r{done}/{total} ledgers", end="" if done < total else "\n", file=sys.stderr, flush=True)
+    return progress
+
+
+def _lost_json(lost: list[Any]) -> list[dict[str, Any]]:
+    return [{"ledger_id": x.ledger_id, "bookie": x.bookie, "first": x.first, "last": x.last} for x in lost]
 
 
 def _ids(ids: list[int]) -> str:
@@ -201,19 +209,14 @@ async def _decommission(client: Any, args: Namespace) -> int:
     if not args.json:
         print(f"{bookie_id}: forced read-only ({mode.reason}); moving its copies", file=sys.stderr)
     started = time.monotonic()
-    show_progress = not args.no_progress and not args.json and sys.stderr.isatty()
-
-    def progress(done: int, total: int, _: object) -> None:
-        if show_progress:
-            print(f"\r{done}/{total} ledgers", end="" if done < total else "\n", file=sys.stderr, flush=True)
+    progress = _progress(not args.no_progress and not args.json and sys.stderr.isatty())
 
     result = await decommission_bookie(client, bookie_id, Replicator(client, args.rate_bytes_per_s),
                                        wait_s=args.wait_s, recover_open=args.recover_open, progress=progress)
     took = time.monotonic() - started
     out = {"bookie_id": bookie_id, "dry_run": False, "ledgers": result.ledgers, "replicated": result.replicated,
            "left_open": result.left_open,
-           "lost": [{"ledger_id": x.ledger_id, "bookie": x.bookie, "first": x.first, "last": x.last}
-                    for x in result.lost],
+           "lost": _lost_json(result.lost),
            "entries_copied": result.entries_copied, "bytes_copied": result.bytes_copied,
            "retired": result.retired, "took_s": round(took, 3)}
     if args.json:
