@@ -166,3 +166,44 @@ async def test_the_auditor_moves_when_its_bookie_dies(cluster: LocalCluster) -> 
             return now is not None and now != first
 
         await wait_for("another bookie becomes the auditor", moved, 20)
+
+
+async def test_cluster_status_shows_bookies_the_auditor_and_the_marks(cluster: LocalCluster) -> None:
+    import json
+    import subprocess
+    import sys
+
+    def status() -> dict[str, object]:
+        run = subprocess.run([sys.executable, "-m", "octavo.cli.main", "cluster", "status", "--json", "--etcd",
+                              cluster.etcd_endpoint], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        return json.loads(run.stdout)  # type: ignore[no-any-return]
+
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        for _ in range(3):
+            w = await client.create_ledger(2, 2, 2, password=PW)
+            await w.append_many([data(w.ledger_id, i) for i in range(100)])
+            await w.close()
+
+        async def elected() -> bool:
+            return await client.etcd.get(client.metadata_store.layout.auditor) is not None
+
+        await wait_for("an auditor is elected", elected, 15)
+        before = status()
+        states = {b["id"]: b for b in before["bookies"]}  # type: ignore[attr-defined]
+        assert set(states) == set(cluster.bookies) and all(b["state"] == "writable" for b in states.values())
+        assert before["auditor"] in states and 0 <= states["bookie-0"]["disk_usage_ratio"] <= 1
+        assert before["underreplicated"] == {"ledgers": 0, "missing_bookies": [], "oldest_mark_age_s": None}
+
+        victim = next(b for b in cluster.bookies if b != before["auditor"])
+        cluster.bookies[victim].kill()  # down, its disk kept: the auditor counts the time it has been gone
+
+        async def seen_gone() -> bool:
+            states = {b["id"]: b for b in status()["bookies"]}  # type: ignore[attr-defined]
+            return states[victim]["state"] == "gone" and "gone_for_s" in states[victim]
+
+        await wait_for("the status shows the bookie gone", seen_gone, 20)
+        text = await asyncio.get_running_loop().run_in_executor(None, lambda: subprocess.run(
+            [sys.executable, "-m", "octavo.cli.main", "cluster", "status", "--etcd", cluster.etcd_endpoint],
+            capture_output=True, text=True, timeout=60))
+        assert text.returncode == 0 and f"{victim}" in text.stdout and "gone for" in text.stdout

@@ -2,6 +2,9 @@
 
     octavo cluster recover BOOKIE [--dry-run] [--recover-open] [--rate-bytes-per-s N] [--json] [--no-progress]
                                   copy a dead bookie's share of every ledger from the other replicas
+    octavo cluster status [--json]
+                                  every bookie (writable, read-only, forced, gone) with its disk and compaction,
+                                  the auditor, under-replicated ledgers and re-replication in progress
     octavo cluster underreplicated [--json]
                                   the ledgers marked as missing copies, and who is restoring them
 
@@ -15,6 +18,7 @@ ledgers stay marked. Exit codes: 0 success, 1 the operation failed or left work 
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from argparse import Namespace
@@ -52,6 +56,10 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     add_etcd_arguments(c)
     c.add_argument("--json", action="store_true", help="print JSON")
+    s = csub.add_parser("status", help="every bookie, the auditor, under-replicated ledgers, replication")
+    add_etcd_arguments(s)
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each bookie (default: 3)")
     u = csub.add_parser("underreplicated", help="list the ledgers marked as missing copies")
     add_etcd_arguments(u)
     u.add_argument("--json", action="store_true", help="print JSON")
@@ -65,6 +73,8 @@ async def _run(args: Namespace) -> int:
     async with cluster_client(args) as client:
         if args.cluster_cmd == "underreplicated":
             return await _underreplicated(client, args)
+        if args.cluster_cmd == "status":
+            return await _status(client, args)
         return await _recover(client, args)
 
 
@@ -232,3 +242,91 @@ async def _decommission(client: Any, args: Namespace) -> int:
     for lost in result.lost:
         print(f"LOST: {lost}", file=sys.stderr)
     return EXIT_OK if result.retired else EXIT_FAILED
+
+
+async def _bookie_status(address: str, timeout_s: float) -> tuple[Any, str]:
+    """A bookie's admin status, or None and why it could not be had."""
+    import grpc
+
+    from octavo.v1 import bookie_pb2 as pb
+    from octavo.v1 import bookie_pb2_grpc as pb_grpc
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            return await pb_grpc.BookieAdminStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout_s), ""
+        except grpc.aio.AioRpcError as e:
+            return None, f"{e.code().name}: {e.details()}"
+
+
+async def _status(client: Any, args: Namespace) -> int:
+    from octavo.meta.underreplication import UnderReplication
+
+    store = client.metadata_store
+    layout = store.layout
+    registered = await client.bookies(refresh=True)
+    cookies = await store.cookie_holders()
+    auditor_kv = await client.etcd.get(layout.auditor)
+    auditor = auditor_kv.value.decode() if auditor_kv is not None else None
+    ids = sorted(set(registered) | cookies)
+    statuses = await asyncio.gather(*(_bookie_status(registered[b].address, args.timeout) if b in registered
+                                      else _absent() for b in ids))
+    auditor_status = next((st for b, (st, _) in zip(ids, statuses, strict=True) if b == auditor and st), None)
+    missing_since = dict(auditor_status.autorecovery.missing_since_unix_ms) if auditor_status else {}
+    now_ms = time.time() * 1000
+    bookies = []
+    for bookie_id, (st, error) in zip(ids, statuses, strict=True):
+        info = registered.get(bookie_id)
+        row: dict[str, Any] = {"id": bookie_id, "address": info.address if info else None,
+                               "state": ("read-only" if info.readonly else "writable") if info else "gone"}
+        if info is None and bookie_id in missing_since:
+            row["gone_for_s"] = round((now_ms - missing_since[bookie_id]) / 1000, 1)
+        if st is not None:
+            row.update({
+                "forced_read_only": st.forced_read_only, "mode_reason": st.mode_reason,
+                "disk_usage_ratio": max((d.usage_ratio for d in st.directories), default=0.0),
+                "disk_readonly_ratio": st.disk_readonly_ratio, "disk_writable_ratio": st.disk_writable_ratio,
+                "compaction": ("suspended" if st.compaction.suspended else
+                               f"running {st.compaction.running_kind}" if st.compaction.running else "idle"),
+                "replicating_ledgers": list(st.autorecovery.replicating_ledgers),
+                "ledgers": st.ledger_count, "version": st.version})
+        elif info is not None:
+            row["error"] = error
+        bookies.append(row)
+    marks = UnderReplication(client.etcd, layout)
+    count, oldest_ms = 0, None
+    missing: set[str] = set()
+    async for mark in marks.marks():
+        count += 1
+        missing.update(mark.missing)
+        oldest_ms = mark.marked_unix_ms if oldest_ms is None else min(oldest_ms, mark.marked_unix_ms)
+    locks = await client.etcd.get_prefix(layout.root + b"replication-locks/")
+    out = {"cluster": layout.cluster, "bookies": bookies, "auditor": auditor,
+           "underreplicated": {"ledgers": count, "missing_bookies": sorted(missing),
+                               "oldest_mark_age_s": round((now_ms - oldest_ms) / 1000, 1) if oldest_ms else None},
+           "replication_in_progress": [{"ledger_id": layout.ledger_id_under(layout.root + b"replication-locks/",
+                                                                            kv.key),
+                                        "worker": kv.value.decode()} for kv in locks]}
+    if args.json:
+        print_json(out)
+        return EXIT_OK
+    print(f"cluster {layout.cluster}: {sum(1 for b in bookies if b['state'] != 'gone')} of {len(bookies)} bookies "
+          f"registered; auditor {auditor or '(none)'}")
+    print(table(["BOOKIE", "STATE", "DISK", "COMPACTION", "REPLICATING", "ADDRESS"], [
+        [b["id"], b["state"] + (" (forced)" if b.get("forced_read_only") else "")
+         + (f" for {fmt_age(b['gone_for_s'])}" if "gone_for_s" in b else ""),
+         f"{b['disk_usage_ratio']:.0%} (read-only at {b['disk_readonly_ratio']:.0%})" if "disk_usage_ratio" in b
+         else ("unreachable: " + b["error"] if "error" in b else "-"),
+         b.get("compaction", "-"), str(len(b.get("replicating_ledgers", []))) if "replicating_ledgers" in b else "-",
+         b["address"] or "-"] for b in bookies]))
+    ur = out["underreplicated"]
+    assert isinstance(ur, dict)
+    if ur["ledgers"]:
+        print(f"under-replicated: {ur['ledgers']} ledgers missing copies of {', '.join(ur['missing_bookies'])}; "
+              f"oldest mark {fmt_age(ur['oldest_mark_age_s'])} old; {len(locks)} being re-replicated now")
+    else:
+        print("under-replicated: none")
+    return EXIT_OK
+
+
+async def _absent() -> tuple[Any, str]:
+    return None, "not registered"

@@ -154,6 +154,28 @@ class BookieAdminService(pb_grpc.BookieAdminServicer):
             cancel.set()  # the caller went away: stop at the next safe point (no effect once finished)
         yield pb.CompactionUpdate(kind=kind, done=True, report=_run_pb(report))
 
+    def _autorecovery_state(self) -> pb.AutorecoveryState:
+        cfg = self.storage.config
+        ar = self.node.autorecovery
+        state = pb.AutorecoveryState(enabled=ar is not None, lost_bookie_delay_s=cfg.lost_bookie_delay_s,
+                                     open_ledger_grace_s=cfg.open_ledger_grace_s)
+        if ar is None:
+            return state
+        now_mono, now_unix = time.monotonic(), time.time()
+        state.is_auditor = ar.auditor.is_auditor
+        for bookie_id, since in ar.auditor.missing_since.items():
+            state.missing_since_unix_ms[bookie_id] = int((now_unix - (now_mono - since)) * 1000)
+        state.marked_lost.extend(sorted(ar.auditor.marked_lost))
+        state.last_full_audit_unix_ms = ar.auditor.last_full_audit_unix_ms
+        state.ledgers_marked = ar.auditor.ledgers_marked
+        state.replicating_ledgers.extend(sorted(ar.worker.in_progress))
+        state.ledgers_replicated = ar.worker.ledgers_replicated
+        state.entries_copied = ar.worker.entries_copied
+        state.bytes_copied = ar.worker.bytes_copied
+        state.last_error = ar.worker.last_error
+        state.lost.extend(ar.worker.lost)
+        return state
+
     async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.BookieStatus:
         node = self.node
         storage = self.storage
@@ -199,6 +221,7 @@ class BookieAdminService(pb_grpc.BookieAdminServicer):
             status.registration_ttl_s = reg.ttl_s
             status.registration_error = reg.last_error
             status.registration_failing_since_unix_ms = int(reg.failing_since_unix_s * 1000)
+        status.autorecovery.CopyFrom(self._autorecovery_state())
         if request.include_entry_logs:
             status.entry_logs.extend(pb.EntryLogInfo(log_id=i, size_bytes=size, state=state)
                                      for i, size, state in st["entry_logs"])

@@ -967,6 +967,7 @@ class BookieStatus(_message.Message):
     REGISTRATION_TTL_S_FIELD_NUMBER: _builtins.int
     REGISTRATION_ERROR_FIELD_NUMBER: _builtins.int
     REGISTRATION_FAILING_SINCE_UNIX_MS_FIELD_NUMBER: _builtins.int
+    AUTORECOVERY_FIELD_NUMBER: _builtins.int
     bookie_id: _builtins.str
     address: _builtins.str
     version: _builtins.str
@@ -1023,6 +1024,8 @@ class BookieStatus(_message.Message):
     def write_cache(self) -> Global___WriteCacheUsage: ...
     @_builtins.property
     def compaction(self) -> Global___CompactionState: ...
+    @_builtins.property
+    def autorecovery(self) -> Global___AutorecoveryState: ...
     def __init__(
         self,
         *,
@@ -1066,11 +1069,100 @@ class BookieStatus(_message.Message):
         registration_ttl_s: _builtins.int = ...,
         registration_error: _builtins.str = ...,
         registration_failing_since_unix_ms: _builtins.int = ...,
+        autorecovery: Global___AutorecoveryState | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["compaction", b"compaction", "write_cache", b"write_cache"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["autorecovery", b"autorecovery", "compaction", b"compaction", "write_cache", b"write_cache"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_log_id", b"active_log_id", "address", b"address", "bookie_id", b"bookie_id", "cluster", b"cluster", "compaction", b"compaction", "directories", b"directories", "disk_readonly_ratio", b"disk_readonly_ratio", "disk_warn_ratio", b"disk_warn_ratio", "disk_writable_ratio", b"disk_writable_ratio", "entry_log_count", b"entry_log_count", "entry_logs", b"entry_logs", "forced_read_only", b"forced_read_only", "fsync_policy", b"fsync_policy", "gc_bytes_reclaimed", b"gc_bytes_reclaimed", "gc_duration_s", b"gc_duration_s", "gc_last_run_unix_ms", b"gc_last_run_unix_ms", "gc_ledgers_dropped", b"gc_ledgers_dropped", "gc_logs_deleted", b"gc_logs_deleted", "instance_id", b"instance_id", "last_start_was_unclean", b"last_start_was_unclean", "last_unclean_restart_unix_ms", b"last_unclean_restart_unix_ms", "ledger_count", b"ledger_count", "log_live_bytes", b"log_live_bytes", "log_total_bytes", b"log_total_bytes", "mode", b"mode", "mode_reason", b"mode_reason", "recovery_bytes_truncated", b"recovery_bytes_truncated", "recovery_logs_scanned", b"recovery_logs_scanned", "recovery_point_log_id", b"recovery_point_log_id", "recovery_records_replayed", b"recovery_records_replayed", "registered", b"registered", "registration_error", b"registration_error", "registration_failing_since_unix_ms", b"registration_failing_since_unix_ms", "registration_refreshed_unix_ms", b"registration_refreshed_unix_ms", "registration_ttl_s", b"registration_ttl_s", "started_unix_ms", b"started_unix_ms", "tail_maybe_lost", b"tail_maybe_lost", "unclean_restart_count", b"unclean_restart_count", "version", b"version", "write_cache", b"write_cache"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_log_id", b"active_log_id", "address", b"address", "autorecovery", b"autorecovery", "bookie_id", b"bookie_id", "cluster", b"cluster", "compaction", b"compaction", "directories", b"directories", "disk_readonly_ratio", b"disk_readonly_ratio", "disk_warn_ratio", b"disk_warn_ratio", "disk_writable_ratio", b"disk_writable_ratio", "entry_log_count", b"entry_log_count", "entry_logs", b"entry_logs", "forced_read_only", b"forced_read_only", "fsync_policy", b"fsync_policy", "gc_bytes_reclaimed", b"gc_bytes_reclaimed", "gc_duration_s", b"gc_duration_s", "gc_last_run_unix_ms", b"gc_last_run_unix_ms", "gc_ledgers_dropped", b"gc_ledgers_dropped", "gc_logs_deleted", b"gc_logs_deleted", "instance_id", b"instance_id", "last_start_was_unclean", b"last_start_was_unclean", "last_unclean_restart_unix_ms", b"last_unclean_restart_unix_ms", "ledger_count", b"ledger_count", "log_live_bytes", b"log_live_bytes", "log_total_bytes", b"log_total_bytes", "mode", b"mode", "mode_reason", b"mode_reason", "recovery_bytes_truncated", b"recovery_bytes_truncated", "recovery_logs_scanned", b"recovery_logs_scanned", "recovery_point_log_id", b"recovery_point_log_id", "recovery_records_replayed", b"recovery_records_replayed", "registered", b"registered", "registration_error", b"registration_error", "registration_failing_since_unix_ms", b"registration_failing_since_unix_ms", "registration_refreshed_unix_ms", b"registration_refreshed_unix_ms", "registration_ttl_s", b"registration_ttl_s", "started_unix_ms", b"started_unix_ms", "tail_maybe_lost", b"tail_maybe_lost", "unclean_restart_count", b"unclean_restart_count", "version", b"version", "write_cache", b"write_cache"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BookieStatus: _TypeAlias = BookieStatus  # noqa: Y015
+
+@_typing.final
+class AutorecoveryState(_message.Message):
+    """Self-healing as this bookie takes part in it (node/octavo/node/autorecovery.py)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MissingSinceUnixMsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ENABLED_FIELD_NUMBER: _builtins.int
+    IS_AUDITOR_FIELD_NUMBER: _builtins.int
+    MISSING_SINCE_UNIX_MS_FIELD_NUMBER: _builtins.int
+    MARKED_LOST_FIELD_NUMBER: _builtins.int
+    LAST_FULL_AUDIT_UNIX_MS_FIELD_NUMBER: _builtins.int
+    LEDGERS_MARKED_FIELD_NUMBER: _builtins.int
+    REPLICATING_LEDGERS_FIELD_NUMBER: _builtins.int
+    LEDGERS_REPLICATED_FIELD_NUMBER: _builtins.int
+    ENTRIES_COPIED_FIELD_NUMBER: _builtins.int
+    BYTES_COPIED_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    LOST_FIELD_NUMBER: _builtins.int
+    LOST_BOOKIE_DELAY_S_FIELD_NUMBER: _builtins.int
+    OPEN_LEDGER_GRACE_S_FIELD_NUMBER: _builtins.int
+    enabled: _builtins.bool
+    is_auditor: _builtins.bool
+    last_full_audit_unix_ms: _builtins.int
+    ledgers_marked: _builtins.int
+    ledgers_replicated: _builtins.int
+    entries_copied: _builtins.int
+    bytes_copied: _builtins.int
+    last_error: _builtins.str
+    lost_bookie_delay_s: _builtins.float
+    open_ledger_grace_s: _builtins.float
+    @_builtins.property
+    def missing_since_unix_ms(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """As auditor: bookies seen gone and since when (unix ms), and those whose ledgers it marked."""
+
+    @_builtins.property
+    def marked_lost(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def replicating_ledgers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """As a worker: ledgers being re-replicated now, totals since the start, the last error and lost ranges."""
+
+    @_builtins.property
+    def lost(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        enabled: _builtins.bool = ...,
+        is_auditor: _builtins.bool = ...,
+        missing_since_unix_ms: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        marked_lost: _abc.Iterable[_builtins.str] | None = ...,
+        last_full_audit_unix_ms: _builtins.int = ...,
+        ledgers_marked: _builtins.int = ...,
+        replicating_ledgers: _abc.Iterable[_builtins.int] | None = ...,
+        ledgers_replicated: _builtins.int = ...,
+        entries_copied: _builtins.int = ...,
+        bytes_copied: _builtins.int = ...,
+        last_error: _builtins.str = ...,
+        lost: _abc.Iterable[_builtins.str] | None = ...,
+        lost_bookie_delay_s: _builtins.float = ...,
+        open_ledger_grace_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_copied", b"bytes_copied", "enabled", b"enabled", "entries_copied", b"entries_copied", "is_auditor", b"is_auditor", "last_error", b"last_error", "last_full_audit_unix_ms", b"last_full_audit_unix_ms", "ledgers_marked", b"ledgers_marked", "ledgers_replicated", b"ledgers_replicated", "lost", b"lost", "lost_bookie_delay_s", b"lost_bookie_delay_s", "marked_lost", b"marked_lost", "missing_since_unix_ms", b"missing_since_unix_ms", "open_ledger_grace_s", b"open_ledger_grace_s", "replicating_ledgers", b"replicating_ledgers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AutorecoveryState: _TypeAlias = AutorecoveryState  # noqa: Y015
