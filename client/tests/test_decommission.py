@@ -42,6 +42,20 @@ async def naming(client: Client, bookie_id: str) -> list[int]:
             if any(bookie_id in bookies for _, bookies in m.ensembles)]
 
 
+async def fill_closed(client: Client, victim: str, times: int, *, naming_victim: int) -> dict[int, list[bytes]]:
+    """Closed E2 ledgers on four bookies until at least `naming_victim` of them name the victim (placement is
+    random: a fixed count of ledgers may all miss it)."""
+    closed: dict[int, list[bytes]] = {}
+    while len(set(closed) & set(await naming(client, victim))) < naming_victim:
+        assert len(closed) < 40, "placement never chose the victim"
+        w = await client.create_ledger(2, 2, 2, password=PW)
+        entries = [data(w.ledger_id, i) * times for i in range(300 if times == 1 else 1000)]
+        await w.append_many(entries)
+        await w.close()
+        closed[w.ledger_id] = entries
+    return closed
+
+
 async def read_all(client: Client, ledger: int) -> list[bytes]:
     reader = await client.open_ledger(ledger, password=PW)
     return [e.data async for e in reader.read(0, reader.last_entry_id)] if reader.last_entry_id >= 0 else []
@@ -50,15 +64,11 @@ async def read_all(client: Client, ledger: int) -> list[bytes]:
 async def test_decommission_under_write_load_loses_nothing_and_fails_no_write(cluster: LocalCluster) -> None:
     victim = "bookie-1"
     async with Client(cluster.etcd_endpoint, options=FAST) as client:
-        closed: dict[int, list[bytes]] = {}
-        for _ in range(6):
-            w = await client.create_ledger(2, 2, 2, password=PW)
-            entries = [data(w.ledger_id, i) for i in range(300)]
-            await w.append_many(entries)
-            await w.close()
-            closed[w.ledger_id] = entries
-        writers = [await client.create_ledger(2, 2, 2, password=PW) for _ in range(4)]
-        assert await naming(client, victim)
+        closed = await fill_closed(client, victim, 1, naming_victim=3)
+        writers = [await client.create_ledger(2, 2, 2, password=PW) for _ in range(3)]
+        while not any(victim in w.metadata.last_ensemble for w in writers):
+            assert len(writers) < 20, "placement never chose the victim"
+            writers.append(await client.create_ledger(2, 2, 2, password=PW))
         written: dict[int, int] = {w.ledger_id: 0 for w in writers}
         stop = False
 
@@ -106,14 +116,7 @@ async def test_decommission_under_write_load_loses_nothing_and_fails_no_write(cl
 async def test_an_interrupted_decommission_resumes(cluster: LocalCluster) -> None:
     victim = "bookie-2"
     async with Client(cluster.etcd_endpoint, options=FAST) as client:
-        closed: dict[int, list[bytes]] = {}
-        for _ in range(4):
-            w = await client.create_ledger(2, 2, 2, password=PW)
-            entries = [data(w.ledger_id, i) * 10 for i in range(1000)]
-            await w.append_many(entries)
-            await w.close()
-            closed[w.ledger_id] = entries
-        assert await naming(client, victim)
+        closed = await fill_closed(client, victim, 10, naming_victim=3)
         # Forced read-only and stopped part way (a slow copy, cancelled as a killed CLI would be).
         slow = asyncio.ensure_future(decommission_bookie(client, victim, Replicator(client, 200_000), wait_s=60))
         await asyncio.sleep(1.5)
