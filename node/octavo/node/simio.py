@@ -14,6 +14,7 @@ its last fsync (the OS may have written some of them back), cut at a random poin
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import shutil
@@ -36,11 +37,23 @@ class SimIO(FileIO):
         self.ops = 0
         self._lock = threading.Lock()
         self._fd_paths: dict[int, str] = {}
-        self._inode_durable: dict[int, bytes] = {}
-        self._dir_durable: dict[str, dict[str, int]] = {}
+        # A file is known by (inode, generation): the filesystem reuses a freed inode number for a new file,
+        # and the new file must not inherit what the old one had made durable. Each file created or freed
+        # through this IO moves its inode to a new generation.
+        self._generations = itertools.count(1)
+        self._generation: dict[int, int] = {}
+        self._inode_durable: dict[tuple[int, int], bytes] = {}
+        self._dir_durable: dict[str, dict[str, tuple[int, int]]] = {}
         self._index_snapshot: dict[str, dict[str, bytes]] = {}
         self.crashed = False
         self.fsyncs = 0
+
+    def _ident(self, ino: int) -> tuple[int, int]:
+        return ino, self._generation.get(ino, 0)
+
+    def _new_generation(self, ino: int) -> None:
+        with self._lock:
+            self._generation[ino] = next(self._generations)
 
     def _check(self) -> None:
         self.ops += 1
@@ -54,6 +67,8 @@ class SimIO(FileIO):
         self._check()
         fd = super().open_append(path, create)
         self._fd_paths[fd] = os.path.abspath(path)
+        if create:
+            self._new_generation(os.fstat(fd).st_ino)
         return fd
 
     def open_read(self, path: str) -> int:
@@ -82,7 +97,7 @@ class SimIO(FileIO):
         size = os.fstat(fd).st_size
         content = os.pread(fd, size, 0) if size else b""
         with self._lock:
-            self._inode_durable[os.fstat(fd).st_ino] = content
+            self._inode_durable[self._ident(os.fstat(fd).st_ino)] = content
             self.fsyncs += 1
 
     def fsync(self, fd: int) -> None:
@@ -103,7 +118,7 @@ class SimIO(FileIO):
         self._check()
         super().fsync_dir(path)
         path = os.path.abspath(path)
-        names = {name: os.stat(os.path.join(path, name)).st_ino for name in os.listdir(path)
+        names = {name: self._ident(os.stat(os.path.join(path, name)).st_ino) for name in os.listdir(path)
                  if os.path.isfile(os.path.join(path, name))}
         with self._lock:
             self._dir_durable[path] = names
@@ -123,11 +138,17 @@ class SimIO(FileIO):
 
     def rename(self, src: str, dst: str) -> None:
         self._check()
+        replaced = os.stat(dst).st_ino if os.path.isfile(dst) else None
         super().rename(src, dst)
+        if replaced is not None:
+            self._new_generation(replaced)  # freed: a later file may get its number
 
     def unlink(self, path: str) -> None:
         self._check()
+        ino = os.stat(path).st_ino if os.path.isfile(path) else None
         super().unlink(path)
+        if ino is not None:
+            self._new_generation(ino)
 
     def index_synced(self, index_dir: str) -> None:
         self._check()
@@ -157,7 +178,7 @@ class SimIO(FileIO):
                 durable_names = self._dir_durable.get(dirpath, {})
                 for name in sorted(files):
                     path = os.path.join(dirpath, name)
-                    ino = os.stat(path).st_ino
+                    ident = self._ident(os.stat(path).st_ino)
                     if name not in durable_names:
                         os.unlink(path)
                         report[path] = "lost (name never synced)"
@@ -166,7 +187,7 @@ class SimIO(FileIO):
                     with open(path, "rb") as f:
                         current = f.read()
                     content = durable
-                    if durable_names[name] != ino:
+                    if durable_names[name] != ident:
                         report[path] = "old version (rename not synced)"
                     elif keep_unsynced and current.startswith(durable) and len(current) > len(durable):
                         extra = rng.randrange(len(current) - len(durable) + 1)
