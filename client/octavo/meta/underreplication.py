@@ -52,20 +52,21 @@ class UnderReplication:
         self.etcd = etcd
         self.layout = layout
 
-    async def mark(self, ledger_id: int, missing: Collection[str], by: str) -> Mark:
-        """Mark a ledger as missing the copies of `missing` (merged with an existing mark). Returns the mark."""
+    async def mark(self, ledger_id: int, missing: Collection[str], by: str) -> bool:
+        """Mark a ledger as missing the copies of `missing` (merged with an existing mark). True if this call
+        wrote the mark, False if an existing mark already named them all."""
         key = self.layout.underreplicated_ledger(ledger_id)
         for _ in range(MARK_CAS_ATTEMPTS_MAX):
             current = await self.get(ledger_id)
             if current is not None and set(missing) <= set(current.missing):
-                return current
+                return False
             mark = Mark(ledger_id, tuple(sorted({*missing, *(current.missing if current else ())})),
                         current.marked_unix_ms if current else int(time.time() * 1000),
                         current.by if current else by)
-            ok, resp = await self.etcd.txn(Txn().mod_revision_is(key, current.revision if current else 0)
-                                           .put(key, mark.encode()))
+            ok, _ = await self.etcd.txn(Txn().mod_revision_is(key, current.revision if current else 0)
+                                        .put(key, mark.encode()))
             if ok:
-                return Mark(mark.ledger_id, mark.missing, mark.marked_unix_ms, mark.by, int(resp.header.revision))
+                return True
         raise RuntimeError(f"ledger {ledger_id}: could not mark it under-replicated (kept losing the CAS)")
 
     async def get(self, ledger_id: int) -> Mark | None:

@@ -38,6 +38,7 @@ from octavo.client.replication import (
 from octavo.meta.errors import MetadataUnavailableError, OctavoError
 from octavo.meta.etcd import Txn
 from octavo.meta.underreplication import Mark, UnderReplication
+from octavo.node import faults
 from octavo.node.config import NodeConfig
 from octavo.node.registration import Registration
 
@@ -142,7 +143,8 @@ class AutoRecovery:
             count = 0
             async for meta in client.iter_ledger_metadata():
                 if any(bookie_id in bookies for _, bookies in meta.ensembles):
-                    await marks.mark(meta.ledger_id, [bookie_id], by=f"auditor {self.bookie_id}")
+                    if await marks.mark(meta.ledger_id, [bookie_id], by=f"auditor {self.bookie_id}"):
+                        faults.hit(faults.AUDITOR_AFTER_MARK)
                     count += 1
             self.auditor.marked_lost.add(bookie_id)
             self.auditor.ledgers_marked += count

@@ -163,6 +163,11 @@ class BookieService(pb_grpc.BookieServicer):
                 return pb.INTERNAL, f"cannot check ledger {ledger_id} in etcd before its first add here: {e}"
             if meta is None:
                 return pb.NO_SUCH_LEDGER, f"ledger {ledger_id} does not exist in the cluster metadata"
+            if recovery:
+                # A recovery add: a recovery open re-replicating a tail, or a copy by re-replication, which
+                # writes to its replacement BEFORE the CAS that names it (so a copy is never to a bookie of the
+                # ensembles). Both hold the master key; neither is a writer a fence must stop.
+                return None
             if self.registration.bookie_id not in {b for _, bookies in meta.ensembles for b in bookies}:
                 return pb.INVALID, f"bookie {self.registration.bookie_id} is not in ledger {ledger_id}'s ensembles"
             if meta.state == "OPEN":
