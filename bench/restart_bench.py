@@ -18,6 +18,8 @@ import argparse
 import asyncio
 import bisect
 import collections
+import os
+import shutil
 import sys
 import tempfile
 import time
@@ -73,7 +75,14 @@ class Load:
 
 
 async def run(rounds: int, writers: int) -> list[dict[str, float]]:
-    root = tempfile.mkdtemp(prefix="octavo-restart-bench-")
+    root = tempfile.mkdtemp(prefix="octavo-restart-bench-", dir=os.environ.get("OCTAVO_BENCH_DIR"))
+    try:
+        return await _run_in(root, rounds, writers)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # gigabytes of logs: never leave them behind
+
+
+async def _run_in(root: str, rounds: int, writers: int) -> list[dict[str, float]]:
     ports = {f"bookie-{i}": free_port() for i in range(BOOKIES)}
     results = []
     with LocalCluster(root, bookies=BOOKIES, bookie_ports=ports,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from octavo.client import Client, ClientOptions
@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 # How often the auditor and the workers look at etcd.
 AUTORECOVERY_TICK_S = 1.0
+# A worker's pass down the marks ends after this, so that the next one reads registrations and its lease again.
+WORK_PASS_S_MAX = 30.0
 # A ledger whose re-replication left work (lost entries, an open segment, an error) is tried again after this.
 RETRY_DELAY_S = 30.0
 
@@ -91,20 +93,28 @@ class AutoRecovery:
         async with Client(cfg.etcd, cfg.cluster, options) as client:
             replicator = Replicator(client, cfg.replication_rate_bytes_per_s, cfg.replication_batch_bytes_max)
             marks = UnderReplication(client.etcd, client.metadata_store.layout)
-            quiet = False
-            while True:
-                try:
-                    await self._audit(client, marks)
-                    if self._writable():
-                        await self._work(client, marks, replicator)
-                    quiet = False
-                except MetadataUnavailableError as e:
-                    if not quiet:
-                        log.warning("autorecovery waits for etcd: %s", e)
-                    quiet = True
-                except Exception:  # the loop goes on: one bad ledger must not stop self-healing
-                    log.exception("autorecovery step failed")
-                await asyncio.sleep(AUTORECOVERY_TICK_S)
+
+            async def work() -> None:
+                if self._writable():
+                    await self._work(client, marks, replicator)
+
+            # Two loops: a worker waiting for a free slot must not hold up the auditor, nor the other way round.
+            await asyncio.gather(self._every_tick("the auditor", lambda: self._audit(client, marks)),
+                                 self._every_tick("replication", work))
+
+    async def _every_tick(self, what: str, step: Callable[[], Awaitable[None]]) -> None:
+        quiet = False
+        while True:
+            try:
+                await step()
+                quiet = False
+            except MetadataUnavailableError as e:
+                if not quiet:
+                    log.warning("%s waits for etcd: %s", what, e)
+                quiet = True
+            except Exception:  # the loop goes on: one bad ledger must not stop self-healing
+                log.exception("%s: step failed", what)
+            await asyncio.sleep(AUTORECOVERY_TICK_S)
 
     async def stop(self) -> None:
         for task in list(self._tasks):
@@ -180,13 +190,19 @@ class AutoRecovery:
         async for mark in marks.marks():
             if mark.ledger_id in self.worker.in_progress or self._retry_at.get(mark.ledger_id, 0) > now:
                 continue
-            if self._slots.locked():
-                return
             if set(mark.missing) <= registered and not mark.by_decommission:
                 if await marks.unmark(mark):
                     log.info("ledger %d: %s registered again; mark dropped", mark.ledger_id, ", ".join(mark.missing))
                 continue
+            # Wait for a free slot and go on down the list: a slot freed is taken at once, not at the next
+            # tick (a lost bookie's thousands of small ledgers would otherwise go at two per tick).
             await self._slots.acquire()
+            if not self._writable() or time.monotonic() - now > WORK_PASS_S_MAX:
+                self._slots.release()
+                return  # the next pass starts from fresh registrations and lease
+            if await marks.lock_owner(mark.ledger_id) is not None:
+                self._slots.release()  # another worker has it (or had it, and will release it with its lease)
+                continue
             self.worker.in_progress.add(mark.ledger_id)
             task = asyncio.create_task(self._replicate(client, marks, replicator, mark, lease, registered))
             self._tasks.add(task)
