@@ -199,3 +199,36 @@ def test_a_deleted_ledger_is_dropped_at_once_through_the_watch(etcd: EtcdProcess
         check_entries(address, kept, count)
     finally:
         bookie.stop()
+
+
+def test_a_window_that_opens_starts_a_pass_at_once_and_a_closed_one_holds_it(etcd: EtcdProcess, cluster_name: str,
+                                                                               tmp_path: Path) -> None:
+    """What the operator relies on: a window set in the past closes scheduled compaction (nothing runs, however
+    much is dead); a window that opens starts a pass within seconds, though the next scheduled pass is an hour
+    away (minor and major intervals of one hour here)."""
+    bookie = BookieProcess(str(tmp_path / "bookie"), bookie_args(etcd, cluster_name))
+    address = bookie.start()
+    try:
+        with SyncClient(etcd.endpoint, cluster=cluster_name, options=FAST) as client:
+            (kept, count), *doomed = write_interleaved(client, 6, 20)  # 1/6 live: below the minor threshold
+            for ledger, _ in doomed:
+                client.delete_ledger(ledger)
+        with BookieConnection(address) as conn:
+            conn.admin.RunGc(pb.RunGcRequest(), timeout=60)
+            closed = conn.admin.SetCompactionWindow(
+                pb.SetCompactionWindowRequest(until_unix_ms=int(time.time() * 1000) - 1000), timeout=10)
+            assert closed.blocked_reason == "the compaction window closed"
+            time.sleep(3)
+            assert conn.status().compaction.last_run.finished_unix_ms == 0, "a pass ran in a closed window"
+            opened_ms = int(time.time() * 1000)
+            conn.admin.SetCompactionWindow(pb.SetCompactionWindowRequest(until_unix_ms=opened_ms + 600_000),
+                                           timeout=10)
+            deadline = time.monotonic() + 20
+            while conn.status().compaction.last_run.finished_unix_ms < opened_ms:
+                assert time.monotonic() < deadline, "no pass within 20 s of the window opening"
+                time.sleep(0.2)
+            run = conn.status().compaction.last_run
+            assert run.kind == "minor" and run.logs_compacted > 0
+        check_entries(address, kept, count)
+    finally:
+        bookie.stop()

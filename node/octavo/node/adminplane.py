@@ -100,13 +100,12 @@ class BookieAdminService(pb_grpc.BookieAdminServicer):
         if request.until_unix_ms < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"until_unix_ms must be >= 0 (0 clears the window), got {request.until_unix_ms}")
-        now_ms = int(time.time() * 1000)
-        if 0 < request.until_unix_ms <= now_ms:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"the window would end at {request.until_unix_ms} ms, which is past (now {now_ms}): "
-                                "that turns scheduled compaction off; suspend compaction for that instead")
         assert self.node.compactor is not None
-        await asyncio.get_running_loop().run_in_executor(None, self.node.compactor.set_window, request.until_unix_ms)
+        # A time already past closes the window (the operator does that between windows); 0 clears it.
+        opened = await asyncio.get_running_loop().run_in_executor(None, self.node.compactor.set_window,
+                                                                  request.until_unix_ms)
+        if opened:
+            self.node.space_wake.set()
         return self._compaction_state()
 
     async def SuspendCompaction(self, request: pb.SuspendCompactionRequest,

@@ -260,6 +260,7 @@ class Compactor:
         self.last: CompactionReport | None = None
         self.last_minor_monotonic = time.monotonic()
         self.last_major_monotonic = time.monotonic()
+        self.major_skipped = False  # a scheduled major pass was due while blocked (a closed window)
         self._stop = threading.Event()
         self._manual = False
         self._cancel: threading.Event | None = None
@@ -270,11 +271,21 @@ class Compactor:
         self.suspended = suspended
         self._persist(STATE_SUSPENDED, suspended)
 
-    def set_window(self, until_unix_ms: int) -> None:
-        """Allow scheduled compaction until this time (0: no window, always allowed). A running pass stops at
-        its next safe point once the window closes."""
+    def set_window(self, until_unix_ms: int) -> bool:
+        """Allow scheduled compaction until this time (0: no window, always allowed; a time past: closed until
+        the next window). A running pass stops at its next safe point once the window closes. A window that
+        opens (it was closed) makes a minor pass due at once, and a major one if one was skipped while closed:
+        an operator's window is short and must not wait out an interval. True if it opened."""
+        now_ms = int(time.time() * 1000)
+        was_open = not compaction_plan.window_closed(now_ms, self.window_until_ms)
         self.window_until_ms = max(0, until_unix_ms)
         self._persist(STATE_WINDOW_UNTIL_MS, self.window_until_ms)
+        opened = not was_open and not compaction_plan.window_closed(now_ms, self.window_until_ms)
+        if opened:
+            self.last_minor_monotonic = float("-inf")
+            if self.major_skipped:
+                self.last_major_monotonic = float("-inf")
+        return opened
 
     def _persist(self, key: str, value: object) -> None:
         state = self.storage.node_state
@@ -312,6 +323,7 @@ class Compactor:
         deadline = t0 + cfg.compaction_run_time_ms_max / 1000
         if kind == MAJOR:
             self.last_major_monotonic = t0
+            self.major_skipped = False
         self.last_minor_monotonic = t0
         with storage.space_lock:
             self._manual, self._cancel = manual, cancel

@@ -64,6 +64,7 @@ class BookieServer:
         self._disk_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self.autorecovery: AutoRecovery | None = None
+        self.space_wake = asyncio.Event()  # set when a compaction window opens: the space loop looks at once
         self._autorecovery_task: asyncio.Task[None] | None = None
         self.ledgers_dropped_by_watch = 0
         self.disk: DiskMonitor | None = None
@@ -128,7 +129,9 @@ class BookieServer:
         next_gc = time.monotonic() + self.config.gc_interval_ms / 1000
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(interval_s)
+            with contextlib.suppress(TimeoutError):  # woken early when a compaction window opens
+                await asyncio.wait_for(self.space_wake.wait(), interval_s)
+            self.space_wake.clear()
             if self.registration is not None and time.monotonic() >= next_gc:
                 next_gc = time.monotonic() + self.config.gc_interval_ms / 1000
                 try:
@@ -148,6 +151,7 @@ class BookieServer:
                 compactor.last_minor_monotonic = time.monotonic()
                 if kind == MAJOR:
                     compactor.last_major_monotonic = time.monotonic()
+                    compactor.major_skipped = True
                 continue
             await loop.run_in_executor(None, compactor.run, kind)
 

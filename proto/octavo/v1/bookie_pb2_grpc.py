@@ -313,7 +313,8 @@ class BookieAdminServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SetCompactionWindow(self, request, context):
-        """Allow scheduled compaction until a time (0: no window); a running pass stops at a safe point after it.
+        """Allow scheduled compaction until a time (0: no window, always allowed; a time past: closed until the next
+        window). A window that opens makes a pass due at once; a running pass stops at a safe point after the end.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
