@@ -20,9 +20,10 @@ recovery-opened once its mark is open_ledger_grace_s old.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from octavo.client import Client, ClientOptions
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 
 # How often the auditor and the workers look at etcd.
 AUTORECOVERY_TICK_S = 1.0
+# Marks are read in pages of this many, and each page is worked in an order of the bookie's own.
+SPREAD_PAGE_MARKS = 1000
 # A worker's pass down the marks ends after this, so that the next one reads registrations and its lease again.
 WORK_PASS_S_MAX = 30.0
 # A ledger whose re-replication left work (lost entries, an open segment, an error) is tried again after this.
@@ -187,7 +190,7 @@ class AutoRecovery:
             return
         registered = set(await client.bookies(refresh=True))
         now = time.monotonic()
-        async for mark in marks.marks():
+        async for mark in self._spread(marks):
             if mark.ledger_id in self.worker.in_progress or self._retry_at.get(mark.ledger_id, 0) > now:
                 continue
             if set(mark.missing) <= registered and not mark.by_decommission:
@@ -207,6 +210,22 @@ class AutoRecovery:
             task = asyncio.create_task(self._replicate(client, marks, replicator, mark, lease, registered))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    async def _spread(self, marks: UnderReplication) -> AsyncIterator[Mark]:
+        """The marks a page at a time, each page in an order of this bookie's own (a hash of bookie and ledger):
+        the workers of different bookies start on different ledgers instead of all queueing on the first."""
+        page: list[Mark] = []
+        async for mark in marks.marks():
+            page.append(mark)
+            if len(page) >= SPREAD_PAGE_MARKS:
+                for m in sorted(page, key=self._rank):
+                    yield m
+                page = []
+        for m in sorted(page, key=self._rank):
+            yield m
+
+    def _rank(self, mark: Mark) -> bytes:
+        return hashlib.blake2b(f"{self.bookie_id}/{mark.ledger_id}".encode(), digest_size=8).digest()
 
     async def _replicate(self, client: Client, marks: UnderReplication, replicator: Replicator, mark: Mark,
                          lease: int, registered: set[str]) -> None:
