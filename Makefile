@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,dev,spark]'
+	$(BIN)/python -m pip install -q -e '.[test,dev,spark,operator]'
 	# Spark discovers Python data sources by listing top-level modules on sys.path; an editable install
 	# serves packages through an import hook it does not list, so put pyspark_octavo's folder on the path.
 	$(BIN)/python -c "import site, os; open(os.path.join(site.getsitepackages()[0], 'octavo-spark-discovery.pth'), 'w').write(os.path.abspath('client/spark_discovery') + '\\n')"
@@ -33,7 +33,7 @@ lint: setup
 	$(BIN)/ruff check .
 
 typecheck: setup
-	$(BIN)/mypy -p octavo.meta -p octavo.node -p octavo.cli -p octavo.client -p octavo.spark -m octavo.v1.wire
+	$(BIN)/mypy -p octavo.meta -p octavo.node -p octavo.cli -p octavo.client -p octavo.spark -p octavo.operator -m octavo.v1.wire
 
 # Two pytest processes: the Spark tests start their JVM with a fork, which must not happen while gRPC
 # threads of earlier tests are busy in the same process.

@@ -41,16 +41,21 @@ ALLOWED = {
 }
 # The sanctioned exceptions: tail repair reads the entries a bookie lost from its peers, and autorecovery
 # re-replicates a lost bookie's share from the survivors to other bookies: both as a client.
-EXCEPTIONS = {("octavo.node.repair", "octavo.client"), ("octavo.node.autorecovery", "octavo.client")}
+# The operator reads the bookie's settings (names, defaults, ranges) from their one definition.
+EXCEPTIONS = {("octavo.node.repair", "octavo.client"), ("octavo.node.autorecovery", "octavo.client"),
+              ("octavo.operator.resources", "octavo.node")}
 
 PURE = {
     "octavo.node.record", "octavo.node.config", "octavo.node.errors", "octavo.node.files",
     "octavo.node.startup_cases", "octavo.node.watermarks", "octavo.node.compaction_plan", "octavo.node.rolling",
     "octavo.meta.layout", "octavo.meta.ledger_metadata", "octavo.meta.errors", "octavo.client.quorums",
+    "octavo.operator.windows", "octavo.operator.policy", "octavo.operator.resources",
 }
 PURE_MAY_IMPORT = {
     "__future__", "collections", "collections.abc", "dataclasses", "enum", "typing", "struct", "hashlib", "json",
     "math", "re", "itertools", "functools", "bisect", "crc32c", "octavo.v1.bookie_pb2", "octavo.v1",
+    # Time as values (the clock itself is never read: `now` is a parameter), zones, cron arithmetic.
+    "datetime", "zoneinfo", "cronsim",
 }
 
 

@@ -1,0 +1,266 @@
+"""The custom resources as the operator reads them: BookieCluster and CompactionPolicy specs parsed and checked
+into typed values. The API server checks the CRD schemas (charts/octavo/crds/); this checks them again, and
+what a schema cannot say (a cron expression, a time zone, the bookie settings' own rules), so an invalid spec
+becomes a condition with a message, never a half-applied cluster. A test keeps these and the CRDs in step.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+from octavo.node.config import NodeConfig
+from octavo.operator.policy import OUTSIDE_WAIT, Policy, PolicyError, Watermarks
+from octavo.operator.windows import Window, WindowError, parse_duration
+
+GROUP = "octavo.io"
+VERSION = "v1alpha1"
+BOOKIE_CLUSTER = ("bookieclusters", "BookieCluster")
+COMPACTION_POLICY = ("compactionpolicies", "CompactionPolicy")
+
+# Bookie settings the operator owns: a BookieCluster may not set them.
+OPERATOR_OWNED_SETTINGS = frozenset({"data_dir", "host", "port", "advertised_address", "etcd", "cluster",
+                                     "bookie_id"})
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+REPLICAS_MAX = 1000
+
+
+class SpecError(ValueError):
+    """A spec the operator cannot apply; the message names the field and what to change."""
+
+
+def bookie_settings() -> dict[str, Any]:
+    """Every setting a BookieCluster's `bookie` may carry, with its default."""
+    return {f.name: f.default for f in fields(NodeConfig)
+            if f.name not in OPERATOR_OWNED_SETTINGS and f.default is not MISSING}
+
+
+# -- CompactionPolicy ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CompactionSettings:
+    """What a CompactionPolicy sets on each bookie (passed as `octavo node` settings)."""
+
+    minor_threshold: float = 0.2
+    major_threshold: float = 0.8
+    rate_bytes_per_s: int = 32 << 20
+
+    def as_bookie_settings(self) -> dict[str, Any]:
+        return {"compaction_minor_threshold": self.minor_threshold,
+                "compaction_major_threshold": self.major_threshold,
+                "compaction_rate_bytes_per_s": self.rate_bytes_per_s}
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    policy: Policy
+    compaction: CompactionSettings
+
+
+def _number(spec: Mapping[str, Any], name: str, default: float, where: str) -> float:
+    value = spec.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError(f"{where}{name} must be a number, got {value!r}")
+    return float(value)
+
+
+def _integer(spec: Mapping[str, Any], name: str, default: int, where: str, minimum: int = 0) -> int:
+    value = spec.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"{where}{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise SpecError(f"{where}{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _refuse_unknown(spec: Mapping[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(set(spec) - known)
+    if unknown:
+        raise SpecError(f"{where}unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+                        f"(known: {', '.join(sorted(known))})")
+
+
+POLICY_FIELDS = {"windows", "maxConcurrentBookies", "minor", "major", "rateBytesPerSecond", "warnRatio",
+                 "readOnlyRatio", "writableRatio", "outsideWindow"}
+
+
+def parse_policy(spec: Mapping[str, Any]) -> PolicySpec:
+    where = "spec."
+    _refuse_unknown(spec, POLICY_FIELDS, where)
+    windows = []
+    raw_windows = spec.get("windows", [])
+    if not isinstance(raw_windows, list):
+        raise SpecError("spec.windows must be a list")
+    for i, w in enumerate(raw_windows):
+        at = f"spec.windows[{i}]."
+        if not isinstance(w, Mapping):
+            raise SpecError(f"spec.windows[{i}] must be an object with schedule, duration and timeZone")
+        _refuse_unknown(w, {"schedule", "duration", "timeZone"}, at)
+        for required in ("schedule", "duration"):
+            if not isinstance(w.get(required), str):
+                raise SpecError(f"{at}{required} is required (a string)")
+        try:
+            windows.append(Window(w["schedule"], parse_duration(w["duration"]), w.get("timeZone", "UTC")))
+        except WindowError as e:
+            raise SpecError(f"{at[:-1]}: {e}") from e
+    minor = spec.get("minor", {}) or {}
+    major = spec.get("major", {}) or {}
+    for name, part in (("minor", minor), ("major", major)):
+        if not isinstance(part, Mapping):
+            raise SpecError(f"spec.{name} must be an object with a threshold")
+        _refuse_unknown(part, {"threshold"}, f"spec.{name}.")
+    compaction = CompactionSettings(_number(minor, "threshold", 0.2, "spec.minor."),
+                                    _number(major, "threshold", 0.8, "spec.major."),
+                                    _integer(spec, "rateBytesPerSecond", 32 << 20, where))
+    if not 0 < compaction.minor_threshold < compaction.major_threshold <= 1:
+        raise SpecError(f"spec.minor.threshold ({compaction.minor_threshold}) must be below spec.major.threshold "
+                        f"({compaction.major_threshold}), both in (0, 1]")
+    try:
+        watermarks = Watermarks(_number(spec, "warnRatio", 0.75, where), _number(spec, "readOnlyRatio", 0.9, where),
+                                _number(spec, "writableRatio", 0.8, where))
+        policy = Policy(tuple(windows), _integer(spec, "maxConcurrentBookies", 1, where, minimum=1), watermarks,
+                        str(spec.get("outsideWindow", OUTSIDE_WAIT)))
+    except PolicyError as e:
+        raise SpecError(f"spec: {e}") from e
+    return PolicySpec(policy, compaction)
+
+
+# -- BookieCluster ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StorageSpec:
+    size: str
+    storage_class: str = ""
+    logs_size: str = ""
+    logs_storage_class: str = ""
+
+
+@dataclass(frozen=True)
+class EtcdSpec:
+    endpoints: str = ""
+    config_map: tuple[str, str] | None = None   # (name, key)
+    secret: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    replicas: int
+    min_writable: int
+    image: str
+    storage: StorageSpec
+    etcd: EtcdSpec
+    cluster_name: str
+    image_pull_policy: str = "IfNotPresent"
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    bookie: Mapping[str, Any] = field(default_factory=dict)
+    pod_template: Mapping[str, Any] = field(default_factory=dict)
+    max_unavailable: int = 1
+    policy_name: str = ""
+
+
+CLUSTER_FIELDS = {"replicas", "minWritableBookies", "image", "imagePullPolicy", "resources", "storage", "etcd",
+                  "clusterName", "bookie", "podTemplate", "podDisruptionBudget", "compactionPolicyRef"}
+POD_TEMPLATE_FIELDS = {"annotations", "labels", "nodeSelector", "priorityClassName", "affinity", "tolerations",
+                       "topologySpreadConstraints"}
+
+
+def _quantity(value: Any, where: str) -> str:
+    text = str(value)
+    if not QUANTITY.match(text):
+        raise SpecError(f"{where} must be a size like 100Gi, got {value!r}")
+    return text
+
+
+def check_bookie_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The `bookie` settings, checked by the bookie's own rules (NodeConfig), unknown and owned names refused."""
+    known = bookie_settings()
+    owned = sorted(set(settings) & OPERATOR_OWNED_SETTINGS)
+    if owned:
+        raise SpecError(f"spec.bookie.{owned[0]} is set by the operator and cannot be given")
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        raise SpecError(f"spec.bookie: unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                        "the settings are those of octavo node (docs/operations.md)")
+    for name, value in settings.items():
+        default = known[name]
+        ok = (isinstance(value, bool) if isinstance(default, bool) else
+              isinstance(value, int) and not isinstance(value, bool) if isinstance(default, int) else
+              isinstance(value, int | float) and not isinstance(value, bool) if isinstance(default, float) else
+              isinstance(value, str))
+        if not ok:
+            raise SpecError(f"spec.bookie.{name} must be a {type(default).__name__}, got {value!r}")
+    try:
+        values: dict[str, Any] = {k: (float(v) if isinstance(known[k], float) else v) for k, v in settings.items()}
+        NodeConfig(data_dir="/data", **values).validate()
+    except ValueError as e:
+        raise SpecError(f"spec.bookie: {e}") from e
+    return dict(settings)
+
+
+def parse_cluster(name: str, spec: Mapping[str, Any]) -> ClusterSpec:
+    _refuse_unknown(spec, CLUSTER_FIELDS, "spec.")
+    replicas = _integer(spec, "replicas", 3, "spec.", minimum=1)
+    if replicas > REPLICAS_MAX:
+        raise SpecError(f"spec.replicas must be <= {REPLICAS_MAX}, got {replicas}")
+    min_writable = _integer(spec, "minWritableBookies", 3, "spec.", minimum=1)
+    if replicas < min_writable:
+        raise SpecError(f"spec.replicas ({replicas}) must be at least spec.minWritableBookies ({min_writable}), "
+                        "the bookies a new ledger needs")
+    image = spec.get("image")
+    if not isinstance(image, str) or not image:
+        raise SpecError("spec.image is required: the Octavo image to run")
+    storage = spec.get("storage")
+    if not isinstance(storage, Mapping) or "size" not in storage:
+        raise SpecError("spec.storage.size is required, like 100Gi")
+    _refuse_unknown(storage, {"size", "storageClassName", "logs"}, "spec.storage.")
+    logs = storage.get("logs") or {}
+    if logs:
+        _refuse_unknown(logs, {"size", "storageClassName"}, "spec.storage.logs.")
+    storage_spec = StorageSpec(_quantity(storage["size"], "spec.storage.size"),
+                               str(storage.get("storageClassName", "")),
+                               _quantity(logs["size"], "spec.storage.logs.size") if logs else "",
+                               str(logs.get("storageClassName", "")) if logs else "")
+    etcd = spec.get("etcd")
+    if not isinstance(etcd, Mapping) or ("endpoints" in etcd) == ("endpointsFrom" in etcd):
+        raise SpecError("spec.etcd: set exactly one of endpoints and endpointsFrom")
+    _refuse_unknown(etcd, {"endpoints", "endpointsFrom"}, "spec.etcd.")
+    if "endpoints" in etcd:
+        endpoints = str(etcd["endpoints"]).strip()
+        if not endpoints or any(":" not in e for e in endpoints.split(",")):
+            raise SpecError(f"spec.etcd.endpoints must be host:port[,host:port...], got {etcd['endpoints']!r}")
+        etcd_spec = EtcdSpec(endpoints=endpoints)
+    else:
+        ref = etcd["endpointsFrom"]
+        if not isinstance(ref, Mapping) or ("configMapKeyRef" in ref) == ("secretKeyRef" in ref):
+            raise SpecError("spec.etcd.endpointsFrom: set exactly one of configMapKeyRef and secretKeyRef")
+        kind = "configMapKeyRef" if "configMapKeyRef" in ref else "secretKeyRef"
+        key_ref = ref[kind]
+        if not isinstance(key_ref, Mapping) or not key_ref.get("name") or not key_ref.get("key"):
+            raise SpecError(f"spec.etcd.endpointsFrom.{kind} needs a name and a key")
+        pair = (str(key_ref["name"]), str(key_ref["key"]))
+        etcd_spec = EtcdSpec(config_map=pair) if kind == "configMapKeyRef" else EtcdSpec(secret=pair)
+    cluster_name = str(spec.get("clusterName") or name)
+    if not CLUSTER_NAME.match(cluster_name) or len(cluster_name) > 63:
+        raise SpecError(f"spec.clusterName {cluster_name!r} must be a DNS label (lower case, digits, '-')")
+    bookie = spec.get("bookie", {}) or {}
+    if not isinstance(bookie, Mapping):
+        raise SpecError("spec.bookie must be an object of octavo node settings")
+    template = spec.get("podTemplate", {}) or {}
+    _refuse_unknown(template, POD_TEMPLATE_FIELDS, "spec.podTemplate.")
+    pdb = spec.get("podDisruptionBudget", {}) or {}
+    _refuse_unknown(pdb, {"maxUnavailable"}, "spec.podDisruptionBudget.")
+    ref = spec.get("compactionPolicyRef") or {}
+    if ref and not ref.get("name"):
+        raise SpecError("spec.compactionPolicyRef.name is required when compactionPolicyRef is set")
+    pull = str(spec.get("imagePullPolicy", "IfNotPresent"))
+    if pull not in ("Always", "IfNotPresent", "Never"):
+        raise SpecError(f"spec.imagePullPolicy must be Always, IfNotPresent or Never, got {pull!r}")
+    return ClusterSpec(replicas=replicas, min_writable=min_writable, image=image, storage=storage_spec,
+                       etcd=etcd_spec, cluster_name=cluster_name, image_pull_policy=pull,
+                       resources=dict(spec.get("resources") or {}), bookie=check_bookie_settings(bookie),
+                       pod_template=dict(template),
+                       max_unavailable=_integer(pdb, "maxUnavailable", 1, "spec.podDisruptionBudget."),
+                       policy_name=str(ref.get("name", "")))

@@ -1,0 +1,132 @@
+"""The CRDs (charts/octavo/crds/) and the operator's reading of them agree: the same fields, the same defaults,
+the same bookie settings as `octavo node`; and specs the operator cannot apply are refused with a message
+naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from octavo.operator.policy import Policy, Watermarks
+from octavo.operator.resources import (
+    CLUSTER_FIELDS,
+    POD_TEMPLATE_FIELDS,
+    POLICY_FIELDS,
+    CompactionSettings,
+    SpecError,
+    bookie_settings,
+    parse_cluster,
+    parse_policy,
+)
+
+CRDS = Path(__file__).resolve().parents[2] / "charts" / "octavo" / "crds"
+
+
+def crd(name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((CRDS / f"{name}.octavo.io.yaml").read_text())
+    return doc
+
+
+def spec_schema(name: str) -> dict[str, Any]:
+    version = crd(name)["spec"]["versions"][0]
+    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    return schema
+
+
+def test_the_crds_name_the_group_kinds_and_short_names_users_type() -> None:
+    for name, kind, short in (("bookieclusters", "BookieCluster", "bkc"),
+                              ("compactionpolicies", "CompactionPolicy", "cpol")):
+        doc = crd(name)
+        assert doc["metadata"]["name"] == f"{name}.octavo.io" and doc["spec"]["group"] == "octavo.io"
+        assert doc["spec"]["names"]["kind"] == kind and doc["spec"]["names"]["shortNames"] == [short]
+        assert doc["spec"]["scope"] == "Namespaced"
+        assert [v["name"] for v in doc["spec"]["versions"]] == ["v1alpha1"]
+    scale = crd("bookieclusters")["spec"]["versions"][0]["subresources"]["scale"]
+    assert scale["specReplicasPath"] == ".spec.replicas"
+    columns = [c["name"] for c in crd("bookieclusters")["spec"]["versions"][0]["additionalPrinterColumns"]]
+    assert columns == ["Ready", "Writable", "Read-Only", "Disk-Max", "Age"]
+
+
+def test_the_policy_fields_and_defaults_agree() -> None:
+    props = spec_schema("compactionpolicies")["properties"]
+    assert set(props) == POLICY_FIELDS
+    parsed = parse_policy({})
+    wm = Watermarks()
+    assert (props["warnRatio"]["default"], props["readOnlyRatio"]["default"], props["writableRatio"]["default"]) == (
+        wm.warn_ratio, wm.read_only_ratio, wm.writable_ratio)
+    assert parsed.policy == Policy()
+    assert props["maxConcurrentBookies"]["default"] == Policy().max_concurrent_bookies
+    assert props["outsideWindow"]["default"] == Policy().outside_window
+    defaults = CompactionSettings()
+    assert props["minor"]["properties"]["threshold"]["default"] == defaults.minor_threshold
+    assert props["major"]["properties"]["threshold"]["default"] == defaults.major_threshold
+    assert props["rateBytesPerSecond"]["default"] == defaults.rate_bytes_per_s
+    window = props["windows"]["items"]["properties"]
+    assert set(window) == {"schedule", "duration", "timeZone"} and window["timeZone"]["default"] == "UTC"
+
+
+def test_the_cluster_fields_and_the_bookie_settings_agree() -> None:
+    props = spec_schema("bookieclusters")["properties"]
+    assert set(props) == CLUSTER_FIELDS
+    assert set(props["podTemplate"]["properties"]) == POD_TEMPLATE_FIELDS
+    bookie = props["bookie"]
+    assert bookie["additionalProperties"] is False
+    settings = bookie_settings()
+    assert set(bookie["properties"]) == set(settings), "the CRD's bookie settings differ from octavo node's"
+    json_type = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    for name, default in settings.items():
+        assert bookie["properties"][name]["type"] == json_type[type(default)], name
+    assert props["replicas"]["default"] == 3 and props["minWritableBookies"]["default"] == 3
+    assert props["podDisruptionBudget"]["properties"]["maxUnavailable"]["default"] == 1
+
+
+CLUSTER = {"image": "octavo:0.1", "storage": {"size": "10Gi"}, "etcd": {"endpoints": "etcd:2379"}}
+
+
+def test_a_cluster_spec_parses_with_its_defaults() -> None:
+    c = parse_cluster("logs", CLUSTER)
+    assert (c.replicas, c.min_writable, c.cluster_name, c.max_unavailable, c.policy_name) == (3, 3, "logs", 1, "")
+    c = parse_cluster("logs", {**CLUSTER, "replicas": 5, "bookie": {"lost_bookie_delay_s": 30, "fsync_policy": "none"},
+                               "compactionPolicyRef": {"name": "nightly"},
+                               "etcd": {"endpointsFrom": {"secretKeyRef": {"name": "etcd", "key": "endpoints"}}}})
+    assert c.replicas == 5 and c.bookie == {"lost_bookie_delay_s": 30, "fsync_policy": "none"}
+    assert c.policy_name == "nightly" and c.etcd.secret == ("etcd", "endpoints")
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"replicas": 2}, r"spec.replicas \(2\) must be at least spec.minWritableBookies \(3\)"),
+    ({"replicas": "3"}, "spec.replicas must be an integer"),
+    ({"image": ""}, "spec.image is required"),
+    ({"storage": {"size": "lots"}}, "spec.storage.size must be a size like 100Gi"),
+    ({"etcd": {}}, "set exactly one of endpoints and endpointsFrom"),
+    ({"etcd": {"endpoints": "etcd"}}, "must be host:port"),
+    ({"bookie": {"no_such_setting": 1}}, "unknown setting no_such_setting"),
+    ({"bookie": {"port": 1}}, "spec.bookie.port is set by the operator"),
+    ({"bookie": {"lost_bookie_delay_s": "soon"}}, "spec.bookie.lost_bookie_delay_s must be a float"),
+    ({"bookie": {"disk_writable_ratio": 0.99}}, "spec.bookie: disk watermarks must satisfy"),
+    ({"replicaz": 3}, "unknown field replicaz"),
+    ({"podTemplate": {"hostNetwork": True}}, "spec.podTemplate.unknown field hostNetwork"),
+    ({"clusterName": "Logs_1"}, "must be a DNS label"),
+])
+def test_bad_cluster_specs_are_refused_naming_the_field(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        parse_cluster("logs", {**CLUSTER, **change})
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"windows": [{"schedule": "0 2 * *", "duration": "1h"}]}, r"spec.windows\[0\]: schedule"),
+    ({"windows": [{"schedule": "0 2 * * *", "duration": "1d"}]}, r"spec.windows\[0\]: duration '1d'"),
+    ({"windows": [{"schedule": "0 2 * * *", "duration": "1h", "timeZone": "Moon/Base"}]}, "not an IANA zone"),
+    ({"windows": [{"duration": "1h"}]}, r"spec.windows\[0\].schedule is required"),
+    ({"writableRatio": 0.95}, "writableRatio < readOnlyRatio"),
+    ({"maxConcurrentBookies": 0}, "maxConcurrentBookies must be >= 1"),
+    ({"outsideWindow": "later"}, "outsideWindow must be one of wait, compact"),
+    ({"minor": {"threshold": 0.9}}, "spec.minor.threshold .* must be below spec.major.threshold"),
+    ({"window": []}, "unknown field window"),
+])
+def test_bad_policies_are_refused_naming_the_field(spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        parse_policy(spec)
