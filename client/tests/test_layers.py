@@ -49,7 +49,7 @@ PURE = {
     "octavo.node.record", "octavo.node.config", "octavo.node.errors", "octavo.node.files",
     "octavo.node.startup_cases", "octavo.node.watermarks", "octavo.node.compaction_plan", "octavo.node.rolling",
     "octavo.meta.layout", "octavo.meta.ledger_metadata", "octavo.meta.errors", "octavo.client.quorums",
-    "octavo.operator.windows", "octavo.operator.policy", "octavo.operator.resources",
+    "octavo.operator.windows", "octavo.operator.policy", "octavo.operator.resources", "octavo.operator.builders",
 }
 PURE_MAY_IMPORT = {
     "__future__", "collections", "collections.abc", "dataclasses", "enum", "typing", "struct", "hashlib", "json",

@@ -1,0 +1,210 @@
+"""The Kubernetes objects of a BookieCluster, built from its parsed spec. Pure: plain dicts in, plain dicts out;
+the handlers add owner references and apply them.
+
+- a StatefulSet: stable pod names are stable bookie ids (`<name>-0`, `<name>-1`, ...), one PVC per pod (two with
+  a separate logs volume), readiness and liveness from the bookie's gRPC health service, a graceful SIGTERM
+  (the bookie syncs and stops cleanly within the grace period), the settings from the ConfigMap;
+- a headless Service (stable DNS names for the pods, used as the bookies' advertised addresses) and a client
+  Service;
+- a PodDisruptionBudget (`maxUnavailable`, default 1);
+- a ConfigMap holding the bookie settings as the TOML file `octavo node --config` reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from octavo.operator.resources import ClusterSpec, CompactionSettings
+
+BOOKIE_PORT = 3181
+DATA_DIR = "/data"
+LOGS_DIR = "/data/logs"
+CONFIG_DIR = "/etc/octavo"
+CONFIG_FILE = "bookie.toml"
+# The bookie syncs its logs and the recovery point on SIGTERM: give it time for a full write cache.
+TERMINATION_GRACE_S = 120
+MANAGED_BY = "octavo-operator"
+
+
+def labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "octavo", "app.kubernetes.io/instance": name,
+            "app.kubernetes.io/component": "bookie", "app.kubernetes.io/managed-by": MANAGED_BY}
+
+
+def selector(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "octavo", "app.kubernetes.io/instance": name,
+            "app.kubernetes.io/component": "bookie"}
+
+
+def selector_string(name: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector(name).items())
+
+
+def headless_service_name(name: str) -> str:
+    return f"{name}-bookies"
+
+
+def config_map_name(name: str) -> str:
+    return f"{name}-bookie-config"
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))  # a TOML basic string is a JSON string
+
+
+def bookie_toml(spec: ClusterSpec, compaction: CompactionSettings | None) -> str:
+    """The settings file: the policy's compaction settings, then the cluster's own `bookie` settings (which win)."""
+    settings: dict[str, Any] = dict(compaction.as_bookie_settings()) if compaction else {}
+    settings.update(spec.bookie)
+    settings["data_dir"] = DATA_DIR
+    settings["port"] = BOOKIE_PORT
+    settings["host"] = "0.0.0.0"
+    settings["cluster"] = spec.cluster_name
+    head = "# Written by the Octavo operator from the BookieCluster and its CompactionPolicy: edit those instead.\n"
+    return head + "".join(f"{k} = {toml_value(v)}\n" for k, v in sorted(settings.items()))
+
+
+def config_map(name: str, namespace: str, spec: ClusterSpec, compaction: CompactionSettings | None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": config_map_name(name), "namespace": namespace, "labels": labels(name)},
+            "data": {CONFIG_FILE: bookie_toml(spec, compaction)}}
+
+
+def _etcd_env(spec: ClusterSpec) -> dict[str, Any]:
+    if spec.etcd.endpoints:
+        return {"name": "OCTAVO_NODE_ETCD", "value": spec.etcd.endpoints}
+    if spec.etcd.config_map:
+        ref_name, key = spec.etcd.config_map
+        return {"name": "OCTAVO_NODE_ETCD", "valueFrom": {"configMapKeyRef": {"name": ref_name, "key": key}}}
+    assert spec.etcd.secret is not None
+    ref_name, key = spec.etcd.secret
+    return {"name": "OCTAVO_NODE_ETCD", "valueFrom": {"secretKeyRef": {"name": ref_name, "key": key}}}
+
+
+def stateful_set(name: str, namespace: str, spec: ClusterSpec, config_hash: str) -> dict[str, Any]:
+    """`config_hash` goes into a pod annotation, so a settings change rolls the pods (one at a time, within the
+    PodDisruptionBudget)."""
+    template = spec.pod_template
+    pod_labels = {**labels(name), **dict(template.get("labels", {}))}
+    annotations = {**dict(template.get("annotations", {})), "octavo.io/config-hash": config_hash}
+    headless = headless_service_name(name)
+    mounts = [{"name": "data", "mountPath": DATA_DIR}, {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
+    claims = [_claim("data", spec.storage.size, spec.storage.storage_class, name)]
+    if spec.storage.logs_size:
+        mounts.append({"name": "logs", "mountPath": LOGS_DIR})
+        claims.append(_claim("logs", spec.storage.logs_size, spec.storage.logs_storage_class, name))
+    container: dict[str, Any] = {
+        "name": "bookie",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "args": ["node", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"],
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "OCTAVO_NODE_BOOKIE_ID", "value": "$(POD_NAME)"},
+            {"name": "OCTAVO_NODE_ADVERTISED_ADDRESS",
+             "value": f"$(POD_NAME).{headless}.$(POD_NAMESPACE).svc:{BOOKIE_PORT}"},
+            _etcd_env(spec),
+        ],
+        "ports": [{"name": "bookie", "containerPort": BOOKIE_PORT, "protocol": "TCP"}],
+        "readinessProbe": {"grpc": {"port": BOOKIE_PORT}, "periodSeconds": 5, "failureThreshold": 2},
+        "livenessProbe": {"grpc": {"port": BOOKIE_PORT}, "periodSeconds": 10, "failureThreshold": 6,
+                          "initialDelaySeconds": 30},
+        # Recovery replays unflushed logs at start: a generous start-up window before liveness counts.
+        "startupProbe": {"grpc": {"port": BOOKIE_PORT}, "periodSeconds": 5, "failureThreshold": 120},
+        "volumeMounts": mounts,
+        "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
+                            "capabilities": {"drop": ["ALL"]}},
+    }
+    if spec.resources:
+        container["resources"] = dict(spec.resources)
+    pod_spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+        "containers": [container],
+        "volumes": [{"name": "config", "configMap": {"name": config_map_name(name)}}],
+        "securityContext": {"fsGroup": 1000, "runAsUser": 1000, "runAsGroup": 1000,
+                            "fsGroupChangePolicy": "OnRootMismatch"},
+    }
+    for key in ("nodeSelector", "priorityClassName", "affinity", "tolerations", "topologySpreadConstraints"):
+        if key in template:
+            pod_spec[key] = template[key]
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
+        "spec": {
+            "replicas": spec.replicas,
+            "serviceName": headless,
+            # Bookies start in parallel (none waits for another), and roll one at a time.
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+            "selector": {"matchLabels": selector(name)},
+            "template": {"metadata": {"labels": pod_labels, "annotations": annotations}, "spec": pod_spec},
+            "volumeClaimTemplates": claims,
+            # Volumes outlive a scale-down: a decommissioned bookie's volume is deleted by the operator after it
+            # is retired, never by Kubernetes before.
+            "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
+        },
+    }
+
+
+def _claim(volume: str, size: str, storage_class: str, name: str) -> dict[str, Any]:
+    claim: dict[str, Any] = {"metadata": {"name": volume, "labels": labels(name)},
+                             "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}}
+    if storage_class:
+        claim["spec"]["storageClassName"] = storage_class
+    return claim
+
+
+def headless_service(name: str, namespace: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": headless_service_name(name), "namespace": namespace, "labels": labels(name)},
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": selector(name),
+                     "ports": [{"name": "bookie", "port": BOOKIE_PORT, "targetPort": "bookie"}]}}
+
+
+def client_service(name: str, namespace: str) -> dict[str, Any]:
+    """For tools that need any one bookie (status, the admin CLI); writers find bookies through etcd."""
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
+            "spec": {"type": "ClusterIP", "selector": selector(name),
+                     "ports": [{"name": "bookie", "port": BOOKIE_PORT, "targetPort": "bookie"}]}}
+
+
+def pod_disruption_budget(name: str, namespace: str, spec: ClusterSpec) -> dict[str, Any]:
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
+            "spec": {"maxUnavailable": spec.max_unavailable, "selector": {"matchLabels": selector(name)}}}
+
+
+def owned_objects(name: str, namespace: str, spec: ClusterSpec,
+                  compaction: CompactionSettings | None) -> list[dict[str, Any]]:
+    """Everything a BookieCluster owns, in the order to apply them (the config before the pods that read it)."""
+    cm = config_map(name, namespace, spec, compaction)
+    digest = hashlib.sha256(json.dumps(cm["data"], sort_keys=True).encode()).hexdigest()[:16]
+    return [cm, headless_service(name, namespace), client_service(name, namespace),
+            pod_disruption_budget(name, namespace, spec), stateful_set(name, namespace, spec, digest)]
+
+
+def bookie_ids(name: str, replicas: int) -> list[str]:
+    """The StatefulSet's pod names, which are the bookie ids."""
+    return [f"{name}-{i}" for i in range(replicas)]
+
+
+def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch applied to a copy (RFC 7386): how the handlers compare what is with what should be."""
+    out = dict(base)
+    for k, v in override.items():
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = v
+    return out
