@@ -208,3 +208,38 @@ async def test_cluster_status_shows_bookies_the_auditor_and_the_marks(cluster: L
             [sys.executable, "-m", "octavo.cli.main", "cluster", "status", "--etcd", cluster.etcd_endpoint],
             capture_output=True, text=True, timeout=60))
         assert text.returncode == 0 and f"{victim}" in text.stdout and "gone for" in text.stdout
+
+
+async def test_cluster_recover_beside_the_workers_waits_for_them_and_succeeds(cluster: LocalCluster) -> None:
+    """`octavo cluster recover` marks the lost bookie's ledgers, and the bookies' workers take some of them at
+    once: the command waits for those (or takes them over) instead of failing, and ends with every ledger
+    healed, whoever copied it."""
+    import json
+    import subprocess
+    import sys
+
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        written: dict[int, list[bytes]] = {}
+        for _ in range(12):
+            writer = await client.create_ledger(2, 2, 2, password=PW)
+            entries = [data(writer.ledger_id, i) for i in range(300)]
+            await writer.append_many(entries)
+            await writer.close()
+            written[writer.ledger_id] = entries
+        counts = {b: len(await naming(client, b)) for b in sorted(cluster.bookies)}
+        victim = max(counts, key=lambda b: counts[b])
+        destroy(cluster, victim)
+
+        async def unregistered() -> bool:
+            return victim not in await client.bookies(refresh=True)
+
+        await wait_for("the registration expires", unregistered, 15)
+        run = await asyncio.get_running_loop().run_in_executor(None, lambda: subprocess.run(
+            [sys.executable, "-m", "octavo.cli.main", "cluster", "recover", victim, "--json", "--etcd",
+             cluster.etcd_endpoint], capture_output=True, text=True, timeout=120))
+        assert run.returncode == 0, run.stdout + run.stderr
+        out = json.loads(run.stdout)
+        assert out["busy"] == [] and out["lost"] == [] and len(out["replicated"]) == counts[victim]
+        assert await naming(client, victim) == []
+        for lid, entries in written.items():
+            assert await read_all(client, lid) == entries

@@ -27,8 +27,9 @@ FAST = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, speculative_read_del
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    """A fresh 4-bookie cluster per test: these tests destroy bookies for good."""
-    with LocalCluster(str(tmp_path / "c"), bookies=4) as c:
+    """A fresh 4-bookie cluster per test: these tests destroy bookies for good. The bookies' own autorecovery is
+    off: these tests drive the engine and `cluster recover` alone (test_autorecovery.py has them together)."""
+    with LocalCluster(str(tmp_path / "c"), bookies=4, bookie_args=["--autorecovery-enabled", "false"]) as c:
         yield c
 
 

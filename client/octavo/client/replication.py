@@ -281,6 +281,10 @@ def _with_replacements(meta: LedgerMetadata, replacements: dict[tuple[int, str],
 
 # The lease that holds a worker's ledger locks: refreshed every third of it while the worker lives.
 REPLICATION_LEASE_TTL_S = 15
+# `cluster recover` and decommission wait this long at most for ledgers another worker is re-replicating
+# (polling every BUSY_POLL_S) before reporting them busy.
+RECOVER_BUSY_WAIT_S = 300.0
+BUSY_POLL_S = 0.5
 
 
 @dataclass
@@ -323,12 +327,13 @@ async def check_enough_bookies(client: Client, bookie_id: str, metas: list[Ledge
 
 async def recover_bookie(client: Client, bookie_id: str, replicator: Replicator, by: str = "cli",
                          dry_run: bool = False, recover_open: bool = False,
-                         progress: Callable[[int, int, LedgerReplication | None], None] | None = None
-                         ) -> BookieRecovery:
+                         progress: Callable[[int, int, LedgerReplication | None], None] | None = None,
+                         busy_wait_s: float = RECOVER_BUSY_WAIT_S) -> BookieRecovery:
     """Move every copy `bookie_id` holds to other bookies: mark each ledger naming it under-replicated, then
     re-replicate them one by one under a lease-bound lock, unmarking each one done. Safe to run again after an
     interruption (it starts from the marks and ledgers still naming the bookie), and next to other workers
-    (a ledger locked by one is skipped and reported busy). `recover_open` recovery-opens open ledgers whose last
+    (a ledger locked by one is left to it and waited for, up to `busy_wait_s`; still locked then, it is
+    reported busy). `recover_open` recovery-opens open ledgers whose last
     segment names the bookie (their writer is taken to be gone); without it they are left to their writer."""
     result = BookieRecovery(bookie_id)
     metas = await ledgers_naming(client, bookie_id)
@@ -349,22 +354,42 @@ async def recover_bookie(client: Client, bookie_id: str, replicator: Replicator,
     try:
         for done, ledger_id in enumerate(result.ledgers, 1):
             report = await _replicate_marked(client, marks, replicator, ledger_id, lease, by, recover_open)
-            if report is None:
-                result.busy.append(ledger_id)
-            else:
-                result.entries_copied += report.entries_copied
-                result.bytes_copied += report.bytes_copied
-                result.lost += report.lost
-                if report.outcome == OPEN_SEGMENT_LEFT:
-                    result.left_open.append(ledger_id)
-                elif report.outcome in (REPLICATED, NOTHING_TO_DO, DELETED):
-                    result.replicated.append(ledger_id)
+            _account(result, ledger_id, report)
             if progress is not None:
                 progress(done, len(result.ledgers), report)
+        # Ledgers another worker (a bookie's autorecovery) holds: wait for it to finish them, or take them over
+        # once its lock is released with the mark still there.
+        deadline = asyncio.get_running_loop().time() + busy_wait_s
+        while result.busy and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(BUSY_POLL_S)
+            busy, result.busy = result.busy, []
+            for ledger_id in busy:
+                try:
+                    named = any(bookie_id in b for _, b in (await client.ledger_metadata(ledger_id)).ensembles)
+                except NoSuchLedgerError:
+                    named = False
+                if not named:
+                    result.replicated.append(ledger_id)  # done by the other worker (or deleted meanwhile)
+                    continue
+                report = await _replicate_marked(client, marks, replicator, ledger_id, lease, by, recover_open)
+                _account(result, ledger_id, report)
     finally:
         keeper.cancel()
         await client.etcd.revoke_lease(lease, timeout_s=2.0)  # releases every lock still held
     return result
+
+
+def _account(result: BookieRecovery, ledger_id: int, report: LedgerReplication | None) -> None:
+    if report is None:
+        result.busy.append(ledger_id)
+        return
+    result.entries_copied += report.entries_copied
+    result.bytes_copied += report.bytes_copied
+    result.lost += report.lost
+    if report.outcome == OPEN_SEGMENT_LEFT:
+        result.left_open.append(ledger_id)
+    elif report.outcome in (REPLICATED, NOTHING_TO_DO, DELETED):
+        result.replicated.append(ledger_id)
 
 
 async def _replicate_marked(client: Client, marks: UnderReplication, replicator: Replicator, ledger_id: int,
