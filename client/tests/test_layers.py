@@ -50,6 +50,7 @@ PURE = {
     "octavo.node.startup_cases", "octavo.node.watermarks", "octavo.node.compaction_plan", "octavo.node.rolling",
     "octavo.meta.layout", "octavo.meta.ledger_metadata", "octavo.meta.errors", "octavo.client.quorums",
     "octavo.operator.windows", "octavo.operator.policy", "octavo.operator.resources", "octavo.operator.builders",
+    "octavo.operator.status",
 }
 PURE_MAY_IMPORT = {
     "__future__", "collections", "collections.abc", "dataclasses", "enum", "typing", "struct", "hashlib", "json",

@@ -1,0 +1,124 @@
+"""A BookieCluster's status, built from what was observed and decided. Pure: time comes in as `now`.
+
+Conditions (type, status, reason, message), each keeping its lastTransitionTime while its status stays:
+- Ready: every bookie of the spec answers and the StatefulSet has them all ready;
+- Progressing: the operator has not yet seen this generation through (pods rolling, scaling);
+- Degraded: a bookie does not answer, or the spec cannot be applied (the message says why);
+- DiskPressure: a bookie is past warnRatio, or was left writable above readOnlyRatio to keep the cluster
+  writable (each message names the bookie);
+- CompactionWindowOpen: a window of the policy is open, until when; the next one otherwise.
+And the operator's memory of its own decisions (`memory`), so that a restarted operator carries on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from octavo.operator.policy import Decision, Memory, Observed
+
+READY = "Ready"
+PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+DISK_PRESSURE = "DiskPressure"
+COMPACTION_WINDOW_OPEN = "CompactionWindowOpen"
+CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, DISK_PRESSURE, COMPACTION_WINDOW_OPEN)
+
+
+def timestamp(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def from_ms(ms: int) -> str:
+    return timestamp(datetime.fromtimestamp(ms / 1000, UTC)) if ms > 0 else ""
+
+
+def memory_to_status(memory: Memory) -> dict[str, Any]:
+    return {"forcedByOperator": sorted(memory.forced_by_operator),
+            "windowOpenedUnixMs": dict(sorted(memory.window_opened_unix_ms.items())),
+            "compactedInStretch": dict(sorted(memory.compacted_in_stretch.items())),
+            "emergencyOpenedUnixMs": dict(sorted(memory.emergency_opened_unix_ms.items()))}
+
+
+def memory_from_status(status: Mapping[str, Any] | None) -> Memory:
+    """The memory kept in a status; anything unreadable is forgotten (the operator then decides afresh)."""
+    raw = (status or {}).get("memory") or {}
+
+    def ints(key: str) -> dict[str, int]:
+        value = raw.get(key) or {}
+        return {str(k): int(v) for k, v in value.items() if isinstance(v, int | float)} if isinstance(value, Mapping) \
+            else {}
+
+    forced = raw.get("forcedByOperator") or []
+    return Memory(forced_by_operator=frozenset(str(b) for b in forced if isinstance(b, str)),
+                  window_opened_unix_ms=ints("windowOpenedUnixMs"),
+                  compacted_in_stretch=ints("compactedInStretch"),
+                  emergency_opened_unix_ms=ints("emergencyOpenedUnixMs"))
+
+
+def condition(old: Sequence[Mapping[str, Any]], kind: str, ok: bool, reason: str, message: str,
+              now: datetime) -> dict[str, Any]:
+    status = "True" if ok else "False"
+    previous = next((c for c in old if c.get("type") == kind), None)
+    since = previous.get("lastTransitionTime") if previous and previous.get("status") == status else None
+    return {"type": kind, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": since or timestamp(now)}
+
+
+def cluster_status(now: datetime, *, generation: int, replicas: int, ready_replicas: int, selector: str,
+                   bookies: Sequence[Observed], pods: Mapping[str, str], decision: Decision | None,
+                   spec_error: str, old: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The status to write. `pods` maps bookie id to pod name; `decision` is None when the spec is invalid."""
+    old = old or {}
+    old_conditions = list(old.get("conditions") or [])
+    reachable = [b for b in bookies if b.reachable]
+    missing = sorted(b.bookie_id for b in bookies if not b.reachable)
+    forced_by_op = decision.memory.forced_by_operator if decision else frozenset()
+    entries = []
+    for b in sorted(bookies, key=lambda b: b.bookie_id):
+        entry: dict[str, Any] = {"id": b.bookie_id, "pod": pods.get(b.bookie_id, ""), "reachable": b.reachable}
+        if b.reachable:
+            entry.update(mode="writable" if b.writable else "read-only", forced=b.forced_read_only,
+                         forcedByOperator=b.bookie_id in forced_by_op, diskUsageRatio=round(b.disk_usage_ratio, 4),
+                         compaction={"running": b.compacting, "windowUntil": from_ms(b.window_until_unix_ms),
+                                     "lastRun": from_ms(b.last_compaction_unix_ms)})
+            entry["reason"] = ("forced read-only by the operator (disk usage)" if b.bookie_id in forced_by_op else
+                               "forced read-only" if b.forced_read_only else "" if b.writable else "disk full")
+        else:
+            entry.update(mode="unknown", reason="did not answer")
+        entries.append(entry)
+    ready = not spec_error and ready_replicas >= replicas and not missing and len(reachable) >= replicas
+    conditions = [
+        condition(old_conditions, READY, ready, "AllBookiesReady" if ready else "NotAllBookiesReady",
+                  f"{len(reachable)} of {replicas} bookies answer, {ready_replicas} pods ready", now),
+        condition(old_conditions, PROGRESSING, ready_replicas != replicas,
+                  "Rolling" if ready_replicas != replicas else "Stable",
+                  f"{ready_replicas} of {replicas} pods ready", now),
+        condition(old_conditions, DEGRADED, bool(spec_error or missing),
+                  "InvalidSpec" if spec_error else "BookiesNotAnswering" if missing else "AsExpected",
+                  spec_error or (f"not answering: {', '.join(missing)}" if missing else ""), now),
+        condition(old_conditions, DISK_PRESSURE, bool(decision and decision.disk_pressure),
+                  "DiskUsageHigh" if decision and decision.disk_pressure else "DiskUsageNormal",
+                  "; ".join(decision.disk_pressure) if decision else "", now),
+    ]
+    window = decision.window if decision else None
+    upcoming = decision.next_window if decision else None
+    conditions.append(condition(
+        old_conditions, COMPACTION_WINDOW_OPEN, window is not None, "WindowOpen" if window else "WindowClosed",
+        f"open until {timestamp(window[1])}" if window else
+        f"next window {timestamp(upcoming[0])} to {timestamp(upcoming[1])}" if upcoming else "no windows", now))
+    usage = max((b.disk_usage_ratio for b in reachable), default=0.0)
+    status: dict[str, Any] = {
+        "observedGeneration": generation, "replicas": replicas, "readyReplicas": ready_replicas,
+        "selector": selector, "writableBookies": sum(1 for b in reachable if b.writable),
+        "readOnlyBookies": sum(1 for b in reachable if not b.writable), "diskUsageMax": f"{usage:.0%}",
+        "windowOpen": window is not None, "bookies": entries, "conditions": conditions,
+    }
+    if upcoming:
+        status["nextWindow"] = {"start": timestamp(upcoming[0]), "end": timestamp(upcoming[1])}
+    if decision is not None:
+        status["memory"] = memory_to_status(decision.memory)
+    elif old.get("memory"):
+        status["memory"] = old["memory"]
+    return status

@@ -1,0 +1,95 @@
+"""The BookieCluster status built from observations and decisions; the operator's memory survives a round trip
+through it (a restarted operator carries on)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from octavo.operator.policy import Memory, Observed, Policy, Shape, decide
+from octavo.operator.status import (
+    COMPACTION_WINDOW_OPEN,
+    CONDITION_TYPES,
+    DEGRADED,
+    DISK_PRESSURE,
+    READY,
+    cluster_status,
+    memory_from_status,
+    memory_to_status,
+)
+from octavo.operator.windows import Window
+
+NOW = datetime(2026, 5, 4, 2, 10, tzinfo=UTC)
+POLICY = Policy(windows=(Window("0 2 * * *", 3600, "UTC"),))
+SHAPE = Shape(replicas=4, min_writable=3)
+
+
+def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status["conditions"]}
+
+
+def build(bookies: list[Observed], old: dict[str, Any] | None = None, now: datetime = NOW,
+          spec_error: str = "", ready: int = 4) -> dict[str, Any]:
+    decision = None if spec_error else decide(now, POLICY, SHAPE, bookies, memory_from_status(old))
+    return cluster_status(now, generation=3, replicas=4, ready_replicas=ready, selector="app=x", bookies=bookies,
+                          pods={b.bookie_id: b.bookie_id for b in bookies}, decision=decision,
+                          spec_error=spec_error, old=old)
+
+
+def test_a_healthy_cluster_in_its_window() -> None:
+    bookies = [Observed(f"logs-{i}", disk_usage_ratio=0.2 + i / 10) for i in range(4)]
+    status = build(bookies)
+    c = conditions(status)
+    assert list(c) == list(CONDITION_TYPES)
+    assert c[READY]["status"] == "True" and c[DEGRADED]["status"] == "False"
+    assert c[COMPACTION_WINDOW_OPEN]["status"] == "True" and "open until 2026-05-04T03:00:00Z" in \
+        c[COMPACTION_WINDOW_OPEN]["message"]
+    assert status["writableBookies"] == 4 and status["diskUsageMax"] == "50%"
+    assert status["observedGeneration"] == 3 and [b["id"] for b in status["bookies"]] == [f"logs-{i}" for i in range(4)]
+
+
+def test_pressure_a_missing_bookie_and_the_transition_times() -> None:
+    bookies = [Observed(f"logs-{i}", disk_usage_ratio=0.2) for i in range(4)]
+    first = build(bookies)
+    bookies[1] = replace(bookies[1], disk_usage_ratio=0.93)
+    bookies[3] = replace(bookies[3], reachable=False)
+    later = NOW + timedelta(minutes=5)
+    status = build(bookies, old=first, now=later, ready=3)
+    c = conditions(status)
+    assert c[READY]["status"] == "False" and c[READY]["lastTransitionTime"] == "2026-05-04T02:15:00Z"
+    assert c[DEGRADED]["message"] == "not answering: logs-3"
+    assert c[DISK_PRESSURE]["status"] == "True" and "logs-1" in c[DISK_PRESSURE]["message"]
+    # A condition whose status did not change keeps its time.
+    assert c[COMPACTION_WINDOW_OPEN]["lastTransitionTime"] == conditions(first)[COMPACTION_WINDOW_OPEN][
+        "lastTransitionTime"]
+    entry = {b["id"]: b for b in status["bookies"]}
+    assert entry["logs-3"]["mode"] == "unknown" and entry["logs-1"]["mode"] == "writable"
+
+
+def test_an_invalid_spec_is_degraded_with_its_message_and_keeps_the_memory() -> None:
+    old = {"memory": memory_to_status(Memory(forced_by_operator=frozenset({"logs-0"})))}
+    status = build([Observed("logs-0")], old=old, spec_error="spec.replicas must be an integer, got '3'")
+    c = conditions(status)
+    assert c[DEGRADED]["reason"] == "InvalidSpec" and "spec.replicas" in c[DEGRADED]["message"]
+    assert status["memory"] == old["memory"]
+
+
+ids = st.sampled_from([f"logs-{i}" for i in range(5)])
+
+
+@given(forced=st.frozensets(ids), opened=st.dictionaries(ids, st.integers(0, 2**45)),
+       compacted=st.dictionaries(ids, st.integers(0, 2**45)), emergency=st.dictionaries(ids, st.integers(0, 2**45)))
+def test_the_memory_round_trips_through_the_status(forced: frozenset[str], opened: dict[str, int],
+                                                   compacted: dict[str, int], emergency: dict[str, int]) -> None:
+    memory = Memory(forced, opened, compacted, emergency)
+    assert memory_from_status({"memory": memory_to_status(memory)}) == memory
+
+
+def test_an_unreadable_memory_is_forgotten_not_fatal() -> None:
+    assert memory_from_status({"memory": {"forcedByOperator": [1, "logs-1"], "windowOpenedUnixMs": "junk"}}) == \
+        Memory(forced_by_operator=frozenset({"logs-1"}))
+    assert memory_from_status(None) == Memory()
