@@ -1,0 +1,75 @@
+"""The operator's calls to bookies, over their admin API (gRPC): what each one reports, turned into the
+`Observed` the policy decides from, and the policy's actions carried out.
+
+A bookie that does not answer within the timeout is observed as unreachable (the policy then leaves it alone);
+an action that fails comes back as a message for the BookieCluster's events, never as an exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+
+import grpc
+
+from octavo.operator.policy import CLOSE_WINDOW, FORCE_READ_ONLY, OPEN_WINDOW, RELEASE_READ_ONLY, Action, Observed
+from octavo.v1 import bookie_pb2 as pb
+from octavo.v1 import bookie_pb2_grpc as pb_grpc
+
+ADMIN_TIMEOUT_S = 5.0
+
+
+def observed_from_status(bookie_id: str, status: pb.BookieStatus) -> Observed:
+    usage = max((d.usage_ratio for d in status.directories), default=0.0)
+    return Observed(bookie_id=bookie_id, reachable=True, writable=status.mode == pb.MODE_WRITABLE,
+                    forced_read_only=status.forced_read_only, disk_usage_ratio=usage,
+                    compacting=status.compaction.running,
+                    window_until_unix_ms=status.compaction.window_until_unix_ms,
+                    last_compaction_unix_ms=status.compaction.last_run.finished_unix_ms)
+
+
+async def observe_one(bookie_id: str, address: str, timeout_s: float = ADMIN_TIMEOUT_S) -> Observed:
+    if not address:
+        return Observed(bookie_id, reachable=False)
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            status = await pb_grpc.BookieAdminStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout_s)
+    except grpc.RpcError:
+        return Observed(bookie_id, reachable=False)
+    return observed_from_status(bookie_id, status)
+
+
+async def observe(addresses: Mapping[str, str], timeout_s: float = ADMIN_TIMEOUT_S) -> list[Observed]:
+    """Every bookie of the cluster at once (bookie id -> address; an empty address: no pod IP yet)."""
+    ids = sorted(addresses)
+    return list(await asyncio.gather(*(observe_one(b, addresses[b], timeout_s) for b in ids)))
+
+
+async def apply_one(action: Action, address: str, timeout_s: float = ADMIN_TIMEOUT_S) -> str:
+    """Carry out one action; the error in words, or "" when it was done."""
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            admin = pb_grpc.BookieAdminStub(channel)
+            if action.kind in (FORCE_READ_ONLY, RELEASE_READ_ONLY):
+                await admin.SetReadOnly(pb.SetReadOnlyRequest(read_only=action.kind == FORCE_READ_ONLY),
+                                        timeout=timeout_s)
+            elif action.kind in (OPEN_WINDOW, CLOSE_WINDOW):
+                await admin.SetCompactionWindow(pb.SetCompactionWindowRequest(until_unix_ms=action.until_unix_ms),
+                                                timeout=timeout_s)
+            else:
+                return f"unknown action {action.kind}"
+    except grpc.RpcError as e:
+        return f"{action.kind} on bookie {action.bookie_id} at {address} failed: {e.code().name}: {e.details()}"
+    return ""
+
+
+async def apply(actions: Sequence[Action], addresses: Mapping[str, str],
+                timeout_s: float = ADMIN_TIMEOUT_S) -> list[tuple[Action, str]]:
+    """Every action, in order per bookie; returns each with its error ("" when done)."""
+    results = []
+    for action in actions:
+        address = addresses.get(action.bookie_id, "")
+        error = await apply_one(action, address, timeout_s) if address else (
+            f"{action.kind} on bookie {action.bookie_id}: no address (its pod has no IP)")
+        results.append((action, error))
+    return results
