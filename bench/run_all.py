@@ -14,6 +14,7 @@ BENCHES = [
     ["compaction_bench.py"],
     ["spark_bench.py"],
     ["restart_bench.py"],
+    ["replication_bench.py"],
     ["cluster_bench.py"],  # needs Debian's nats-server and the bench extra (nats-py)
 ]
 

@@ -51,7 +51,10 @@ class NodeConfig:
     lost_bookie_delay_s: float = 60.0
     audit_interval_s: float = 600.0
     open_ledger_grace_s: float = 300.0
-    replication_rate_bytes_per_s: int = 32 * MIB
+    # 4 MiB/s per bookie: the rate at which a writer on a 2-core machine kept 70% of its throughput while a
+    # lost bookie's gigabyte was re-replicated (docs/benchmarks.md, "Re-replication"); raise it on machines
+    # with cores to spare to heal faster.
+    replication_rate_bytes_per_s: int = 4 * MIB
     replication_batch_bytes_max: int = 4 * MIB
     replication_workers_max: int = 2
 
