@@ -199,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     dataset.add_parser(sub)
     dev.add_parser(sub)
     ledger.add_parser(sub)
+    from octavo.operator import main as operator_main
+
+    operator_main.add_parser(sub)
     return parser
 
 
@@ -244,6 +247,10 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         from octavo.cli import dev
 
         return dev.run(args)
+    if args.command == "operator":
+        from octavo.operator import main as operator_main
+
+        return operator_main.run(args)
     parser.error("unknown command")
     return EXIT_USAGE
 

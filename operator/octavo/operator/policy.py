@@ -38,6 +38,10 @@ SLOT_IDLE_S = 120
 # this long after it ends.
 EMERGENCY_WINDOW_S = 3600
 
+# A closed window is set as this time (the epoch's first millisecond), not as the operator's `now`: a bookie
+# whose clock runs behind the operator's would otherwise see the window open a little longer.
+CLOSED_UNIX_MS = 1
+
 OPEN_WINDOW = "OpenCompactionWindow"
 CLOSE_WINDOW = "CloseCompactionWindow"
 FORCE_READ_ONLY = "ForceReadOnly"
@@ -199,7 +203,7 @@ def _in_window(now: datetime, policy: Policy, reachable: list[Observed], memory:
         finished = b.last_compaction_unix_ms >= opened_ms
         idle = now_ms - opened_ms >= SLOT_IDLE_S * 1000
         if not b.compacting and (finished or idle):
-            actions.append(Action(CLOSE_WINDOW, bookie_id, now_ms, reason=(
+            actions.append(Action(CLOSE_WINDOW, bookie_id, CLOSED_UNIX_MS, reason=(
                 "compacted in this window" if finished else f"nothing to compact ({SLOT_IDLE_S}s without a pass)")))
             compacted[bookie_id] = start_ms
             del opened[bookie_id]
@@ -219,7 +223,7 @@ def _in_window(now: datetime, policy: Policy, reachable: list[Observed], memory:
     for b in reachable:
         if b.bookie_id not in opened and b.bookie_id not in closing and (
                 b.window_until_unix_ms == 0 or b.window_until_unix_ms > now_ms):
-            actions.append(Action(CLOSE_WINDOW, b.bookie_id, now_ms, reason="waiting for a compaction slot"
+            actions.append(Action(CLOSE_WINDOW, b.bookie_id, CLOSED_UNIX_MS, reason="waiting for a compaction slot"
                                   if b.bookie_id not in compacted else "compacted in this window"))
     return Memory(window_opened_unix_ms=opened, compacted_in_stretch=compacted), sorted(holding)
 
@@ -243,5 +247,5 @@ def _outside_window(now: datetime, policy: Policy, reachable: list[Observed], me
         if b.bookie_id in active:
             continue
         if b.window_until_unix_ms == 0 or b.window_until_unix_ms > now_ms:
-            actions.append(Action(CLOSE_WINDOW, b.bookie_id, now_ms, reason="outside the compaction windows"))
+            actions.append(Action(CLOSE_WINDOW, b.bookie_id, CLOSED_UNIX_MS, reason="outside the compaction windows"))
     return Memory(emergency_opened_unix_ms=emergency), sorted(active)

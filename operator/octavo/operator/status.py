@@ -34,6 +34,15 @@ def from_ms(ms: int) -> str:
     return timestamp(datetime.fromtimestamp(ms / 1000, UTC)) if ms > 0 else ""
 
 
+def _window(until_unix_ms: int, now: datetime) -> str:
+    """A bookie's compaction window in words: its own schedule (none set), open until when, or closed."""
+    if until_unix_ms == 0:
+        return "own schedule"
+    if until_unix_ms > now.timestamp() * 1000:
+        return f"open until {from_ms(until_unix_ms)}"
+    return "closed"
+
+
 def memory_to_status(memory: Memory) -> dict[str, Any]:
     return {"forcedByOperator": sorted(memory.forced_by_operator),
             "windowOpenedUnixMs": dict(sorted(memory.window_opened_unix_ms.items())),
@@ -81,7 +90,7 @@ def cluster_status(now: datetime, *, generation: int, replicas: int, ready_repli
         if b.reachable:
             entry.update(mode="writable" if b.writable else "read-only", forced=b.forced_read_only,
                          forcedByOperator=b.bookie_id in forced_by_op, diskUsageRatio=round(b.disk_usage_ratio, 4),
-                         compaction={"running": b.compacting, "windowUntil": from_ms(b.window_until_unix_ms),
+                         compaction={"running": b.compacting, "window": _window(b.window_until_unix_ms, now),
                                      "lastRun": from_ms(b.last_compaction_unix_ms)})
             entry["reason"] = ("forced read-only by the operator (disk usage)" if b.bookie_id in forced_by_op else
                                "forced read-only" if b.forced_read_only else "" if b.writable else "disk full")
@@ -122,3 +131,21 @@ def cluster_status(now: datetime, *, generation: int, replicas: int, ready_repli
     elif old.get("memory"):
         status["memory"] = old["memory"]
     return status
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns `old` into `new`: changed keys, and None for removed ones
+    (a status patch must remove what is gone, like a bookie's slot in the operator's memory)."""
+    patch: dict[str, Any] = {}
+    for key in old:
+        if key not in new:
+            patch[key] = None
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            inner = merge_patch(before, value)
+            if inner:
+                patch[key] = inner
+        elif value != before or key not in old:
+            patch[key] = value
+    return patch

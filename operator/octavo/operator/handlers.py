@@ -1,0 +1,394 @@
+"""The kopf handlers: thin shells around the pure parts (resources, builders, policy, status).
+
+For each BookieCluster, one `reconcile` does everything, under a lock per cluster, from its create, update and
+resume handlers (the owned objects at once) and from a timer every `poll_interval_s` (everything):
+1. parse and check the spec and its CompactionPolicy (an invalid one: condition Degraded/InvalidSpec and a
+   Warning event, nothing applied);
+2. apply the owned objects (ConfigMap, Services, PDB, StatefulSet; owned through kopf.adopt, patched only when
+   what the operator would write changed: a hash of it is kept in an annotation);
+3. observe every bookie through BookieAdmin, `decide`, carry out the actions, one Event each;
+4. scale down through decommission (`scaling.py`): the StatefulSet keeps its replicas until the highest
+   ordinal is retired, then loses one, and the pod's volumes are deleted;
+5. write the status (merge-patched: what is gone is removed).
+The operator's memory of its decisions lives in the status, so a restarted operator carries on.
+
+Registered into a kopf registry by `register(registry, poll_interval_s)`: `octavo operator run` and the tests
+(kopf's KopfRunner) each build one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import kopf
+
+from octavo.operator import builders
+from octavo.operator.bookies import ADMIN_TIMEOUT_S, apply, observe
+from octavo.operator.kube import Kube, KubeError, load_api_client
+from octavo.operator.policy import Policy, Shape, decide
+from octavo.operator.resources import (
+    GROUP,
+    VERSION,
+    ClusterSpec,
+    PolicySpec,
+    SpecError,
+    parse_cluster,
+    parse_policy,
+)
+from octavo.operator.scaling import ScaleDownStep, decommission_step
+from octavo.operator.status import (
+    COMPACTION_WINDOW_OPEN,
+    cluster_status,
+    condition,
+    memory_from_status,
+    merge_patch,
+    timestamp,
+)
+from octavo.operator.windows import next_window, open_until
+
+log = logging.getLogger("octavo.operator")
+
+API_VERSION = f"{GROUP}/{VERSION}"
+APPLIED_HASH = "octavo.io/applied-hash"
+FINALIZER = "octavo.io/finalizer"
+# How long one decommission step waits for open ledgers' writers to move off before the operator looks again.
+DECOMMISSION_WAIT_S = 60.0
+# A CompactionPolicy's condition: whether the operator can apply it.
+VALID = "Valid"
+
+
+@dataclass
+class OperatorConfig:
+    """The operator's settings (`octavo operator run` flags)."""
+
+    poll_interval_s: float = 10.0
+    admin_timeout_s: float = ADMIN_TIMEOUT_S
+    # The copy rate of a scale-down's decommission, per decommission (the same default as re-replication).
+    decommission_rate_bytes_per_s: int = 4 << 20
+    kubeconfig: str | None = None
+    # The operator's clock runs this far ahead of the machine's: for trying compaction windows out (tests,
+    # demos); 0 in production.
+    clock_offset_s: float = 0.0
+    # The Kubernetes client, made at startup (or handed in by a test).
+    kube: Kube | None = None
+    locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    scale_downs: dict[tuple[str, str], asyncio.Task[ScaleDownStep]] = field(default_factory=dict)
+    last_poll_unix_s: float = 0.0
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + timedelta(seconds=self.clock_offset_s)
+
+    def validate(self) -> OperatorConfig:
+        if not 0.1 <= self.poll_interval_s <= 3600:
+            raise ValueError(f"poll_interval_s must be in [0.1, 3600], got {self.poll_interval_s}")
+        if not 0.1 <= self.admin_timeout_s <= 300:
+            raise ValueError(f"admin_timeout_s must be in [0.1, 300], got {self.admin_timeout_s}")
+        if self.decommission_rate_bytes_per_s < 0:
+            raise ValueError("decommission_rate_bytes_per_s must be >= 0 (0: unlimited)")
+        return self
+
+
+CONFIG = OperatorConfig()
+
+
+def _kube() -> Kube:
+    if CONFIG.kube is None:
+        CONFIG.kube = Kube(load_api_client(CONFIG.kubeconfig))
+    return CONFIG.kube
+
+
+def _lock(namespace: str, name: str) -> asyncio.Lock:
+    return CONFIG.locks.setdefault((namespace, name), asyncio.Lock())
+
+
+# -- startup -------------------------------------------------------------------------------------------------
+
+async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="octavo.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="octavo.io", key="last-handled-configuration")
+    settings.posting.reporting_component = "octavo-operator"
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    _kube()
+
+
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """A pod's service account, else the kubeconfig (`--kubeconfig`, $KUBECONFIG, ~/.kube/config)."""
+    info = kopf.login_with_service_account(**kwargs)
+    if info is not None:
+        return info
+    if CONFIG.kubeconfig:
+        import os
+        os.environ["KUBECONFIG"] = CONFIG.kubeconfig
+    return kopf.login_with_kubeconfig(**kwargs)
+
+
+def liveness(**_: Any) -> dict[str, Any]:
+    return {"lastPoll": datetime.fromtimestamp(CONFIG.last_poll_unix_s, UTC).isoformat()
+            if CONFIG.last_poll_unix_s else None}
+
+
+# -- BookieCluster ---------------------------------------------------------------------------------------------
+
+async def read_policy(kube: Kube, namespace: str, name: str) -> PolicySpec | None:
+    if not name:
+        return None
+    body = await kube.get(API_VERSION, "compactionpolicies", namespace, name)
+    if body is None:
+        raise SpecError(f"spec.compactionPolicyRef: CompactionPolicy {name!r} does not exist in namespace "
+                        f"{namespace!r}")
+    try:
+        return parse_policy(body.get("spec") or {})
+    except SpecError as e:
+        raise SpecError(f"CompactionPolicy {name!r} is invalid: {e}") from e
+
+
+async def etcd_endpoints(kube: Kube, namespace: str, spec: ClusterSpec) -> str:
+    if spec.etcd.endpoints:
+        return spec.etcd.endpoints
+    kind, ref = ("configmaps", spec.etcd.config_map) if spec.etcd.config_map else ("secrets", spec.etcd.secret)
+    assert ref is not None
+    body = await kube.get("v1", kind, namespace, ref[0])
+    if body is None:
+        raise SpecError(f"spec.etcd.endpointsFrom: {kind[:-1]} {ref[0]!r} does not exist")
+    value = (body.get("data") or {}).get(ref[1])
+    if value is None:
+        raise SpecError(f"spec.etcd.endpointsFrom: {kind[:-1]} {ref[0]!r} has no key {ref[1]!r}")
+    if kind == "secrets":
+        import base64
+        value = base64.b64decode(value).decode()
+    return str(value).strip()
+
+
+def applied_hash(obj: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+async def apply_owned(kube: Kube, owner: Mapping[str, Any], objects: list[dict[str, Any]]) -> list[str]:
+    """Create what is missing, patch what the operator would now write differently; the names changed."""
+    changed = []
+    for obj in objects:
+        kopf.adopt(obj, owner=dict(owner))  # type: ignore[arg-type]
+        digest = applied_hash(obj)
+        obj["metadata"].setdefault("annotations", {})[APPLIED_HASH] = digest
+        meta = obj["metadata"]
+        plural = {"ConfigMap": "configmaps", "Service": "services", "PodDisruptionBudget": "poddisruptionbudgets",
+                  "StatefulSet": "statefulsets"}[obj["kind"]]
+        current = await kube.get(obj["apiVersion"], plural, meta["namespace"], meta["name"])
+        if current is None:
+            try:
+                await kube.create(obj)
+            except KubeError as e:
+                if e.status != 409:
+                    raise
+            changed.append(f"{obj['kind']}/{meta['name']}")
+        elif (current.get("metadata", {}).get("annotations") or {}).get(APPLIED_HASH) != digest:
+            await kube.patch(obj["apiVersion"], plural, meta["namespace"], meta["name"], obj)
+            changed.append(f"{obj['kind']}/{meta['name']}")
+    return changed
+
+
+@dataclass
+class Observation:
+    spec: ClusterSpec | None
+    policy: PolicySpec | None
+    spec_error: str
+    statefulset: dict[str, Any] | None
+
+
+async def reconcile(name: str, namespace: str, body: Mapping[str, Any], status: Mapping[str, Any],
+                    patch: kopf.Patch, poll: bool) -> None:
+    kube = _kube()
+    async with _lock(namespace, name):
+        now = CONFIG.now()
+        spec: ClusterSpec | None = None
+        policy: PolicySpec | None = None
+        try:
+            spec = parse_cluster(name, body.get("spec") or {})
+            policy = await read_policy(kube, namespace, spec.policy_name)
+        except SpecError as e:
+            error = str(e)
+            if (status.get("specError") or "") != error:
+                kopf.warn(dict(body), reason="InvalidSpec", message=error)  # type: ignore[arg-type]
+            _write_status(patch, status, cluster_status(
+                now, generation=int(body.get("metadata", {}).get("generation") or 0),
+                replicas=int((body.get("spec") or {}).get("replicas") or 0) if isinstance(
+                    (body.get("spec") or {}).get("replicas"), int) else 0,
+                ready_replicas=int(status.get("readyReplicas") or 0), selector=builders.selector_string(name),
+                bookies=[], pods={}, decision=None, spec_error=error, old=status), error)
+            return
+        current = await kube.get("apps/v1", "statefulsets", namespace, name)
+        current_replicas = int((current or {}).get("spec", {}).get("replicas") or 0) if current else spec.replicas
+        # A scale-down keeps the StatefulSet's replicas until the highest ordinal is decommissioned.
+        target = max(spec.replicas, current_replicas)
+        objects = builders.owned_objects(name, namespace, spec, policy.compaction if policy else None)
+        objects[-1]["spec"]["replicas"] = target
+        changed = await apply_owned(kube, body, objects)
+        for what in changed:
+            log.info("cluster %s/%s: applied %s", namespace, name, what)
+        if not poll and current is not None:
+            return
+        statefulset = await kube.get("apps/v1", "statefulsets", namespace, name)
+        await _poll(kube, name, namespace, body, status, patch, spec, policy, statefulset, target, now)
+        CONFIG.last_poll_unix_s = now.timestamp()
+
+
+async def _poll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], status: Mapping[str, Any],
+                patch: kopf.Patch, spec: ClusterSpec, policy: PolicySpec | None,
+                statefulset: Mapping[str, Any] | None, target: int, now: datetime) -> None:
+    pods = {p["metadata"]["name"]: p for p in await kube.list("v1", "pods", namespace, builders.selector_string(name))}
+    ids = builders.bookie_ids(name, target)
+    addresses = {b: (f"{pods[b]['status']['podIP']}:{builders.BOOKIE_PORT}"
+                     if b in pods and (pods[b].get("status") or {}).get("podIP") else "") for b in ids}
+    observed = await observe(addresses, CONFIG.admin_timeout_s)
+    decision = decide(now, policy.policy if policy else Policy(), Shape(target, spec.min_writable), observed,
+                      memory_from_status(status))
+    for action, error in await apply(decision.actions, addresses, CONFIG.admin_timeout_s):
+        if error:
+            kopf.warn(dict(body), reason=f"{action.kind}Failed", message=error)  # type: ignore[arg-type]
+        else:
+            kopf.info(dict(body), reason=action.kind,  # type: ignore[arg-type]
+                      message=f"bookie {action.bookie_id}: {action.reason}")
+    scale_message = await _scale_down(kube, name, namespace, body, spec, target)
+    ready = int(((statefulset or {}).get("status") or {}).get("readyReplicas") or 0)
+    new = cluster_status(now, generation=int(body.get("metadata", {}).get("generation") or 0),
+                         replicas=spec.replicas, ready_replicas=ready, selector=builders.selector_string(name),
+                         bookies=observed, pods={b: b for b in ids if b in pods}, decision=decision,
+                         spec_error="", old=status)
+    if scale_message:
+        new["scaleDown"] = scale_message
+        for c in new["conditions"]:
+            if c["type"] == "Progressing":
+                c.update(status="True", reason="ScalingDown", message=scale_message)
+    _write_status(patch, status, new, "")
+
+
+def _write_status(patch: kopf.Patch, old: Mapping[str, Any], new: dict[str, Any], spec_error: str) -> None:
+    new["specError"] = spec_error
+    for key, value in merge_patch(dict(old), new).items():
+        patch.status[key] = value
+
+
+async def _scale_down(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], spec: ClusterSpec,
+                      target: int) -> str:
+    """One step of a scale-down (started, or finished and applied); what it is doing, in words ("" if none)."""
+    key = (namespace, name)
+    task = CONFIG.scale_downs.get(key)
+    if target <= spec.replicas:
+        if task is not None and not task.done():
+            task.cancel()
+        CONFIG.scale_downs.pop(key, None)
+        return ""
+    victim = f"{name}-{target - 1}"
+    if task is None or (task.done() and task.cancelled()):
+        etcd = await etcd_endpoints(kube, namespace, spec)
+        kopf.info(dict(body), reason="ScaleDown",  # type: ignore[arg-type]
+                  message=f"decommissioning {victim} before its pod is removed ({target} -> {spec.replicas})")
+        CONFIG.scale_downs[key] = asyncio.create_task(decommission_step(
+            etcd, spec.cluster_name, victim, CONFIG.decommission_rate_bytes_per_s, DECOMMISSION_WAIT_S,
+            CONFIG.admin_timeout_s))
+        return f"decommissioning {victim} ({target} -> {spec.replicas} bookies)"
+    if not task.done():
+        return f"decommissioning {victim} ({target} -> {spec.replicas} bookies)"
+    CONFIG.scale_downs.pop(key, None)
+    try:
+        step = task.result()
+    except Exception as e:  # a fault of ours: reported, and the step is tried again at the next poll
+        log.exception("decommission of %s failed", victim)
+        kopf.warn(dict(body), reason="ScaleDownFailed", message=f"{victim}: {e!r}")  # type: ignore[arg-type]
+        return f"decommission of {victim} failed: {e!r}; retrying"
+    if not step.retired:
+        if step.refused:
+            kopf.warn(dict(body), reason="ScaleDownRefused", message=step.message)  # type: ignore[arg-type]
+        return step.message
+    await kube.patch("apps/v1", "statefulsets", namespace, name, {"spec": {"replicas": target - 1}})
+    for claim in ("data", "logs"):
+        await kube.delete("v1", "persistentvolumeclaims", namespace, f"{claim}-{victim}")
+    kopf.info(dict(body), reason="ScaledDown", message=step.message)  # type: ignore[arg-type]
+    return f"{step.message}; {target - 1} bookies now" if target - 1 > spec.replicas else ""
+
+
+# -- CompactionPolicy ------------------------------------------------------------------------------------------
+
+async def policy_status(name: str, namespace: str, body: Mapping[str, Any], status: Mapping[str, Any],
+                        patch: kopf.Patch) -> None:
+    """The policy's status: valid or why not, the window open now or the next one, and per cluster using it
+    each bookie's last compaction run."""
+    now = CONFIG.now()
+    old_conditions = status.get("conditions") or []
+    generation = int(body.get("metadata", {}).get("generation") or 0)
+    try:
+        parsed = parse_policy(body.get("spec") or {})
+    except SpecError as e:
+        if not any(c.get("type") == VALID and c.get("message") == str(e) for c in old_conditions):
+            kopf.warn(dict(body), reason="InvalidSpec", message=str(e))  # type: ignore[arg-type]
+        _write_policy_status(patch, status, {
+            "observedGeneration": generation, "windowOpen": False, "openUntil": None, "nextWindow": None,
+            "conditions": [condition(old_conditions, VALID, False, "InvalidSpec", str(e), now)]})
+        return
+    windows = parsed.policy.windows
+    stretch = open_until(windows, now) if windows else None
+    upcoming = next_window(windows, now) if windows else None
+    clusters = []
+    for cluster in await _kube().list(API_VERSION, "bookieclusters", namespace):
+        if ((cluster.get("spec") or {}).get("compactionPolicyRef") or {}).get("name") != name:
+            continue
+        runs = [{"bookie": b["id"], "finished": b["compaction"]["lastRun"]}
+                for b in (cluster.get("status") or {}).get("bookies") or []
+                if (b.get("compaction") or {}).get("lastRun")]
+        clusters.append({"name": cluster["metadata"]["name"], "lastRuns": runs})
+    _write_policy_status(patch, status, {
+        "observedGeneration": generation, "windowCount": len(windows), "windowOpen": stretch is not None,
+        "openUntil": timestamp(stretch[1]) if stretch else None,
+        "nextWindow": {"start": timestamp(upcoming[0]), "end": timestamp(upcoming[1])} if upcoming else None,
+        "clusters": clusters,
+        "conditions": [condition(old_conditions, VALID, True, "Valid", "", now),
+                       condition(old_conditions, COMPACTION_WINDOW_OPEN, stretch is not None,
+                                 "WindowOpen" if stretch else "WindowClosed",
+                                 f"open until {timestamp(stretch[1])}" if stretch else
+                                 f"next window {timestamp(upcoming[0])}" if upcoming else "no windows", now)]})
+
+
+def _write_policy_status(patch: kopf.Patch, old: Mapping[str, Any], new: dict[str, Any]) -> None:
+    """None in `new`: the field is removed."""
+    for key, value in merge_patch(dict(old), {k: v for k, v in new.items() if v is not None}).items():
+        patch.status[key] = value
+
+
+# -- registration ----------------------------------------------------------------------------------------------
+
+def register(registry: kopf.OperatorRegistry, poll_interval_s: float) -> None:
+    """Every handler, into `registry`; the timers at `poll_interval_s`."""
+
+    async def cluster_changed(*, name: str, namespace: str | None, body: kopf.Body, status: kopf.Status,
+                              patch: kopf.Patch, **_: Any) -> None:
+        await reconcile(name, namespace or "", body, status, patch, poll=False)
+
+    async def cluster_poll(*, name: str, namespace: str | None, body: kopf.Body, status: kopf.Status,
+                              patch: kopf.Patch, **_: Any) -> None:
+        await reconcile(name, namespace or "", body, status, patch, poll=True)
+
+    async def policy_poll(*, name: str, namespace: str | None, body: kopf.Body, status: kopf.Status,
+                              patch: kopf.Patch, **_: Any) -> None:
+        await policy_status(name, namespace or "", body, status, patch)
+
+    kopf.on.startup(registry=registry)(configure)
+    kopf.on.login(registry=registry)(login)
+    kopf.on.probe(registry=registry, id="poll")(liveness)
+    for decorator in (kopf.on.create, kopf.on.update, kopf.on.resume):
+        decorator(GROUP, VERSION, "bookieclusters", registry=registry, field="spec",
+                  id=f"cluster-{decorator.__name__}")(cluster_changed)
+    kopf.timer(GROUP, VERSION, "bookieclusters", registry=registry, interval=poll_interval_s, initial_delay=0.2,
+               id="cluster-poll")(cluster_poll)
+    kopf.timer(GROUP, VERSION, "compactionpolicies", registry=registry, interval=poll_interval_s,
+               initial_delay=0.2, id="policy-poll")(policy_poll)
+

@@ -1,0 +1,88 @@
+"""`octavo operator run`: the operator process (kopf underneath).
+
+    octavo operator run [--namespace NS ...] [--kubeconfig FILE] [--poll-interval-s S] [--liveness HOST:PORT]
+                        [--peering NAME [--priority N]] [--log-level LEVEL]
+
+Without --namespace it serves every namespace. Without --peering it runs standalone (run one replica); with
+it, operators sharing a peering name elect one active operator (kopf's peering; its KopfPeering CRD must be
+installed). The liveness endpoint answers on http://HOST:PORT/healthz once the operator serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+from typing import Any
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+DEFAULT_LIVENESS = "0.0.0.0:8080"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("operator", help="run the Kubernetes operator")
+    osub = p.add_subparsers(dest="operator_cmd", required=True)
+    run = osub.add_parser(
+        "run", help="run the operator (BookieCluster, CompactionPolicy)",
+        description="Run the Octavo operator: it reconciles BookieClusters into StatefulSets and schedules "
+                    "compaction windows and read-only modes from their CompactionPolicy and disk usage.")
+    run.add_argument("--namespace", "-n", action="append", default=[], metavar="NS",
+                     help="serve this namespace (repeatable; globs like 'team-*' allowed); default: all")
+    run.add_argument("--kubeconfig", help="kubeconfig file (default: the pod's service account, then "
+                                          "$KUBECONFIG, then ~/.kube/config)")
+    run.add_argument("--poll-interval-s", type=float, default=10.0,
+                     help="how often each cluster's bookies are read and decided on (default: 10)")
+    run.add_argument("--admin-timeout-s", type=float, default=5.0,
+                     help="deadline of each call to a bookie's admin API (default: 5)")
+    run.add_argument("--decommission-rate-bytes-per-s", type=int, default=4 << 20,
+                     help="copy rate of a scale-down's decommission (default: 4 MiB/s; 0: unlimited)")
+    run.add_argument("--liveness", default=DEFAULT_LIVENESS, metavar="HOST:PORT",
+                     help=f"serve /healthz here (default: {DEFAULT_LIVENESS}; empty: none)")
+    run.add_argument("--peering", metavar="NAME", help="elect one active operator among those of this name")
+    run.add_argument("--priority", type=int, default=0, help="peering priority (the highest is active)")
+    run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import kopf
+
+        from octavo.operator import handlers
+    except ImportError as e:
+        print(f"octavo operator: the operator extra is not installed ({e.name}): pip install 'octavo[operator]'",
+              file=sys.stderr)
+        return EXIT_FAILED
+    config = handlers.CONFIG
+    config.poll_interval_s = args.poll_interval_s
+    config.admin_timeout_s = args.admin_timeout_s
+    config.decommission_rate_bytes_per_s = args.decommission_rate_bytes_per_s
+    config.kubeconfig = args.kubeconfig
+    try:
+        config.validate()
+        liveness = _liveness_url(args.liveness)
+    except ValueError as e:
+        print(f"octavo operator run: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, config.poll_interval_s)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(kopf.operator(
+            registry=registry, clusterwide=not args.namespace, namespaces=args.namespace,
+            standalone=args.peering is None, peering_name=args.peering, priority=args.priority,
+            liveness_endpoint=liveness))
+    return EXIT_OK
+
+
+def _liveness_url(value: str) -> str | None:
+    if not value:
+        return None
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--liveness must be HOST:PORT, got {value!r}")
+    return f"http://{host}:{port}/healthz"
