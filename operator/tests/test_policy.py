@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from octavo.operator.policy import (
     CLOSE_WINDOW,
+    CLOSED_UNIX_MS,
     EMERGENCY_WINDOW_S,
     FORCE_READ_ONLY,
     OPEN_WINDOW,
@@ -150,6 +151,21 @@ def test_a_window_gives_slots_fullest_first_and_passes_them_on() -> None:
     assert kinds(d, CLOSE_WINDOW) == ["bookie-2"] and kinds(d, OPEN_WINDOW) == ["bookie-3"]
     # Each bookie compacts once per window: bookie-1 is not offered a slot again.
     assert "bookie-1" in d.memory.compacted_in_stretch and "bookie-1" not in d.compacting_slots
+
+
+def test_a_pass_counts_by_the_bookies_clock_not_the_operators() -> None:
+    """A bookie whose clock runs 100 s behind the operator's finishes its pass at a time (its own) before the
+    operator opened its slot (the operator's): the pass still frees the slot (the scenario test caught this)."""
+    policy = Policy(windows=(NIGHT,), max_concurrent_bookies=1)
+    state = bookies(0.5, 0.4, last_compaction_unix_ms=unix_ms(IN_WINDOW) - 86_400_000)
+    d = decide(IN_WINDOW, policy, SHAPE, state, Memory())
+    assert kinds(d, OPEN_WINDOW) == ["bookie-0"]
+    state, memory = apply(state, d.actions, IN_WINDOW), d.memory
+    now = IN_WINDOW + timedelta(seconds=10)
+    state[0] = replace(state[0], last_compaction_unix_ms=unix_ms(now) - 100_000)
+    d = decide(now, policy, SHAPE, state, memory)
+    assert kinds(d, CLOSE_WINDOW) == ["bookie-0"] and kinds(d, OPEN_WINDOW) == ["bookie-1"]
+    assert [a.until_unix_ms for a in d.actions if a.kind == CLOSE_WINDOW] == [CLOSED_UNIX_MS]
 
 
 def test_outside_the_windows_every_window_is_closed() -> None:

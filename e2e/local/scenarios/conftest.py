@@ -102,7 +102,17 @@ def etcd(tmp_path: Path) -> Iterator[str]:
 
 
 class LocalKube:
-    eventually = staticmethod(eventually)
+    def eventually(self, fn: Callable[[], T], timeout_s: float = 60.0, what: str = "the condition") -> T:
+        """`eventually`, and on failure what the clusters' status said (the reason is usually there)."""
+        try:
+            return eventually(fn, timeout_s, what)
+        except AssertionError as e:
+            statuses = {c["metadata"]["name"]: {"conditions": (c.get("status") or {}).get("conditions"),
+                                                "bookies": (c.get("status") or {}).get("bookies"),
+                                                "memory": (c.get("status") or {}).get("memory"),
+                                                "specError": (c.get("status") or {}).get("specError")}
+                        for c in self.k.list("octavo.io/v1alpha1", "bookieclusters")}
+            raise AssertionError(f"{e}; clusters: {json.dumps(statuses)[:6000]}") from None
 
     def __init__(self, api: ApiServer, runner: PodRunner, etcd: str) -> None:
         self.api = api

@@ -109,6 +109,9 @@ class Memory:
     window_opened_unix_ms: Mapping[str, int] = field(default_factory=dict)   # this stretch's slots
     compacted_in_stretch: Mapping[str, int] = field(default_factory=dict)    # bookie -> the stretch's start
     emergency_opened_unix_ms: Mapping[str, int] = field(default_factory=dict)
+    # Each slot's bookie's last pass (the bookie's clock) when the slot opened: a later one means it compacted
+    # (compared with the bookie's own times, never the operator's: their clocks may differ).
+    last_run_at_open_unix_ms: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,7 @@ def _in_window(now: datetime, policy: Policy, reachable: list[Observed], memory:
     now_ms = unix_ms(now)
     start_ms, until_ms = unix_ms(stretch[0]), unix_ms(stretch[1])
     opened = {b: t for b, t in memory.window_opened_unix_ms.items() if t >= start_ms}
+    last_at_open = {b: t for b, t in memory.last_run_at_open_unix_ms.items() if b in opened}
     compacted = {b: s for b, s in memory.compacted_in_stretch.items() if s == start_ms}
     by_id = {b.bookie_id: b for b in reachable}
     holding: list[str] = []
@@ -200,13 +204,15 @@ def _in_window(now: datetime, policy: Policy, reachable: list[Observed], memory:
         if b is None:  # unreachable or gone: its slot goes to the next bookie; it may have its turn later
             del opened[bookie_id]
             continue
-        finished = b.last_compaction_unix_ms >= opened_ms
+        before = last_at_open.get(bookie_id)
+        finished = b.last_compaction_unix_ms > before if before is not None else b.last_compaction_unix_ms >= opened_ms
         idle = now_ms - opened_ms >= SLOT_IDLE_S * 1000
         if not b.compacting and (finished or idle):
             actions.append(Action(CLOSE_WINDOW, bookie_id, CLOSED_UNIX_MS, reason=(
                 "compacted in this window" if finished else f"nothing to compact ({SLOT_IDLE_S}s without a pass)")))
             compacted[bookie_id] = start_ms
             del opened[bookie_id]
+            last_at_open.pop(bookie_id, None)
             continue
         holding.append(bookie_id)
         if b.window_until_unix_ms != until_ms:
@@ -217,6 +223,7 @@ def _in_window(now: datetime, policy: Policy, reachable: list[Observed], memory:
         actions.append(Action(OPEN_WINDOW, b.bookie_id, until_ms, reason=(
             f"compaction window open until {stretch[1].isoformat()}")))
         opened[b.bookie_id] = now_ms
+        last_at_open[b.bookie_id] = b.last_compaction_unix_ms
         holding.append(b.bookie_id)
     # Bookies not holding a slot keep a closed window (a window set by hand, or left from an emergency).
     closing = {a.bookie_id for a in actions if a.kind == CLOSE_WINDOW}
@@ -225,7 +232,8 @@ def _in_window(now: datetime, policy: Policy, reachable: list[Observed], memory:
                 b.window_until_unix_ms == 0 or b.window_until_unix_ms > now_ms):
             actions.append(Action(CLOSE_WINDOW, b.bookie_id, CLOSED_UNIX_MS, reason="waiting for a compaction slot"
                                   if b.bookie_id not in compacted else "compacted in this window"))
-    return Memory(window_opened_unix_ms=opened, compacted_in_stretch=compacted), sorted(holding)
+    return Memory(window_opened_unix_ms=opened, compacted_in_stretch=compacted,
+                  last_run_at_open_unix_ms=last_at_open), sorted(holding)
 
 
 def _outside_window(now: datetime, policy: Policy, reachable: list[Observed], memory: Memory,

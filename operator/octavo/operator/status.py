@@ -47,7 +47,8 @@ def memory_to_status(memory: Memory) -> dict[str, Any]:
     return {"forcedByOperator": sorted(memory.forced_by_operator),
             "windowOpenedUnixMs": dict(sorted(memory.window_opened_unix_ms.items())),
             "compactedInStretch": dict(sorted(memory.compacted_in_stretch.items())),
-            "emergencyOpenedUnixMs": dict(sorted(memory.emergency_opened_unix_ms.items()))}
+            "emergencyOpenedUnixMs": dict(sorted(memory.emergency_opened_unix_ms.items())),
+            "lastRunAtOpenUnixMs": dict(sorted(memory.last_run_at_open_unix_ms.items()))}
 
 
 def memory_from_status(status: Mapping[str, Any] | None) -> Memory:
@@ -63,7 +64,8 @@ def memory_from_status(status: Mapping[str, Any] | None) -> Memory:
     return Memory(forced_by_operator=frozenset(str(b) for b in forced if isinstance(b, str)),
                   window_opened_unix_ms=ints("windowOpenedUnixMs"),
                   compacted_in_stretch=ints("compactedInStretch"),
-                  emergency_opened_unix_ms=ints("emergencyOpenedUnixMs"))
+                  emergency_opened_unix_ms=ints("emergencyOpenedUnixMs"),
+                  last_run_at_open_unix_ms=ints("lastRunAtOpenUnixMs"))
 
 
 def condition(old: Sequence[Mapping[str, Any]], kind: str, ok: bool, reason: str, message: str,
