@@ -142,3 +142,63 @@ def test_compaction_runs_in_the_policys_window_one_bookie_at_a_time_and_survives
         handlers.CONFIG.clock_offset_s = (start + timedelta(hours=1, seconds=1) - datetime.now(UTC)).total_seconds()
         eventually(lambda: all(b["compaction"]["window"] == "closed" for b in bookie_status(k, "logs").values())
                    and k.condition("logs", "CompactionWindowOpen")["status"] == "False", 20, "windows closed")
+
+
+def test_a_bookie_past_read_only_ratio_is_forced_read_only_and_released_below_writable_ratio(
+        local_kube: LocalKube) -> None:
+    import asyncio
+
+    from octavo.client import Client
+
+    k, eventually, etcd = local_kube.k, local_kube.eventually, local_kube.etcd
+    capacity = 8 << 20
+    local_kube.policy("tight", {"warnRatio": 0.45, "readOnlyRatio": 0.5, "writableRatio": 0.25})
+
+    async def fill() -> tuple[str, int]:
+        """One E1 ledger with 5 MB: its bookie crosses readOnlyRatio, the others stay near empty."""
+        async with Client(etcd, "logs") as client:
+            handle = await client.create_ledger(1, 1, 1, password=b"pw")
+            for batch in range(50):
+                await handle.append_many([payload(handle.ledger_id, batch * 100 + i) for i in range(100)])
+            await handle.close()
+            return handle.metadata.last_ensemble[0], handle.ledger_id
+
+    async def new_ensembles(n: int) -> set[str]:
+        async with Client(etcd, "logs") as client:
+            named: set[str] = set()
+            for _ in range(n):
+                handle = await client.create_ledger(3, 3, 2, password=b"pw")
+                await handle.append(b"x")
+                named.update(handle.metadata.last_ensemble)
+                await handle.close()
+            return named
+
+    async def delete(ledger: int) -> None:
+        async with Client(etcd, "logs") as client:
+            await client.delete_ledger(ledger)
+
+    with local_kube.operator():
+        local_kube.bookie_cluster("logs", replicas=4, policy="tight", min_writable=3, bookie={
+            "disk_capacity_bytes": capacity, "log_size_bytes_max": 256 * 1024, "batch_bytes_max": 128 * 1024,
+            "entry_size_bytes_max": 64 * 1024})
+        eventually(lambda: k.condition("logs", "Ready").get("status") == "True", 60, "Ready")
+        _, ledger = asyncio.run(fill())
+        forced = eventually(lambda: (s := bookie_status(k, "logs")) and any(b["forcedByOperator"] for b in s.values())
+                            and s, 30, "a bookie forced read-only")
+        victim = max(forced, key=lambda b: forced[b]["diskUsageRatio"])
+        assert forced[victim]["mode"] == "read-only" and forced[victim]["diskUsageRatio"] >= 0.5
+        assert [b for b, s in forced.items() if s["mode"] == "read-only"] == [victim]
+        assert k.condition("logs", "DiskPressure")["status"] == "True"
+        assert victim in k.condition("logs", "DiskPressure")["message"]
+        assert any(e["message"].startswith(f"bookie {victim}:") for e in k.events("ForceReadOnly"))
+        assert victim in local_kube.registered("logs") and local_kube.registered("logs")[victim].readonly
+        named = asyncio.run(new_ensembles(10))
+        assert victim not in named and len(named) == 3, f"a new ledger was placed on read-only {victim}: {named}"
+        # Space comes back (the ledger deleted, its logs collected): released below writableRatio, not before.
+        asyncio.run(delete(ledger))
+        released = eventually(lambda: (s := bookie_status(k, "logs")) and s[victim]["mode"] == "writable" and s,
+                              60, f"{victim} writable again")
+        assert released[victim]["diskUsageRatio"] <= 0.25 and not released[victim]["forcedByOperator"]
+        assert any(e["message"].startswith(f"bookie {victim}:") for e in k.events("ReleaseReadOnly"))
+        eventually(lambda: k.condition("logs", "DiskPressure")["status"] == "False", 10, "no disk pressure")
+        assert not local_kube.registered("logs")[victim].readonly

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import grpc
 
@@ -73,3 +74,21 @@ async def apply(actions: Sequence[Action], addresses: Mapping[str, str],
             f"{action.kind} on bookie {action.bookie_id}: no address (its pod has no IP)")
         results.append((action, error))
     return results
+
+
+def after(observed: Sequence[Observed], results: Sequence[tuple[Action, str]]) -> list[Observed]:
+    """What the bookies look like once the actions that succeeded took effect (for a status that is current
+    at once rather than one poll later)."""
+    by_id = {b.bookie_id: b for b in observed}
+    for action, error in results:
+        b = by_id.get(action.bookie_id)
+        if error or b is None:
+            continue
+        if action.kind == FORCE_READ_ONLY:
+            b = replace(b, writable=False, forced_read_only=True)
+        elif action.kind == RELEASE_READ_ONLY:
+            b = replace(b, forced_read_only=False, writable=True)
+        elif action.kind in (OPEN_WINDOW, CLOSE_WINDOW):
+            b = replace(b, window_until_unix_ms=action.until_unix_ms)
+        by_id[b.bookie_id] = b
+    return [by_id[b.bookie_id] for b in observed]

@@ -30,7 +30,7 @@ from typing import Any
 import kopf
 
 from octavo.operator import builders
-from octavo.operator.bookies import ADMIN_TIMEOUT_S, apply, observe
+from octavo.operator.bookies import ADMIN_TIMEOUT_S, after, apply, observe
 from octavo.operator.kube import Kube, KubeError, load_api_client
 from octavo.operator.policy import Policy, Shape, decide
 from octavo.operator.resources import (
@@ -252,7 +252,9 @@ async def _poll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], 
     observed = await observe(addresses, CONFIG.admin_timeout_s)
     decision = decide(now, policy.policy if policy else Policy(), Shape(target, spec.min_writable), observed,
                       memory_from_status(status))
-    for action, error in await apply(decision.actions, addresses, CONFIG.admin_timeout_s):
+    results = await apply(decision.actions, addresses, CONFIG.admin_timeout_s)
+    observed = after(observed, results)
+    for action, error in results:
         if error:
             kopf.warn(dict(body), reason=f"{action.kind}Failed", message=error)  # type: ignore[arg-type]
         else:
