@@ -202,3 +202,104 @@ def test_a_bookie_past_read_only_ratio_is_forced_read_only_and_released_below_wr
         assert any(e["message"].startswith(f"bookie {victim}:") for e in k.events("ReleaseReadOnly"))
         eventually(lambda: k.condition("logs", "DiskPressure")["status"] == "False", 10, "no disk pressure")
         assert not local_kube.registered("logs")[victim].readonly
+
+
+def test_scale_down_decommissions_the_highest_ordinal_under_a_writer_and_loses_nothing(local_kube: LocalKube) -> None:
+    import asyncio
+    import threading
+
+    from octavo.client import Client
+    from octavo.client.replication import ledgers_naming
+
+    k, eventually, etcd = local_kube.k, local_kube.eventually, local_kube.etcd
+    acked: list[tuple[int, int]] = []
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    async def write() -> None:
+        async with Client(etcd, "logs") as client:
+            while not stop.is_set():
+                handle = await client.create_ledger(3, 3, 2, password=b"pw")
+                for batch in range(10):
+                    await handle.append_many([payload(handle.ledger_id, batch * 20 + i) for i in range(20)])
+                    acked.append((handle.ledger_id, batch * 20 + 19))
+                await handle.close()
+
+    def writer() -> None:
+        try:
+            asyncio.run(write())
+        except BaseException as e:  # reported by the test
+            failures.append(e)
+
+    async def naming(bookie: str) -> list[int]:
+        async with Client(etcd, "logs") as client:
+            return [m.ledger_id for m in await ledgers_naming(client, bookie)]
+
+    with local_kube.operator():
+        local_kube.bookie_cluster("logs", replicas=4, min_writable=3)
+        eventually(lambda: k.condition("logs", "Ready").get("status") == "True", 60, "Ready")
+        thread = threading.Thread(target=writer)
+        thread.start()
+        try:
+            eventually(lambda: asyncio.run(naming("logs-3")), 30, "ledgers on logs-3")
+            k.patch("octavo.io/v1alpha1", "bookieclusters", "logs", {"spec": {"replicas": 3}})
+            eventually(lambda: "decommissioning logs-3" in (k.cluster("logs")["status"].get("scaleDown") or ""),
+                       20, "the scale-down reported")
+            assert k.get("apps/v1", "statefulsets", "logs")["spec"]["replicas"] == 4  # not before it is drained
+            eventually(lambda: k.get("apps/v1", "statefulsets", "logs")["spec"]["replicas"] == 3, 120,
+                       "the StatefulSet scaled to 3")
+        finally:
+            stop.set()
+            thread.join(60)
+        assert not failures, failures
+        eventually(lambda: k.get("v1", "pods", "logs-3") is None, 30, "pod logs-3 removed")
+        eventually(lambda: k.get("v1", "persistentvolumeclaims", "data-logs-3") is None, 10, "its volume deleted")
+        eventually(lambda: sorted(local_kube.registered("logs")) == ["logs-0", "logs-1", "logs-2"], 30,
+                   "three bookies registered")
+        assert asyncio.run(naming("logs-3")) == []
+        assert any("decommissioned logs-3" in e["message"] for e in k.events("ScaledDown"))
+        eventually(lambda: k.condition("logs", "Ready").get("status") == "True", 30, "Ready at 3 bookies")
+    last: dict[int, int] = {}
+    for ledger, entry in acked:
+        last[ledger] = max(last.get(ledger, -1), entry)
+    assert len(last) >= 2, "the writer wrote too little to mean anything"
+    for ledger, entry in last.items():
+        read_back(etcd, "logs", ledger, entry + 1)
+
+
+def test_invalid_specs_and_unsafe_scale_downs_are_refused_with_a_reason(local_kube: LocalKube) -> None:
+    import asyncio
+
+    from octavo.client import Client
+
+    k, eventually, etcd = local_kube.k, local_kube.eventually, local_kube.etcd
+    with local_kube.operator():
+        local_kube.bookie_cluster("logs", replicas=4, bookie={"no_such_setting": 1})
+        degraded = eventually(lambda: (c := k.condition("logs", "Degraded")).get("reason") == "InvalidSpec" and c,
+                              20, "Degraded/InvalidSpec")
+        assert "no_such_setting" in degraded["message"] and degraded["status"] == "True"
+        assert k.get("apps/v1", "statefulsets", "logs") is None, "an invalid spec was applied"
+        assert any("no_such_setting" in e["message"] and e["type"] == "Warning" for e in k.events("InvalidSpec"))
+        k.patch("octavo.io/v1alpha1", "bookieclusters", "logs", {"spec": {"bookie": {"no_such_setting": None}}})
+        eventually(lambda: k.condition("logs", "Ready").get("status") == "True", 60, "Ready once the spec is fixed")
+        assert k.condition("logs", "Degraded")["status"] == "False"
+
+        async def wide_ledger() -> int:
+            async with Client(etcd, "logs") as client:
+                handle = await client.create_ledger(4, 4, 3, password=b"pw")
+                await handle.append_many([payload(handle.ledger_id, i) for i in range(10)])
+                await handle.close()
+                return handle.ledger_id
+        ledger = asyncio.run(wide_ledger())
+        # Below minWritableBookies: refused by the spec's check, nothing changes.
+        k.patch("octavo.io/v1alpha1", "bookieclusters", "logs", {"spec": {"replicas": 2}})
+        eventually(lambda: "minWritableBookies" in k.condition("logs", "Degraded").get("message", ""), 20,
+                   "replicas below minWritableBookies refused")
+        # An ensemble of four cannot live on three bookies: the decommission refuses, the StatefulSet stays.
+        k.patch("octavo.io/v1alpha1", "bookieclusters", "logs", {"spec": {"replicas": 3}})
+        refused = eventually(lambda: [e for e in k.events("ScaleDownRefused") if f"ledger {ledger}" in e["message"]],
+                             60, "the scale-down refused")
+        assert "needs an ensemble of 4" in refused[0]["message"]
+        assert k.get("apps/v1", "statefulsets", "logs")["spec"]["replicas"] == 4
+        assert len(local_kube.registered("logs")) == 4
+        read_back(etcd, "logs", ledger, 10)
