@@ -43,6 +43,9 @@ def add_parser(sub: Any) -> None:
     up.add_argument("--log-size-bytes-max", type=int, default=DEV_LOG_SIZE_BYTES, help="entry log size")
     up.add_argument("--detach", action="store_true", help="return once everything serves; stop with `dev down`")
     up.add_argument("--json", action="store_true", help="print one JSON object describing the cluster")
+    up.add_argument("--kubernetes", action="store_true",
+                    help="run the operator on a local, emulated Kubernetes API: it creates a BookieCluster of "
+                         "--bookies bookies (real processes); prints the kubeconfig to reach the API")
     up.add_argument("bookie_args", nargs="*", help="extra bookie flags, after --")
     down = dsub.add_parser("down", help="stop a local cluster (detached or not)")
     down.add_argument("--data-dir", required=True)
@@ -177,6 +180,13 @@ def cmd_up(args: Namespace) -> int:
 
     if args.bookies < 1:
         raise CliError("--bookies must be at least 1", EXIT_USAGE)
+    if args.kubernetes:
+        from octavo.cli import devkube
+
+        if args.bookie_args:
+            raise CliError("with --kubernetes, bookie settings go in the BookieCluster's spec.bookie, not after --",
+                           EXIT_USAGE)
+        return devkube.cmd_up(args)
     root = Path(args.data_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
     previous = _read_state(root)
@@ -258,6 +268,10 @@ def cmd_down(args: Namespace) -> int:
     state = _read_state(root)
     if state is None:
         raise CliError(f"no cluster state in {root} ({STATE_FILE} missing): nothing to stop")
+    if state.get("kind") == "kubernetes":
+        from octavo.cli import devkube
+
+        return devkube.cmd_down(root, state, args.json)
     # Bookies first, all at once: each leaves etcd as it stops (at once, or by lease expiry if etcd is gone).
     clean = _stop_pids([int(b["pid"]) for b in state.get("bookies", []) if b.get("pid")])
     if state.get("etcd_pid"):

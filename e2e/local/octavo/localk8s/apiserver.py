@@ -156,6 +156,12 @@ class ApiServerEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         selector = request.params.get("labelSelector")
         result["items"] = [o for o in result["items"] if labels_match(_meta(o).get("labels") or {}, selector)]
         result["metadata"]["resourceVersion"] = str(_last_version[0])
+        info = self.resources.get(request.resource)
+        kind = getattr(info, "kind", None) or next((o.get("kind") for o in result["items"] if o.get("kind")), None)
+        if kind:  # kubectl needs the list's kind
+            result["kind"] = f"{kind}List"
+            group, version = request.resource.group, request.resource.version
+            result["apiVersion"] = f"{group}/{version}" if group else version
         return result
 
     async def _serve_watch(self, request: Any) -> Any:
