@@ -259,6 +259,12 @@ def test_scale_down_decommissions_the_highest_ordinal_under_a_writer_and_loses_n
         assert asyncio.run(naming("logs-3")) == []
         assert any("decommissioned logs-3" in e["message"] for e in k.events("ScaledDown"))
         eventually(lambda: k.condition("logs", "Ready").get("status") == "True", 30, "Ready at 3 bookies")
+        # Scaling up again: logs-3 comes back on a new, empty volume (its retired data could never rejoin).
+        k.patch("octavo.io/v1alpha1", "bookieclusters", "logs", {"spec": {"replicas": 4}})
+        eventually(lambda: sorted(local_kube.registered("logs")) == ["logs-0", "logs-1", "logs-2", "logs-3"], 60,
+                   "logs-3 registered again")
+        eventually(lambda: k.condition("logs", "Ready").get("status") == "True"
+                   and k.cluster("logs")["status"]["readyReplicas"] == 4, 30, "Ready at 4 bookies")
     last: dict[int, int] = {}
     for ledger, entry in acked:
         last[ledger] = max(last.get(ledger, -1), entry)
@@ -303,3 +309,20 @@ def test_invalid_specs_and_unsafe_scale_downs_are_refused_with_a_reason(local_ku
         assert k.get("apps/v1", "statefulsets", "logs")["spec"]["replicas"] == 4
         assert len(local_kube.registered("logs")) == 4
         read_back(etcd, "logs", ledger, 10)
+
+
+def test_a_killed_bookie_shows_in_the_status_until_its_pod_is_back(local_kube: LocalKube) -> None:
+    k, eventually = local_kube.k, local_kube.eventually
+    with local_kube.operator():
+        local_kube.bookie_cluster("logs", replicas=3)
+        eventually(lambda: k.condition("logs", "Ready").get("status") == "True", 60, "Ready")
+        local_kube.runner.kill("default", "logs-1")
+        degraded = eventually(lambda: (c := k.condition("logs", "Degraded")).get("status") == "True" and c, 20,
+                              "Degraded while logs-1 is down")
+        assert degraded["reason"] == "BookiesNotAnswering" and "logs-1" in degraded["message"]
+        assert k.condition("logs", "Ready")["status"] == "False"
+        assert bookie_status(k, "logs")["logs-1"]["mode"] == "unknown"
+        eventually(lambda: k.condition("logs", "Ready").get("status") == "True"
+                   and k.condition("logs", "Degraded").get("status") == "False", 60, "Ready after the restart")
+        pod = k.get("v1", "pods", "logs-1")
+        assert pod["status"]["containerStatuses"][0]["restartCount"] == 1
