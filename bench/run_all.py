@@ -15,6 +15,7 @@ BENCHES = [
     ["spark_bench.py"],
     ["restart_bench.py"],
     ["replication_bench.py"],
+    ["operator_bench.py"],
     ["cluster_bench.py"],  # needs Debian's nats-server and the bench extra (nats-py)
 ]
 

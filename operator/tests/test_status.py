@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from hypothesis import given
@@ -93,3 +94,33 @@ def test_an_unreadable_memory_is_forgotten_not_fatal() -> None:
     assert memory_from_status({"memory": {"forcedByOperator": [1, "logs-1"], "windowOpenedUnixMs": "junk"}}) == \
         Memory(forced_by_operator=frozenset({"logs-1"}))
     assert memory_from_status(None) == Memory()
+
+
+def _unknown_fields(value: Any, schema: dict[str, Any], where: str) -> list[str]:
+    """Fields of `value` the schema does not declare (a real API server prunes them from the status)."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        return [f for k, v in value.items()
+                for f in ([f"{where}.{k}"] if k not in props else _unknown_fields(v, props[k], f"{where}.{k}"))]
+    if isinstance(value, list):
+        return [f for i, v in enumerate(value) for f in _unknown_fields(v, schema.get("items") or {}, f"{where}[{i}]")]
+    return []
+
+
+def test_every_status_field_the_operator_writes_is_in_the_crd() -> None:
+    """Every field the operator writes into a status is declared in its CRD, so a real API server keeps it."""
+    import yaml
+
+    from octavo.operator.handlers import SCALE_DOWN_FIELD, SPEC_ERROR_FIELD
+
+    crds = Path(__file__).resolve().parents[2] / "charts" / "octavo" / "crds"
+    version = yaml.safe_load((crds / "bookieclusters.octavo.io.yaml").read_text())["spec"]["versions"][0]
+    schema = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+    bookies = [Observed("logs-0", disk_usage_ratio=0.95), Observed("logs-1", reachable=False),
+               Observed("logs-2", window_until_unix_ms=1, last_compaction_unix_ms=5)]
+    for status in (build(bookies), build(bookies, spec_error="spec.replicas: no")):
+        status.update({SPEC_ERROR_FIELD: "x", SCALE_DOWN_FIELD: "y"})
+        assert _unknown_fields(status, schema, "status") == []
+    assert _unknown_fields({"bookies": [{"nope": 1}]}, schema, "status") == ["status.bookies[0].nope"]

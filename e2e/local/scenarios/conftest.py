@@ -112,7 +112,9 @@ class LocalKube:
                                                 "memory": (c.get("status") or {}).get("memory"),
                                                 "specError": (c.get("status") or {}).get("specError")}
                         for c in self.k.list("octavo.io/v1alpha1", "bookieclusters")}
-            raise AssertionError(f"{e}; clusters: {json.dumps(statuses)[:6000]}") from None
+            pods = {name: (c.running(), c.ready, c.restarts) for (_, name), c in self.runner.containers.items()}
+            raise AssertionError(f"{e}; clusters: {json.dumps(statuses)[:6000]}; pod runner: containers "
+                                 f"(running, ready, restarts) {pods}, errors {self.runner.errors[-5:]}") from None
 
     def __init__(self, api: ApiServer, runner: PodRunner, etcd: str) -> None:
         self.api = api

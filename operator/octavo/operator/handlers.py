@@ -62,6 +62,9 @@ FINALIZER = "octavo.io/finalizer"
 DECOMMISSION_WAIT_S = 60.0
 # A CompactionPolicy's condition: whether the operator can apply it.
 VALID = "Valid"
+# Status fields the handlers add to what status.py builds.
+SPEC_ERROR_FIELD = "specError"
+SCALE_DOWN_FIELD = "scaleDown"
 
 
 @dataclass
@@ -217,7 +220,7 @@ async def reconcile(name: str, namespace: str, body: Mapping[str, Any], status: 
             policy = await read_policy(kube, namespace, spec.policy_name)
         except SpecError as e:
             error = str(e)
-            if (status.get("specError") or "") != error:
+            if (status.get(SPEC_ERROR_FIELD) or "") != error:
                 kopf.warn(dict(body), reason="InvalidSpec", message=error)  # type: ignore[arg-type]
             _write_status(patch, status, cluster_status(
                 now, generation=int(body.get("metadata", {}).get("generation") or 0),
@@ -267,7 +270,7 @@ async def _poll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], 
                          bookies=observed, pods={b: b for b in ids if b in pods}, decision=decision,
                          spec_error="", old=status)
     if scale_message:
-        new["scaleDown"] = scale_message
+        new[SCALE_DOWN_FIELD] = scale_message
         for c in new["conditions"]:
             if c["type"] == "Progressing":
                 c.update(status="True", reason="ScalingDown", message=scale_message)
@@ -275,7 +278,7 @@ async def _poll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], 
 
 
 def _write_status(patch: kopf.Patch, old: Mapping[str, Any], new: dict[str, Any], spec_error: str) -> None:
-    new["specError"] = spec_error
+    new[SPEC_ERROR_FIELD] = spec_error
     for key, value in merge_patch(dict(old), new).items():
         patch.status[key] = value
 
@@ -312,9 +315,11 @@ async def _scale_down(kube: Kube, name: str, namespace: str, body: Mapping[str, 
         if step.refused:
             kopf.warn(dict(body), reason="ScaleDownRefused", message=step.message)  # type: ignore[arg-type]
         return step.message
-    await kube.patch("apps/v1", "statefulsets", namespace, name, {"spec": {"replicas": target - 1}})
+    # The volumes go first (Kubernetes keeps a claim in use until its pod is gone), so that no crash between
+    # the two steps can leave a retired data directory for a later scale-up to bring back.
     for claim in ("data", "logs"):
         await kube.delete("v1", "persistentvolumeclaims", namespace, f"{claim}-{victim}")
+    await kube.patch("apps/v1", "statefulsets", namespace, name, {"spec": {"replicas": target - 1}})
     kopf.info(dict(body), reason="ScaledDown", message=step.message)  # type: ignore[arg-type]
     return f"{step.message}; {target - 1} bookies now" if target - 1 > spec.replicas else ""
 

@@ -1,7 +1,7 @@
 """The pod runner: the StatefulSet controller and the kubelet, for an emulated Kubernetes API, with real
 `octavo node` processes.
 
-Every `POLL_S` it reads the API (like a controller, by listing) and, for each StatefulSet:
+Every `POLL_S` (half a second) it reads the API (like a controller, by listing) and, for each StatefulSet:
 - creates a pod per ordinal below `spec.replicas` (all at once: the bookies use podManagementPolicy Parallel),
   with its PersistentVolumeClaims; a claim is a directory under the runner's root and outlives the pod, as a
   retained volume does;
@@ -39,7 +39,7 @@ from typing import Any
 
 import aiohttp
 
-POLL_S = 0.2
+POLL_S = 0.5
 RESTART_BACKOFF_S = 1.0
 STOP_GRACE_S_MAX = 30.0
 MERGE_PATCH = "application/merge-patch+json"
@@ -178,6 +178,7 @@ class PodRunner:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._lock = threading.Lock()
+        self.errors: list[str] = []  # the last API errors a pass ran into (it goes on with the next pass)
 
     # -- for tests and `octavo dev up --kubernetes` --------------------------------------------------------
     def start(self) -> PodRunner:
@@ -228,6 +229,8 @@ class PodRunner:
                 try:
                     await self.tick(api)
                 except (TimeoutError, ApiError, aiohttp.ClientError) as e:
+                    self.errors.append(f"{time.strftime('%H:%M:%S')} {e}")
+                    del self.errors[:-100]
                     print(f"pod runner: {e}", file=sys.stderr)
                 await asyncio.sleep(POLL_S)
 
@@ -267,10 +270,11 @@ class PodRunner:
             mine = [c for (ns, pod), c in self.containers.items() if ns == namespace and (ns, pod) in keys]
         ready = sum(1 for c in mine if c.ready)
         updated = sum(1 for c in mine if c.revision == revision)
-        await api.patch("apps/v1", "statefulsets", namespace, name, {"status": {
-            "observedGeneration": meta.get("generation", 1), "replicas": len(mine), "readyReplicas": ready,
-            "availableReplicas": ready, "currentReplicas": updated, "updatedReplicas": updated,
-            "currentRevision": f"{name}-{revision}", "updateRevision": f"{name}-{revision}"}}, sub="status")
+        status = {"observedGeneration": meta.get("generation", 1), "replicas": len(mine), "readyReplicas": ready,
+                  "availableReplicas": ready, "currentReplicas": updated, "updatedReplicas": updated,
+                  "currentRevision": f"{name}-{revision}", "updateRevision": f"{name}-{revision}"}
+        if any(sts.get("status", {}).get(key) != value for key, value in status.items()):  # writes only changes
+            await api.patch("apps/v1", "statefulsets", namespace, name, {"status": status}, sub="status")
         return keys
 
     async def _create_pod(self, api: Api, sts: dict[str, Any], ordinal: int, revision: str) -> None:
