@@ -32,6 +32,8 @@ def test_a_bookie_cluster_becomes_a_statefulset_whose_bookies_register(local_kub
         assert [b["id"] for b in status["bookies"]] == ["logs-0", "logs-1", "logs-2"]
         assert all(b["mode"] == "writable" and b["reachable"] for b in status["bookies"])
         assert status["observedGeneration"] == 1
+        # Each pod's process was started once (the runner once stopped what it had just started).
+        assert dict(local_kube.runner.started) == {"logs-0": 1, "logs-1": 1, "logs-2": 1}
 
 
 ENTRY = 1000

@@ -20,6 +20,7 @@ A test can SIGKILL a pod's process (`kill`) to simulate a crash; the runner rest
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import json
@@ -179,6 +180,7 @@ class PodRunner:
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self.errors: list[str] = []  # the last API errors a pass ran into (it goes on with the next pass)
+        self.started: collections.Counter[str] = collections.Counter()  # processes started, per pod
 
     # -- for tests and `octavo dev up --kubernetes` --------------------------------------------------------
     def start(self) -> PodRunner:
@@ -262,7 +264,7 @@ class PodRunner:
             if key not in pods or container is None:
                 if key in pods and container is None:  # left by an earlier runner: replace it
                     await api.delete("v1", "pods", namespace, key[1])
-                await self._create_pod(api, sts, i, revision)
+                pods[key] = await self._create_pod(api, sts, i, revision)  # not gone: this pass made it
                 continue
             await self._supervise(api, container)
         await self._roll(api, sts, revision, replicas)
@@ -277,7 +279,7 @@ class PodRunner:
             await api.patch("apps/v1", "statefulsets", namespace, name, {"status": status}, sub="status")
         return keys
 
-    async def _create_pod(self, api: Api, sts: dict[str, Any], ordinal: int, revision: str) -> None:
+    async def _create_pod(self, api: Api, sts: dict[str, Any], ordinal: int, revision: str) -> dict[str, Any]:
         meta, spec = sts["metadata"], sts["spec"]
         namespace, pod = meta["namespace"], f"{meta['name']}-{ordinal}"
         template = spec["template"]
@@ -309,6 +311,8 @@ class PodRunner:
         container.start()
         with self._lock:
             self.containers[(namespace, pod)] = container
+            self.started[pod] += 1
+        return body
 
     async def _container(self, api: Api, pod: dict[str, Any], ip: str, revision: str,
                          claims: list[str]) -> Container:
@@ -384,6 +388,8 @@ class PodRunner:
                 c.restarts += 1
                 c.exited_at = 0.0
                 c.start()
+                with self._lock:
+                    self.started[c.pod] += 1
             ready = False
         else:
             ready = c.ready_file.exists()
