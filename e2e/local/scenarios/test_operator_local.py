@@ -131,8 +131,11 @@ def test_compaction_runs_in_the_policys_window_one_bookie_at_a_time_and_survives
         eventually(all_compacted, 90, "every bookie compacted in the window")
         assert slots_seen <= {0, 1}, f"more bookies than maxConcurrentBookies held a slot: {slots_seen}"
         opened = [e["message"] for e in k.events("OpenCompactionWindow")]
+        # At most one slot per bookie per window (an event queued as the first operator stopped may be lost:
+        # kopf posts events in the background, best effort).
         for bookie in ("logs-0", "logs-1", "logs-2"):
-            assert sum(1 for m in opened if m.startswith(f"bookie {bookie}:")) == 1, opened
+            assert sum(1 for m in opened if m.startswith(f"bookie {bookie}:")) <= 1, opened
+        assert len(opened) >= 2, opened
         runs = {}
         for bookie in ("logs-0", "logs-1", "logs-2"):
             from octavo.node.testing import BookieConnection
@@ -267,6 +270,16 @@ def test_scale_down_decommissions_the_highest_ordinal_under_a_writer_and_loses_n
                    "logs-3 registered again")
         eventually(lambda: k.condition("logs", "Ready").get("status") == "True"
                    and k.cluster("logs")["status"]["readyReplicas"] == 4, 30, "Ready at 4 bookies")
+
+        async def wide() -> tuple[int, tuple[str, ...]]:  # a ledger over all four: the new one takes its share
+            async with Client(etcd, "logs") as client:
+                handle = await client.create_ledger(4, 3, 2, password=b"pw")
+                await handle.append_many([payload(handle.ledger_id, i) for i in range(8)])
+                await handle.close()
+                return handle.ledger_id, tuple(handle.metadata.last_ensemble)
+        wide_ledger, ensemble = asyncio.run(wide())
+        assert "logs-3" in ensemble
+        read_back(etcd, "logs", wide_ledger, 8)
     last: dict[int, int] = {}
     for ledger, entry in acked:
         last[ledger] = max(last.get(ledger, -1), entry)

@@ -194,7 +194,9 @@ async def apply_owned(kube: Kube, owner: Mapping[str, Any], objects: list[dict[s
                 if e.status != 409:
                     raise
             changed.append(f"{obj['kind']}/{meta['name']}")
-        elif (current.get("metadata", {}).get("annotations") or {}).get(APPLIED_HASH) != digest:
+        elif (current.get("metadata", {}).get("annotations") or {}).get(APPLIED_HASH) != digest or (
+                obj["kind"] == "StatefulSet" and current.get("spec", {}).get("replicas") != obj["spec"]["replicas"]):
+            # The replicas are checked on their own: a scale-down changes them without this hash.
             await kube.patch(obj["apiVersion"], plural, meta["namespace"], meta["name"], obj)
             changed.append(f"{obj['kind']}/{meta['name']}")
     return changed
