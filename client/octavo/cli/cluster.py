@@ -7,6 +7,10 @@
                                   the auditor, under-replicated ledgers and re-replication in progress
     octavo cluster underreplicated [--json]
                                   the ledgers marked as missing copies, and who is restoring them
+    octavo cluster check [--entries N] [--entry-bytes N] [--ensemble E --write-quorum W --ack-quorum A] [--json]
+                                  a smoke test end to end: create a ledger, write entries, close it, read them
+                                  back through a recovery open, compare byte for byte, delete the ledger (the
+                                  Helm chart's `helm test`); exit 0 when everything came back identical
 
 `recover` is for a bookie that is gone for good (its registration expired): it marks every ledger naming it
 under-replicated in etcd, re-replicates them one by one, and unmarks each one done. It can be interrupted and
@@ -19,15 +23,17 @@ ledgers stay marked. Exit codes: 0 success, 1 the operation failed or left work 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
-from argparse import Namespace
+from argparse import ArgumentTypeError, Namespace
 from collections.abc import Callable
 from typing import Any
 
 from octavo.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
+    EXIT_USAGE,
     CliError,
     add_etcd_arguments,
     cluster_client,
@@ -63,6 +69,37 @@ def add_parser(sub: Any) -> None:
     u = csub.add_parser("underreplicated", help="list the ledgers marked as missing copies")
     add_etcd_arguments(u)
     u.add_argument("--json", action="store_true", help="print JSON")
+    k = csub.add_parser("check", help="write a ledger, read it back, compare and delete it (a smoke test)")
+    add_etcd_arguments(k, allow_empty=False)
+    k.add_argument("--entries", type=_check_count, default=100, help="entries to write (1..100000; default 100)")
+    k.add_argument("--entry-bytes", type=_check_size, default=1024,
+                   help="bytes per entry (1..1048576; default 1024)")
+    k.add_argument("--ensemble", type=_check_count, default=3, help="ensemble size (default 3)")
+    k.add_argument("--write-quorum", type=_check_count, default=3, help="write quorum (default 3)")
+    k.add_argument("--ack-quorum", type=_check_count, default=2, help="ack quorum (default 2)")
+    k.add_argument("--json", action="store_true", help="print JSON")
+
+
+CHECK_ENTRIES_MAX = 100_000
+CHECK_ENTRY_BYTES_MAX = 1 << 20
+
+
+def _bounded(text: str, high: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 1 <= value <= high:
+        raise ArgumentTypeError(f"must be in 1..{high}, got {value}")
+    return value
+
+
+def _check_count(text: str) -> int:
+    return _bounded(text, CHECK_ENTRIES_MAX)
+
+
+def _check_size(text: str) -> int:
+    return _bounded(text, CHECK_ENTRY_BYTES_MAX)
 
 
 def run(args: Namespace) -> int:
@@ -75,7 +112,67 @@ async def _run(args: Namespace) -> int:
             return await _underreplicated(client, args)
         if args.cluster_cmd == "status":
             return await _status(client, args)
+        if args.cluster_cmd == "check":
+            return await _check(client, args)
         return await _recover(client, args)
+
+
+async def _check(client: Any, args: Namespace) -> int:
+    """Write, close, read back through a recovery open, compare, delete. Each step is timed and reported; the
+    ledger is deleted even when a step fails, so a failing check leaves nothing behind."""
+    import os
+
+    try:
+        from octavo.meta.ledger_metadata import check_quorums
+        check_quorums(args.ensemble, args.write_quorum, args.ack_quorum)
+    except Exception as e:
+        raise CliError(str(e), EXIT_USAGE) from None
+    payloads = [os.urandom(args.entry_bytes) for _ in range(args.entries)]
+    steps: dict[str, float] = {}
+    started = time.monotonic()
+    writer = await client.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum,
+                                        metadata={"octavo.io/purpose": "cluster check"})
+    ledger_id = writer.ledger_id
+    steps["create_s"] = time.monotonic() - started
+    mismatched: list[int] = []
+    try:
+        t = time.monotonic()
+        ids = await writer.append_many(payloads)
+        await writer.close()
+        steps["write_s"] = time.monotonic() - t
+        if ids != list(range(len(payloads))):
+            raise CliError(f"ledger {ledger_id}: the write acknowledged entries {_ids(ids)}, expected "
+                           f"0..{len(payloads) - 1}")
+        t = time.monotonic()
+        reader = await client.open_ledger(ledger_id)
+        if reader.last_entry_id != len(payloads) - 1:
+            raise CliError(f"ledger {ledger_id}: closed at entry {reader.last_entry_id}, expected "
+                           f"{len(payloads) - 1}")
+        read = 0
+        async for entry in reader.read(0, reader.last_entry_id):
+            if entry.data != payloads[entry.entry_id]:
+                mismatched.append(entry.entry_id)
+            read += 1
+        steps["read_s"] = time.monotonic() - t
+        if read != len(payloads):
+            raise CliError(f"ledger {ledger_id}: read {read} entries back, wrote {len(payloads)}")
+    finally:
+        with contextlib.suppress(Exception):
+            await client.delete_ledger(ledger_id)
+    ok = not mismatched
+    result = {"ok": ok, "ledger": ledger_id, "entries": len(payloads), "entry_bytes": args.entry_bytes,
+              "mismatched": mismatched, **{k: round(v, 3) for k, v in steps.items()}}
+    if args.json:
+        print_json(result)
+    elif ok:
+        print(f"ok: ledger {ledger_id}: wrote {len(payloads)} entries of {args.entry_bytes} bytes "
+              f"(E{args.ensemble} Qw{args.write_quorum} Qa{args.ack_quorum}) in {steps['write_s']:.2f} s, read "
+              f"them back identical in {steps['read_s']:.2f} s, deleted the ledger")
+    if not ok:
+        print(f"octavo cluster check: ledger {ledger_id}: {len(mismatched)} entries came back different: "
+              f"{_ids(mismatched)}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 async def _underreplicated(client: Any, args: Namespace) -> int:

@@ -45,9 +45,18 @@ def add_parser(sub: Any) -> None:
     run.add_argument("--peering", metavar="NAME", help="elect one active operator among those of this name")
     run.add_argument("--priority", type=int, default=0, help="peering priority (the highest is active)")
     run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    uninstall = osub.add_parser(
+        "uninstall", help="delete a release's clusters and policies while the operator runs (Helm's pre-delete)",
+        description="Delete BookieClusters and CompactionPolicies and wait until the operator has released "
+                    "them (else remove its finalizer); optionally delete volumes by label selector.")
+    from octavo.operator.uninstall import add_arguments
+    add_arguments(uninstall)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.operator_cmd == "uninstall":
+        from octavo.operator import uninstall
+        return uninstall.run(args)
     try:
         import kopf
 
