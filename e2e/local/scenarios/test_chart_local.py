@@ -153,7 +153,7 @@ def test_install_test_kill_fill_scale_and_uninstall(local_kube: LocalKube, relea
     async def fill() -> int:
         async with Client(etcd, CLUSTER) as client:
             handle = await client.create_ledger(1, 1, 1, password=b"pw")
-            for batch in range(50):
+            for _ in range(50):
                 await handle.append_many([bytes([i]) * 1000 for i in range(100)])  # 5 MB of an 8 MB "disk"
             await handle.close()
             return handle.ledger_id
