@@ -56,8 +56,7 @@ chart: setup helm
 # Both end-to-end layers: the chart on the emulated Kubernetes API with real bookies (runs everywhere), then
 # on kind (runs where kind, kubectl and Docker exist; skipped with a message elsewhere).
 e2e: setup helm
-	$(BIN)/pytest e2e/local
-	$(BIN)/pytest -m spark e2e/local
+	$(BIN)/pytest charts/tests e2e/image e2e/local
 	$(MAKE) e2e-kind
 
 e2e-kind: setup helm
