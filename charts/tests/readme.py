@@ -1,4 +1,4 @@
-"""Generates charts/octavo/README.md from Chart.yaml, values.yaml (the defaults) and values.schema.json (the
+"""Generates charts/octavo/README.md (and the values table of docs/kubernetes.md) from Chart.yaml, values.yaml (the defaults) and values.schema.json (the
 descriptions and limits), so that the README cannot drift from the values: `test_chart.py` regenerates it and
 fails when the committed one differs.
 
@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 
 CHART = Path(__file__).resolve().parents[1] / "octavo"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md"
+BEGIN, END = "<!-- values:begin -->\n", "<!-- values:end -->\n"
 
 HEAD = """\
 # The Octavo Helm chart
@@ -85,19 +87,31 @@ def rows(schema: dict[str, Any], values: Any, prefix: str = "") -> Iterator[tupl
         yield path, _type(sub), default, description
 
 
-def render() -> str:
-    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+def table() -> str:
     schema = json.loads((CHART / "values.schema.json").read_text())
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    out = HEAD.format(version=chart["version"], app_version=chart["appVersion"], kube_version=chart["kubeVersion"])
+    out = "| Key | Type | Default | Description |\n|---|---|---|---|\n"
     for path, kind, default, description in rows(schema, values):
         out += f"| `{path}` | {kind} | {default} | {description} |\n"
     return out
+
+
+def render() -> str:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    head = HEAD.format(version=chart["version"], app_version=chart["appVersion"], kube_version=chart["kubeVersion"])
+    return head.removesuffix("| Key | Type | Default | Description |\n|---|---|---|---|\n") + table()
+
+
+def render_docs(current: str) -> str:
+    """docs/kubernetes.md with the table between its markers replaced."""
+    start, end = current.index(BEGIN) + len(BEGIN), current.index(END)
+    return current[:start] + table() + current[end:]
 
 
 if __name__ == "__main__":
     text = render()
     if "--write" in sys.argv:
         (CHART / "README.md").write_text(text)
+        DOCS.write_text(render_docs(DOCS.read_text()))
     else:
         sys.stdout.write(text)

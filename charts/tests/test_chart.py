@@ -292,6 +292,9 @@ def test_every_value_has_a_schema_entry_and_the_readme_is_current() -> None:
     walk(schema, values, "")
     committed = (CHART / "README.md").read_text()
     assert committed == readme.render(), "charts/octavo/README.md is stale: python charts/tests/readme.py --write"
+    docs = readme.DOCS.read_text()
+    assert docs == readme.render_docs(docs), "docs/kubernetes.md's values are stale: python charts/tests/readme.py " \
+                                             "--write"
     for path, *_ in readme.rows(schema, values):
         assert f"`{path}`" in committed
 
