@@ -92,6 +92,18 @@ def test_wiped_data_directory_is_refused(etcd: EtcdProcess, cluster_name: str, t
                           "--port", "0", *cluster_args(etcd, cluster_name, "bookie-1")],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 1 and "was it swapped?" in run.stderr
+    # What docs/kubernetes.md tells an operator after a lost volume (once the data is re-replicated): deleting
+    # the id's cookie lets the empty directory start under the id as a new bookie.
+
+    async def forget() -> None:
+        async with EtcdClient(etcd.endpoint) as client:
+            await client.delete(Layout(cluster_name).cookie("bookie-1"))
+
+    asyncio.run(forget())
+    shutil.rmtree(tmp_path / "b1", ignore_errors=True)
+    fresh = BookieProcess(str(tmp_path / "b1"), args=cluster_args(etcd, cluster_name, "bookie-1"))
+    fresh.start()
+    fresh.stop()
 
 
 def test_etcd_unreachable_at_start_is_a_clear_failure(tmp_path: Path) -> None:
