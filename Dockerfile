@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # One image for bookies and the operator (target `octavo`, the default), and one for Spark jobs (target `spark`).
 #
 #   docker build -t octavo:dev .                      # bookies: `octavo node`; operator: `octavo operator run`

@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 TOOLS  := .tools/bin
 HELM   := $(TOOLS)/helm
 
-.PHONY: setup demo demo-cluster demo-bookie test lint typecheck pytest bench proto clean helm chart e2e e2e-kind image
+.PHONY: setup demo demo-cluster demo-bookie test lint typecheck pytest bench proto clean helm chart e2e e2e-kind image image-smoke
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -62,10 +62,14 @@ e2e: setup helm
 e2e-kind: setup helm
 	OCTAVO_E2E_KIND=1 $(BIN)/pytest -m kind -rs e2e/kind
 
-# The container image (needs a Docker engine that can reach the base image).
+# The container images (need a Docker engine that can reach the base image), and a smoke test of the first:
+# three bookies in containers and `octavo cluster check` from a fourth.
 image:
 	docker build -t octavo:dev --target octavo .
 	docker build -t octavo-spark:dev --target spark .
+
+image-smoke: setup
+	$(BIN)/python e2e/image/smoke.py --image octavo:dev
 
 bench: setup
 	$(BIN)/python -m pip install -q -e '.[bench]'

@@ -124,3 +124,33 @@ def test_the_chart_default_image_is_this_one() -> None:
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert chart["appVersion"] == version  # the default tag is the appVersion
     assert values["image"]["repository"].endswith("/octavo")
+
+
+def _image_missing() -> str | None:
+    import shutil
+    import subprocess
+
+    if shutil.which("docker") is None:
+        return "no docker command"
+    if subprocess.run(["docker", "info"], capture_output=True, timeout=60).returncode != 0:
+        return "no Docker engine answers (docker info failed): `make image image-smoke` where one does"
+    if subprocess.run(["docker", "image", "inspect", "octavo:dev"], capture_output=True, timeout=60).returncode:
+        return "the image octavo:dev is not built here: `make image` first"
+    return None
+
+
+def test_the_built_image_serves_a_cluster() -> None:
+    """Three bookies in containers of the built image and `octavo cluster check` from a fourth (e2e/image/smoke.py),
+    where a Docker engine and the image are."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    reason = _image_missing()
+    if reason:
+        pytest.skip(reason)
+    done = subprocess.run([sys.executable, str(ROOT / "e2e" / "image" / "smoke.py")], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "read them back identical" in done.stdout
