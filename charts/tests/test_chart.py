@@ -136,6 +136,16 @@ def test_the_operator_deployment_runs_what_the_operator_code_expects(helm: str) 
     assert not by_kind(render(helm), "ClusterKopfPeering")
 
 
+def test_the_cluster_name_reaches_the_cluster_and_the_test_pod(helm: str) -> None:
+    docs = render(helm, "-f", str(VALUES / "good" / "production.yaml"))
+    cluster = by_kind(docs, "BookieCluster")[0]
+    assert resources.parse_cluster("logs", cluster["spec"]).cluster_name == "prod-logs"
+    test_args = build_parser().parse_args(by_kind(docs, "Pod")[0]["spec"]["containers"][0]["args"])
+    assert test_args.cluster == "prod-logs"
+    # No example cluster: no test pod (it would have nothing to test).
+    assert by_kind(render(helm, "--set", "bookieCluster.create=false"), "Pod") == []
+
+
 def test_hook_and_test_pods_run_real_commands(helm: str) -> None:
     docs = render(helm, "-f", str(VALUES / "good" / "single-node.yaml"))
     test_pod = by_kind(docs, "Pod")[0]

@@ -102,7 +102,7 @@ one clear line at `helm install` / `helm template` time.
 {{- end -}}
 {{- end -}}
 {{- $t := .Values.tests -}}
-{{- if $t.enabled -}}
+{{- if and $t.enabled $c.create -}}
 {{- if not (and (le (int $t.ackQuorum) (int $t.writeQuorum)) (le (int $t.writeQuorum) (int $t.ensembleSize))) -}}
 {{- fail (printf "values: tests need ackQuorum (%d) <= writeQuorum (%d) <= ensembleSize (%d)" (int $t.ackQuorum) (int $t.writeQuorum) (int $t.ensembleSize)) -}}
 {{- end -}}
@@ -110,6 +110,11 @@ one clear line at `helm install` / `helm template` time.
 {{- fail (printf "values: tests.ensembleSize (%d) is above bookieCluster.replicas (%d): the test ledger could not be created" (int $t.ensembleSize) (int $c.replicas)) -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The example cluster's name in etcd (spec.clusterName, else its name). */}}
+{{- define "octavo.clusterName" -}}
+{{- default .Values.bookieCluster.name .Values.bookieCluster.clusterName -}}
 {{- end -}}
 
 {{/* The operator's peering name (only with more than one replica). */}}
