@@ -1,6 +1,6 @@
-"""Generates charts/octavo/README.md (and the values table of docs/kubernetes.md) from Chart.yaml, values.yaml (the defaults) and values.schema.json (the
-descriptions and limits), so that the README cannot drift from the values: `test_chart.py` regenerates it and
-fails when the committed one differs.
+"""Generates charts/octavo/README.md (and the values table of docs/kubernetes.md) from Chart.yaml, values.yaml
+(the defaults) and values.schema.json (the descriptions and limits), so that neither can drift from the values:
+`test_chart.py` regenerates both and fails when the committed ones differ.
 
     python charts/tests/readme.py --write      # rewrite the README after changing values or the schema
 """
