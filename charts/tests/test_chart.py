@@ -174,6 +174,9 @@ def test_hook_and_test_pods_run_real_commands(helm: str) -> None:
     # The BookieCluster reads etcd from the same ConfigMap.
     etcd_ref = by_kind(docs, "BookieCluster")[0]["spec"]["etcd"]["endpointsFrom"]["configMapKeyRef"]
     assert etcd_ref == ref
+    # The finished test pod goes too (Helm keeps hook pods for their logs).
+    test_selector = dict(kv.split("=") for kv in job_args.delete_pods[0].split(","))
+    assert test_selector.items() <= test_pod["metadata"]["labels"].items()
     # Without volume deletion, the hook keeps every volume.
     kept = build_parser().parse_args(by_kind(render(helm), "Job")[0]["spec"]["template"]["spec"]["containers"][0][
         "args"])
@@ -225,6 +228,7 @@ HOOK_GRANTS = {
     ("octavo.io", "bookieclusters"): ({"get", "delete", "patch"}, "delete, wait, drop a stuck finalizer"),
     ("octavo.io", "compactionpolicies"): ({"get", "delete", "patch"}, "the same"),
     ("", "persistentvolumeclaims"): ({"list", "delete"}, "deleteVolumesOnUninstall"),
+    ("", "pods"): ({"list", "delete"}, "the finished helm test pod, which Helm keeps"),
 }
 
 

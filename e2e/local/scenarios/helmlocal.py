@@ -154,14 +154,34 @@ class LocalRelease:
                 self.api.delete(obj)
 
     def test(self) -> list[subprocess.CompletedProcess[str]]:
-        """`helm test`: each test pod's container, run to its end."""
-        return [self._run_pod(p["spec"], p["metadata"]["name"]) for p in self.hooks if hook(p) == "test"]
+        """`helm test`: each test pod created in the API (an old one deleted first: `before-hook-creation`), its
+        container run to its end, its phase written; Helm leaves it there for its logs."""
+        results = []
+        for pod in (p for p in self.hooks if hook(p) == "test"):
+            self.api.delete(pod)
+            self.api.apply(pod)
+            done = self._run_pod(pod["spec"], pod["metadata"]["name"])
+            self.api.call("PATCH", self.api.path("v1", "Pod", self.namespace, pod["metadata"]["name"]) + "/status",
+                          {"status": {"phase": "Succeeded" if done.returncode == 0 else "Failed"}},
+                          "application/merge-patch+json")
+            results.append(done)
+        return results
 
     def uninstall(self) -> list[subprocess.CompletedProcess[str]]:
-        """`helm uninstall`: the pre-delete hook Jobs run to their end, then every object is deleted (in reverse
-        install order), the operator with its Deployment."""
-        results = [self._run_pod(j["spec"]["template"]["spec"], j["metadata"]["name"])
-                   for j in self.hooks if hook(j) == "pre-delete" and j["kind"] == "Job"]
+        """`helm uninstall`: the pre-delete hooks created in the API by weight, each Job run to its end, the
+        hooks deleted after success (`hook-succeeded`), then every object deleted (in reverse install order), the
+        operator with its Deployment."""
+        hooks = sorted((h for h in self.hooks if hook(h) == "pre-delete"),
+                       key=lambda h: int(h["metadata"]["annotations"].get("helm.sh/hook-weight", "0")))
+        results = []
+        for obj in hooks:
+            self.api.apply(obj)
+            if obj["kind"] == "Job":
+                results.append(self._run_pod(obj["spec"]["template"]["spec"], obj["metadata"]["name"]))
+        if all(r.returncode == 0 for r in results):
+            for obj in hooks:
+                if "hook-succeeded" in obj["metadata"]["annotations"].get("helm.sh/hook-delete-policy", ""):
+                    self.api.delete(obj)
         for obj in reversed(self.objects):
             if obj["kind"] == "Deployment":
                 self._stop_deployment(obj["metadata"]["name"])

@@ -113,6 +113,7 @@ def test_install_test_kill_fill_scale_and_uninstall(local_kube: LocalKube, relea
     # helm test: the test pod writes a ledger through the client and reads it back.
     [tested] = rel.test()
     assert tested.returncode == 0 and tested.stdout.startswith("ok: ledger "), tested.stdout + tested.stderr
+    assert k.get("v1", "pods", "octavo-test-write-read")["status"]["phase"] == "Succeeded"  # kept, as Helm does
 
     # A bookie pod killed under a writer: every acknowledged entry reads back.
     acked: dict[int, int] = {}
@@ -188,6 +189,7 @@ def test_install_test_kill_fill_scale_and_uninstall(local_kube: LocalKube, relea
     assert hooked.returncode == 0, hooked.stdout + hooked.stderr
     assert "bookieclusters/octavo in default: deleted (the operator released it)" in hooked.stdout, hooked.stdout
     assert "deleted PersistentVolumeClaim default/data-octavo-0" in hooked.stdout
+    assert "deleted Pod default/octavo-test-write-read" in hooked.stdout
     assert not rel.operators
 
     def leftovers() -> dict[str, list[str]]:

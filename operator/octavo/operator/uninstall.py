@@ -1,7 +1,8 @@
 """`octavo operator uninstall`: what `helm uninstall` runs first (the chart's pre-delete hook).
 
     octavo operator uninstall --namespace NS [--bookie-cluster NAME ...] [--compaction-policy NAME ...]
-                              [--delete-volumes SELECTOR ...] [--timeout-s S] [--kubeconfig FILE]
+                              [--delete-volumes SELECTOR ...] [--delete-pods SELECTOR ...] [--timeout-s S]
+                              [--kubeconfig FILE]
 
 Helm deletes a release's objects all at once: the operator could stop before it has let go of the
 BookieClusters and CompactionPolicies it holds a finalizer on, and they would hang in Terminating with nothing
@@ -9,7 +10,8 @@ left to release them. So the hook deletes those first, while the operator still 
 gone (their StatefulSets, Services and ConfigMaps go with them, through owner references). If the operator does
 not release one within --timeout-s (it is not running), the hook removes the operator's finalizer itself.
 Volumes are kept unless --delete-volumes names them by a label selector (a bookie's data outlives its pod and,
-by default, the release).
+by default, the release). --delete-pods removes pods Helm leaves behind, such as a finished `helm test` pod
+(Helm does not delete hook resources it keeps for their logs).
 
 Exit codes: 0 done, 1 something could not be deleted (the message says what), 2 bad usage.
 """
@@ -42,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a CompactionPolicy to delete, after the clusters (repeatable)")
     p.add_argument("--delete-volumes", action="append", default=[], metavar="SELECTOR",
                    help="delete the PersistentVolumeClaims matching this label selector (repeatable)")
+    p.add_argument("--delete-pods", action="append", default=[], metavar="SELECTOR",
+                   help="delete the pods matching this label selector, e.g. finished test pods (repeatable)")
     p.add_argument("--timeout-s", type=float, default=120.0,
                    help="seconds to wait for the operator to release each object (default: 120)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: the pod's service account, then $KUBECONFIG)")
@@ -56,15 +60,19 @@ def run(args: argparse.Namespace) -> int:
     kube = Kube(load_api_client(args.kubeconfig))
     try:
         return asyncio.run(uninstall(kube, args.namespace, args.bookie_cluster, args.compaction_policy,
-                                     args.delete_volumes, args.timeout_s))
+                                     args.delete_volumes, args.timeout_s, pod_selectors=args.delete_pods))
     except KubeError as e:
         print(f"octavo operator uninstall: {e}", file=sys.stderr)
         return EXIT_FAILED
 
 
 async def uninstall(kube: Kube, namespace: str, clusters: list[str], policies: list[str], volume_selectors: list[str],
-                    timeout_s: float, out: Any = None) -> int:
+                    timeout_s: float, out: Any = None, pod_selectors: list[str] | None = None) -> int:
     out = out or sys.stdout
+    for selector in pod_selectors or []:
+        for pod in await kube.list("v1", "pods", namespace, selector):
+            await kube.delete("v1", "pods", namespace, pod["metadata"]["name"])
+            print(f"deleted Pod {namespace}/{pod['metadata']['name']}", file=out, flush=True)
     # Clusters first: a cluster's poll reads its policy.
     for plural, names in (("bookieclusters", clusters), ("compactionpolicies", policies)):
         for name in names:
