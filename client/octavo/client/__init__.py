@@ -6,6 +6,7 @@ from octavo.client.reader import Entry, ReadHandle
 from octavo.client.writer import WriteHandle
 from octavo.meta.errors import (
     BookieUnavailableError,
+    BufferFullError,
     EntryRefusedError,
     EntryTooLargeError,
     LedgerClosedError,
@@ -20,7 +21,8 @@ from octavo.meta.errors import (
 )
 
 __all__ = [
-    "BookieUnavailableError", "Client", "ClientOptions", "Entry", "EntryRefusedError", "EntryTooLargeError",
+    "BookieUnavailableError", "BufferFullError", "Client", "ClientOptions", "Entry", "EntryRefusedError",
+    "EntryTooLargeError",
     "LedgerClosedError", "LedgerFencedError", "MetadataUnavailableError", "NoSuchLedgerError",
     "NotEnoughBookiesError", "OctavoError", "ReadError", "ReadHandle", "RecoveryError", "SyncClient", "WriteHandle",
     "WrongPasswordError",

@@ -25,13 +25,19 @@ class ClientOptions:
     # bookie quarantine), unless no other bookie is usable and it is reachable again. After it, the bookie is a
     # candidate like any other, so a long-lived ledger survives any number of failures over its life.
     bookie_quarantine_s: float = 60.0
+    # The producer path (WriteHandle.append_nowait / send, SyncWriteHandle.append_async): appends wait up to this
+    # long to go out together with later ones (Kafka's linger.ms); 0 sends at the end of the event-loop turn
+    # they were made in, which already batches every append of that turn.
+    linger_ms: float = 0.0
+    # A lingering batch goes out at once when it holds this many bytes (Kafka's batch.size).
+    linger_bytes_max: int = 1024 * 1024
 
     def __post_init__(self) -> None:
         for name in ("entry_size_bytes_max", "inflight_bytes_max", "add_timeout_s", "read_timeout_s",
-                     "metadata_timeout_s"):
+                     "metadata_timeout_s", "linger_bytes_max"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"ClientOptions.{name} must be positive, got {getattr(self, name)!r}")
         for name in ("speculative_read_delay_s", "bookie_list_ttl_s", "ensemble_change_wait_s",
-                     "bookie_quarantine_s"):
+                     "bookie_quarantine_s", "linger_ms"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"ClientOptions.{name} must be zero or more, got {getattr(self, name)!r}")

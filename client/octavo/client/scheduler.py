@@ -30,6 +30,16 @@ class WriteScheduler:
         if len(self._flush) == 1:
             asyncio.get_running_loop().call_soon(self._run_flushes)
 
+    def flush_later(self, handle: WriteHandle, delay_s: float) -> asyncio.TimerHandle:
+        """One handle's flush after `delay_s` (a lingering batch); the handle may flush sooner and cancel it."""
+        return asyncio.get_running_loop().call_later(delay_s, self._run_one, handle)
+
+    def _run_one(self, handle: WriteHandle) -> None:
+        try:
+            handle._linger_expired()
+        except Exception:
+            log.exception("ledger %d: flush failed", handle.ledger_id)
+
     def _run_flushes(self) -> None:
         todo, self._flush = self._flush, []
         for handle in todo:

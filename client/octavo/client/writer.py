@@ -33,7 +33,8 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import grpc
 
@@ -44,6 +45,7 @@ from octavo.client.quorums import AckMarks
 from octavo.client.scheduler import LAC_UPDATE_DELAY_S
 from octavo.meta.errors import (
     BookieUnavailableError,
+    BufferFullError,
     EntryRefusedError,
     EntryTooLargeError,
     LedgerClosedError,
@@ -82,7 +84,9 @@ class WriteHandle:
         # Payloads of the entries not yet acknowledged: entry e is _data[e - (LAC + 1)].
         self._data: list[bytes] = []
         self._sent_to = 0  # entries below this id have been handed to the bookies
-        self._waiters: deque[tuple[int, asyncio.Future[int]]] = deque()  # (entry id, future), in id order
+        # (entry id, future), in id order; an asyncio future, or a concurrent one of a SyncWriteHandle's producer
+        self._waiters: deque[tuple[int, Any]] = deque()
+        self._loop = asyncio.get_running_loop()
         # Acknowledgement marks per bookie of the last ensemble (quorums.AckMarks); its bookies that failed
         # this handle no longer count and are never chosen again.
         self._acks = AckMarks(metadata.last_ensemble)
@@ -95,6 +99,12 @@ class WriteHandle:
         self._quarantine: dict[str, float] = {}
         self._failure_reasons: dict[str, str] = {}  # the last failure of each bookie, for error messages
         self._flush_scheduled = False
+        self._unsent_bytes = 0  # appended, not yet handed to the bookies (what a linger waits to grow)
+        self._linger_s = self._options.linger_ms / 1000
+        self._linger_timer: asyncio.TimerHandle | None = None
+        # Called (in the loop) when acknowledgements free room or the handle fails: the blocking producer of a
+        # SyncWriteHandle waits on it from its own threads.
+        self._room_hook: Callable[[], None] | None = None
         self._inflight_bytes = 0
         self._room = asyncio.Event()
         self._room.set()
@@ -220,17 +230,105 @@ class WriteHandle:
         self._data += datas
         self._next_entry += len(datas)
         self._inflight_bytes += size
+        self._unsent_bytes += size
         future = None
         if want_future:
             future = asyncio.get_running_loop().create_future()
             self._waiters.append((self._next_entry - 1, future))
         if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._client.write_scheduler.flush_soon(self)
+            self._want_flush()
         return future
+
+    # -- the producer path -----------------------------------------------------------------------------
+    def append_nowait(self, data: bytes) -> asyncio.Future[int]:
+        """Append one entry without waiting: returns a future of its entry id, resolved once the entry is
+        acknowledged (in entry-id order), or failed with the handle's error (LedgerFencedError, ...). No
+        coroutine per record: call it from the event loop's thread as fast as records come; they go out
+        together when the calling task yields (or after ClientOptions.linger_ms). Raises BufferFullError when
+        the in-flight budget (inflight_bytes_max) has no room: await `send()` instead to wait for room, or
+        `flush()`. Raises at once (nothing appended) for an entry that is too large, not bytes, or a handle that
+        failed or is closing."""
+        if type(data) is not bytes or self._error is not None or self._closing or len(data) > self._entry_limit:
+            data = self._checked([data])[0]
+        size = len(data)
+        inflight = self._inflight_bytes
+        if inflight and inflight + size > self._options.inflight_bytes_max:
+            raise BufferFullError(f"ledger {self.ledger_id}: {inflight} bytes in flight, the budget is "
+                                  f"inflight_bytes_max={self._options.inflight_bytes_max}")
+        future = self._loop.create_future()
+        eid = self._next_entry
+        self._next_entry = eid + 1
+        self._data.append(data)
+        self._inflight_bytes = inflight + size
+        self._unsent_bytes += size
+        self._waiters.append((eid, future))
+        if not self._flush_scheduled:
+            self._want_flush()
+        return future
+
+    async def send(self, data: bytes) -> asyncio.Future[int]:
+        """append_nowait(), waiting for room in the in-flight budget first if there is none (back-pressure);
+        returns the entry's future without waiting for its acknowledgement."""
+        while True:
+            try:
+                return self.append_nowait(data)
+            except BufferFullError:
+                await self._wait_for_room(len(data))
+
+    async def flush(self) -> None:
+        """Wait until every entry appended so far is acknowledged (lingering ones are sent now). Raises the
+        handle's error if it failed."""
+        if self._error is not None:
+            raise self._error
+        if not self._pending:
+            return
+        if self._linger_timer is not None:
+            self._linger_expired()
+        future = self._loop.create_future()
+        self._waiters.append((self._next_entry - 1, future))
+        await future
+
+    def _submit(self, datas: list[bytes], futures: list[Any], size: int) -> None:
+        """Entries checked by a SyncWriteHandle's producer threads, with their concurrent futures (run in the
+        loop): the futures get the ids, or the handle's error."""
+        if self._error is not None or self._closing:
+            error = self._error or LedgerClosedError(f"ledger {self.ledger_id} is closed to appends")
+            for future in futures:
+                if not future.done():
+                    future.set_exception(error)
+            return
+        first = self._next_entry
+        self._data += datas
+        self._next_entry = first + len(datas)
+        self._inflight_bytes += size
+        self._unsent_bytes += size
+        self._waiters.extend(zip(range(first, first + len(datas)), futures, strict=True))
+        if not self._flush_scheduled:
+            self._want_flush()
+
+    def _want_flush(self) -> None:
+        """Appends are waiting to go out: send them at the end of this loop turn, or, with a linger, when it
+        expires or the batch reaches linger_bytes_max."""
+        if self._linger_s and self._unsent_bytes < self._options.linger_bytes_max:
+            if self._linger_timer is None:
+                self._linger_timer = self._client.write_scheduler.flush_later(self, self._linger_s)
+            return
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
+        self._flush_scheduled = True
+        self._client.write_scheduler.flush_soon(self)
+
+    def _linger_expired(self) -> None:
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
+        if not self._flush_scheduled:
+            self._flush()
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._unsent_bytes = 0
         first, end = self._sent_to, self._next_entry
         if first >= end or self._error is not None:
             return
@@ -355,6 +453,8 @@ class WriteHandle:
                 if not future.done():
                     future.set_result(eid)
             self._room.set()
+            if self._room_hook is not None:
+                self._room_hook()
             if not self._pending:
                 self._idle_since = time.monotonic()
                 if self._lac > self._lac_sent and not self._lac_timer_armed and not self._closing:
@@ -393,6 +493,8 @@ class WriteHandle:
             if not future.done():
                 future.set_exception(error)
         self._room.set()
+        if self._room_hook is not None:
+            self._room_hook()
 
     # -- ensemble change -------------------------------------------------------------------------------
     def _bookie_failed(self, bookie_id: str, reason: str) -> None:
@@ -553,6 +655,8 @@ class WriteHandle:
         if self._closed:
             return
         self._closing = True
+        if self._linger_timer is not None:
+            self._linger_expired()
         while self._pending and self._error is None:  # every entry appended is acknowledged, or the handle failed
             self._room.clear()
             await self._room.wait()

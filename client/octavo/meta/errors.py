@@ -27,6 +27,11 @@ class LedgerClosedError(OctavoError):
     """The ledger is closed (or closing): no more appends."""
 
 
+class BufferFullError(OctavoError):
+    """A non-blocking append found the write handle's in-flight byte budget (ClientOptions.inflight_bytes_max)
+    full: wait for acknowledgements (`await handle.send(...)`, `handle.flush()`) or append with blocking."""
+
+
 class NotEnoughBookiesError(OctavoError):
     """Fewer writable bookies than the ensemble (or a replacement) needs."""
 
