@@ -241,6 +241,19 @@ class _Loop:
         return asyncio.run_coroutine_threadsafe(wrapper(), self.loop).result()
 
     def stop(self) -> None:
+        async def cancel_leftovers() -> None:
+            """What asyncio.run does at its end: tasks still running (gRPC's own, for calls that ended as the
+            client closed) are cancelled and awaited, not destroyed pending."""
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        if self.thread.is_alive():
+            try:
+                asyncio.run_coroutine_threadsafe(cancel_leftovers(), self.loop).result(timeout=10)
+            except Exception:  # shutting down: a task that will not end is left to the loop's close
+                log.debug("leftover tasks at close", exc_info=True)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
         self.loop.close()
