@@ -55,6 +55,8 @@ NODE_SETTING_HELP: dict[str, str] = {
     "batch_bytes_max": "most payload bytes in one add request",
     "read_entries_max": "most entries returned by one read",
     "read_bytes_max": "most payload bytes returned by one read",
+    "long_poll_wait_ms_max": "longest a tailing read's long poll is held before it is answered",
+    "long_poll_waiters_max": "tailing reads held at once; more are answered BUSY",
     "open_log_files_max": "entry-log files kept open for reads",
     "index_map_size_bytes": "address space reserved for the LMDB index",
     "autorecovery_enabled": "audit the cluster for lost bookies and re-replicate their data (true/false)",

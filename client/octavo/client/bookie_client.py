@@ -356,9 +356,25 @@ class BookieClient:
 
     # -- reads and ledger calls ------------------------------------------------------------------------
     async def read(self, ledger_id: int, entry_ids: Sequence[int], timeout_s: float = CALL_TIMEOUT_S) -> Any:
+        """Read entries; a `range` of step 1 goes as a range (the bookie stops at its first failure), anything
+        else as a list of ids (each answered on its own)."""
+        if isinstance(entry_ids, range) and entry_ids.step == 1 and len(entry_ids):
+            request = pb.ReadRequest(ledger_id=ledger_id, first_entry_id=entry_ids.start,
+                                     last_entry_id=entry_ids.stop - 1)
+        else:
+            request = pb.ReadRequest(ledger_id=ledger_id, entry_ids=list(entry_ids))
         try:
-            return await self._stub.ReadEntries(pb.ReadRequest(ledger_id=ledger_id, entry_ids=list(entry_ids)),
-                                                timeout=timeout_s)
+            return await self._stub.ReadEntries(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as e:
+            raise BookieUnavailableError(f"bookie {self.bookie_id} at {self.address}: {_describe(e)}") from e
+
+    async def read_tail(self, ledger_id: int, previous_lac: int, wait_ms: int, max_entries: int,
+                        timeout_s: float = CALL_TIMEOUT_S) -> Any:
+        """A tailing read's long poll (the Bookie service's ReadTail)."""
+        try:
+            return await self._stub.ReadTail(pb.ReadTailRequest(
+                ledger_id=ledger_id, previous_lac=previous_lac, wait_ms=wait_ms, max_entries=max_entries),
+                timeout=timeout_s)
         except grpc.aio.AioRpcError as e:
             raise BookieUnavailableError(f"bookie {self.bookie_id} at {self.address}: {_describe(e)}") from e
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import random
 import threading
@@ -447,12 +448,33 @@ class SyncReadHandle(_SyncHandle):
         return self._handle.last_entry_id
 
     def read(self, first: int, last: int) -> Iterator[Entry]:
-        iterator = self._handle.read(first, last).__aiter__()
-        while True:
-            try:
-                yield self._loop.run(iterator.__anext__())
-            except StopAsyncIteration:
-                return
+        """Entries first..last in order (ReadHandle.read_batches underneath: one hop to the loop per chunk)."""
+        for batch in self.read_batches(first, last):
+            yield from batch
+
+    def read_batches(self, first: int, last: int) -> Iterator[list[Entry]]:
+        return self._iterate(self._handle.read_batches(first, last))
+
+    def tail(self, from_entry: int = 0) -> Iterator[Entry]:
+        """Follow the ledger (ReadHandle.tail): blocks until the next entry is acknowledged; ends at the close."""
+        for batch in self.tail_batches(from_entry):
+            yield from batch
+
+    def tail_batches(self, from_entry: int = 0) -> Iterator[list[Entry]]:
+        return self._iterate(self._handle.tail_batches(from_entry))
+
+    def _iterate(self, batches: AsyncIterator[list[Entry]]) -> Iterator[list[Entry]]:
+        iterator = batches.__aiter__()
+        try:
+            while True:
+                try:
+                    yield self._loop.run(iterator.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            # Stopped early (a break, an error): close the async generator on its loop, cancelling its reads.
+            with contextlib.suppress(Exception):
+                self._loop.run(iterator.aclose())  # type: ignore[attr-defined]
 
     def read_last_add_confirmed(self) -> int:
         return self._loop.run(self._handle.read_last_add_confirmed())

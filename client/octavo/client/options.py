@@ -31,13 +31,24 @@ class ClientOptions:
     linger_ms: float = 0.0
     # A lingering batch goes out at once when it holds this many bytes (Kafka's batch.size).
     linger_bytes_max: int = 1024 * 1024
+    # Catch-up reads (ReadHandle.read / read_batches): batches of about read_batch_bytes are read from the
+    # bookies in parallel, at most read_ahead_bytes_max ahead of the consumer (the memory a read holds).
+    read_batch_bytes: int = 4 * 1024 * 1024
+    read_ahead_bytes_max: int = 64 * 1024 * 1024
+    # Tailing reads (ReadHandle.tail): how long a long poll asks a bookie to hold it (the bookie caps it by its
+    # long_poll_wait_ms_max); after a wait with no progress the reader looks at the ledger's metadata again.
+    tail_wait_ms: int = 5000
 
     def __post_init__(self) -> None:
         for name in ("entry_size_bytes_max", "inflight_bytes_max", "add_timeout_s", "read_timeout_s",
-                     "metadata_timeout_s", "linger_bytes_max"):
+                     "metadata_timeout_s", "linger_bytes_max", "read_batch_bytes", "read_ahead_bytes_max",
+                     "tail_wait_ms"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"ClientOptions.{name} must be positive, got {getattr(self, name)!r}")
         for name in ("speculative_read_delay_s", "bookie_list_ttl_s", "ensemble_change_wait_s",
                      "bookie_quarantine_s", "linger_ms"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"ClientOptions.{name} must be zero or more, got {getattr(self, name)!r}")
+        if self.read_ahead_bytes_max < self.read_batch_bytes:
+            raise ValueError(f"ClientOptions.read_ahead_bytes_max ({self.read_ahead_bytes_max}) must be at least "
+                             f"read_batch_bytes ({self.read_batch_bytes})")

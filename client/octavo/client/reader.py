@@ -1,24 +1,56 @@
-"""The read handle: reads entries from their write quorum, in batches, with failover and speculative reads.
+"""The read handle: catch-up reads in parallel batches, tailing reads that follow a writer, failover and
+speculative reads.
 
-Entries are read in chunks. Each entry's replicas are its write set, in order; a chunk's entries are grouped
-by their first untried replica and read with one request per bookie. A bookie that has not answered after
+Catch-up reads (read, read_batches) read a range in chunks of about read_batch_bytes, several chunks in flight
+at once (at most read_ahead_bytes_max ahead of the consumer), and yield them in order. A chunk of a segment
+whose bookies all hold every entry (ensemble size = write quorum, the usual shape) is split into contiguous
+ranges, one per bookie, so the bookies share the work and each serves a range from its logs; otherwise each
+entry is read from its write set's first replica. A bookie that has not answered after
 speculative_read_delay_s gets a second request to the next replica for the same entries, and the first good
 answer wins. Entries a replica could not give (missing, UNKNOWN, corrupt, unreachable) are tried on the next
-replica; an entry no replica can give is a ReadError.
+replica; an entry no replica can give is a ReadError. An answer cut by the bookie's read limits is continued
+on the same bookie.
+
+Tailing reads (tail, tail_batches) follow an open ledger: each round is one long poll (ReadTail) on every
+bookie of the last ensemble, held until a bookie's LAC passes what the reader has; the first answer with
+progress wins (the one bookie asked for entries sends those it holds with it), the other polls are cancelled.
+Only entries up to a LAC are ever yielded: a LAC comes from the writer and covers acknowledged entries only.
+A fenced or write-closed answer, or a round without progress, makes the reader look at the ledger's metadata
+in etcd: a new ensemble is followed, a closed ledger is read to its last entry and the tail ends.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from octavo.client.context import ClientContext
-from octavo.meta.errors import BookieUnavailableError, ReadError
+from octavo.meta.errors import BookieUnavailableError, MetadataUnavailableError, ReadError
 from octavo.meta.ledger_metadata import LedgerMetadata
 from octavo.v1 import bookie_pb2 as pb
 
+log = logging.getLogger(__name__)
+
 READ_CHUNK_ENTRIES = 1000
+# Catch-up reads: the first chunk (entry sizes unknown yet), and the bounds of later ones.
+FIRST_CHUNK_ENTRIES = 256
+CHUNK_ENTRIES_MIN = 16
+CHUNK_ENTRIES_MAX = 10_000
+# Chunks in flight at once, whatever read_ahead_bytes_max allows: more only contend for the same CPUs.
+CHUNKS_IN_FLIGHT_MAX = 8
+# A chunk is split over several bookies in parts of at least this many entries.
+SPLIT_ENTRIES_MIN = 64
+# Tailing reads: entries asked of the one bookie that sends entries with its long-poll answer; the wait
+# between rounds that found nothing to do (a recovery in progress, every bookie unreachable) grows to this.
+TAIL_ENTRIES_MAX = 1000
+TAIL_RETRY_S_MIN = 0.02
+TAIL_RETRY_S_MAX = 1.0
+# A tailing reader re-reads metadata and retries a read that failed (its ensemble may have changed) this often.
+TAIL_READ_ATTEMPTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,18 +127,55 @@ class ReadHandle:
             return []
         return [item.entry_id for item in response.entries if item.code == pb.OK]
 
-    async def read(self, first: int, last: int) -> AsyncIterator[Entry]:
-        """Entries first..last inclusive, in order. `last` may not pass last_entry_id."""
+    def _check_range(self, first: int, last: int) -> None:
         if first < 0 or last < first:
             raise ValueError(f"invalid range [{first}, {last}]: need 0 <= first <= last")
         if last > self.last_entry_id:
             raise ReadError(f"ledger {self.ledger_id}: entry {last} is past the last readable entry "
                             f"{self.last_entry_id}")
-        for start in range(first, last + 1, READ_CHUNK_ENTRIES):
-            ids = list(range(start, min(last, start + READ_CHUNK_ENTRIES - 1) + 1))
-            found = await self._read_chunk(ids)
-            for entry_id in ids:
-                yield Entry(self.ledger_id, entry_id, found[entry_id])
+
+    async def read(self, first: int, last: int) -> AsyncIterator[Entry]:
+        """Entries first..last inclusive, in order. `last` may not pass last_entry_id."""
+        async for batch in self.read_batches(first, last):
+            for entry in batch:
+                yield entry
+
+    async def read_batches(self, first: int, last: int) -> AsyncIterator[list[Entry]]:
+        """Entries first..last inclusive, in order, a list per chunk: chunks of about read_batch_bytes read
+        from several bookies in parallel, up to read_ahead_bytes_max ahead of the consumer."""
+        self._check_range(first, last)
+        opts = self._client.options
+        chunk = min(FIRST_CHUNK_ENTRIES, last - first + 1)
+        entry_bytes = 0.0  # average payload size seen, 0 before the first chunk
+        pending: deque[tuple[range, asyncio.Task[dict[int, bytes]], int]] = deque()
+        ahead = 0  # estimated bytes of the chunks in flight
+        start = first
+        try:
+            while start <= last or pending:
+                while start <= last and (not pending or (
+                        entry_bytes and len(pending) < CHUNKS_IN_FLIGHT_MAX
+                        and ahead + chunk * entry_bytes <= opts.read_ahead_bytes_max)):
+                    ids = range(start, min(last, start + chunk - 1) + 1)
+                    estimate = int(len(ids) * entry_bytes)
+                    pending.append((ids, asyncio.create_task(self._read_chunk(ids, spread=True)), estimate))
+                    ahead += estimate
+                    start = ids.stop
+                ids, task, estimate = pending.popleft()
+                found = await task
+                ahead -= estimate
+                size = sum(map(len, found.values()))
+                # The chunk size follows the entries' size: about read_batch_bytes a chunk.
+                entry_bytes = max(1.0, size / len(ids)) if not entry_bytes else \
+                    0.8 * entry_bytes + 0.2 * max(1.0, size / len(ids))
+                chunk = max(CHUNK_ENTRIES_MIN, min(CHUNK_ENTRIES_MAX, int(opts.read_batch_bytes / entry_bytes)))
+                lid = self.ledger_id
+                yield [Entry(lid, entry_id, found[entry_id]) for entry_id in ids]
+        finally:
+            tasks = [task for _, task, _ in pending]
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
 
     async def read_entries(self, ids: list[int]) -> dict[int, bytes]:
         """The payloads of the given entries, each from its write set (failover and speculation as read());
@@ -116,41 +185,211 @@ class ReadHandle:
             found.update(await self._read_chunk(ids[start:start + READ_CHUNK_ENTRIES]))
         return found
 
-    async def _read_chunk(self, ids: list[int]) -> dict[int, bytes]:
-        found, errors = await self.read_available(ids)
-        missing = next((e for e in ids if e not in found), None)
-        if missing is not None:
+    # -- tailing ---------------------------------------------------------------------------------------
+    async def tail(self, from_entry: int = 0) -> AsyncIterator[Entry]:
+        """Every entry from `from_entry` on, in order, each once, as the writer gets it acknowledged: entries
+        already readable first, then each new one as the bookies learn its LAC. Ends after the last entry
+        of the ledger once it is closed (by its writer or a recovery); a deleted ledger raises
+        NoSuchLedgerError. Cancel the iteration (or break out of it) to stop following."""
+        async for batch in self.tail_batches(from_entry):
+            for entry in batch:
+                yield entry
+
+    async def tail_batches(self, from_entry: int = 0) -> AsyncIterator[list[Entry]]:
+        """tail(), a list of entries at a time (what one LAC advance made readable, or a catch-up chunk)."""
+        if from_entry < 0:
+            raise ValueError(f"from_entry must be >= 0, got {from_entry}")
+        next_id = from_entry
+        stash: dict[int, bytes] = {}  # entries a long-poll answer brought, not yet yielded
+        idle_rounds = 0
+        while True:
+            last = self.last_entry_id
+            if next_id <= last:
+                idle_rounds = 0
+                if last - next_id >= READ_CHUNK_ENTRIES:  # far behind: a catch-up read
+                    async for batch in self._with_metadata_retry_batches(next_id, last):
+                        yield batch
+                else:
+                    ids = range(next_id, last + 1)
+                    missing = [e for e in ids if e not in stash]
+                    if missing:
+                        stash.update(await self._read_following(missing))
+                    yield [Entry(self.ledger_id, e, stash[e]) for e in ids]
+                stash.clear()
+                next_id = last + 1
+                continue
+            if self.metadata.closed:
+                return
+            progressed, look = await self._poll_tail(next_id - 1, stash)
+            if progressed:
+                continue
+            if look:
+                await self._refresh_metadata()
+            if not self.metadata.closed:
+                idle_rounds += 1
+                if look and idle_rounds > 1:
+                    await asyncio.sleep(min(TAIL_RETRY_S_MAX, TAIL_RETRY_S_MIN * 2 ** min(idle_rounds, 10)))
+
+    async def _poll_tail(self, previous: int, stash: dict[int, bytes]) -> tuple[bool, bool]:
+        """One long-poll round on the last ensemble's bookies. Returns (progress, look): progress when the LAC
+        passed `previous`; look when the metadata should be read again (a fence, a write-close, a round that
+        ended without progress, a bookie that failed)."""
+        meta = self.metadata
+        opts = self._client.options
+        preferred = meta.write_set_bookies(previous + 1)[0]
+        timeout_s = opts.tail_wait_ms / 1000 + opts.read_timeout_s
+        tasks: dict[asyncio.Task[Any], str] = {}
+        for bookie_id in meta.last_ensemble:
+            try:
+                bookie = self._client.bookie_client(bookie_id)
+            except BookieUnavailableError:
+                continue
+            tasks[asyncio.create_task(bookie.read_tail(
+                self.ledger_id, previous, opts.tail_wait_ms, TAIL_ENTRIES_MAX if bookie_id == preferred else 0,
+                timeout_s=timeout_s))] = bookie_id
+        if not tasks:
+            await self._client.bookies(refresh=True)
+            return False, True
+        progressed = look = False
+        pending = set(tasks)
+        try:
+            while pending and not progressed:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    try:
+                        answer = task.result()
+                    except BookieUnavailableError as e:
+                        log.debug("ledger %d: tailing read on bookie %s failed: %s", self.ledger_id, tasks[task], e)
+                        await self._client.moved(tasks[task])
+                        look = True
+                        continue
+                    if answer.error == pb.INVALID:
+                        raise ReadError(f"ledger {self.ledger_id}: bookie {tasks[task]} refused the tailing read: "
+                                        f"{answer.error_message}")
+                    if answer.fenced or answer.write_closed:
+                        look = True
+                    if answer.error:  # not known there yet, BUSY, in doubt: no progress from this one
+                        continue
+                    if answer.last_add_confirmed > previous:
+                        progressed = True
+                        lac = int(answer.last_add_confirmed)
+                        if lac > self._lac:
+                            self._lac = lac
+                        for item in answer.entries:
+                            if item.code == pb.OK and previous < item.entry_id <= lac:
+                                stash[item.entry_id] = item.payload
+                if look and not progressed:
+                    break
+        finally:
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        return progressed, look or not progressed
+
+    async def _refresh_metadata(self) -> None:
+        """Read the ledger's metadata again (a new ensemble, a close); an etcd outage is waited out by the
+        caller's next round. NoSuchLedgerError when the ledger was deleted."""
+        try:
+            meta, _ = await self._client.metadata_store.read_ledger(self.ledger_id)
+        except MetadataUnavailableError as e:
+            log.info("ledger %d: tailing reader cannot read metadata: %s", self.ledger_id, e)
+            return
+        if meta.ensembles != self.metadata.ensembles:
+            await self._client.bookies(refresh=True)
+        self.metadata = meta
+
+    async def _read_following(self, ids: list[int]) -> dict[int, bytes]:
+        """read_entries for a tailing reader: a failure may be a stale ensemble, so the metadata is read again
+        and the read retried before the error is raised."""
+        for attempt in range(TAIL_READ_ATTEMPTS):
+            try:
+                return await self.read_entries(ids)
+            except ReadError:
+                if attempt == TAIL_READ_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(TAIL_RETRY_S_MIN * 2 ** attempt)
+                await self._refresh_metadata()
+        raise AssertionError("unreachable")
+
+    async def _with_metadata_retry_batches(self, first: int, last: int) -> AsyncIterator[list[Entry]]:
+        next_id = first
+        for attempt in range(TAIL_READ_ATTEMPTS):
+            if next_id > last:
+                return
+            try:
+                async for batch in self.read_batches(next_id, last):
+                    yield batch
+                    next_id = batch[-1].entry_id + 1
+                return
+            except ReadError:
+                if attempt == TAIL_READ_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(TAIL_RETRY_S_MIN * 2 ** attempt)
+                await self._refresh_metadata()
+
+    async def _read_chunk(self, ids: Sequence[int], spread: bool = False) -> dict[int, bytes]:
+        found, errors = await self.read_available(ids, spread=spread)
+        if len(found) < len(ids):
+            missing = next(e for e in ids if e not in found)
             raise ReadError(f"ledger {self.ledger_id}: entry {missing} could not be read from any replica "
                             f"({errors.get(missing, 'no replica left')})")
         return found
 
-    async def read_available(self, ids: list[int], exclude: set[str] | frozenset[str] = frozenset()
-                             ) -> tuple[dict[int, bytes], dict[int, str]]:
+    async def read_available(self, ids: Sequence[int], exclude: set[str] | frozenset[str] = frozenset(),
+                             spread: bool = False) -> tuple[dict[int, bytes], dict[int, str]]:
         """Every entry of `ids` that some replica gives (bookies in `exclude` are not asked), and for each
-        other entry the last error seen: re-replication copies what exists and reports the rest as lost."""
+        other entry the last error seen: re-replication copies what exists and reports the rest as lost.
+        With `spread`, a range is first split over the bookies that all hold it (see the module doc)."""
         found: dict[int, bytes] = {}
         tried: dict[int, set[str]] = {e: set(exclude) for e in ids}
         errors: dict[int, str] = {}
+        groups = self._spread(ids, exclude) if spread else None
         while True:
-            remaining = [e for e in ids if e not in found]
-            if not remaining:
-                return found, {}
-            groups = self._group(remaining, tried)
-            if not groups:
-                return found, {e: errors.get(e, "no replica left") for e in remaining}
+            if groups is None:
+                remaining = [e for e in ids if e not in found]
+                if not remaining:
+                    return found, {}
+                groups = self._group(remaining, tried)
+                if not groups:
+                    return found, {e: errors.get(e, "no replica left") for e in remaining}
             await self._read_groups(groups, tried, found, errors)
+            if len(found) == len(ids):
+                return found, {}
+            groups = None
 
-    def _group(self, entries: list[int], tried: dict[int, set[str]]) -> dict[str, list[int]]:
+    def _spread(self, ids: Sequence[int], exclude: set[str] | frozenset[str]) -> dict[str, Sequence[int]] | None:
+        """A range inside one segment whose bookies all hold every entry, split into one contiguous part per
+        bookie (parts of at least SPLIT_ENTRIES_MIN entries; which bookie starts rotates with the range, so
+        consecutive chunks start on different bookies). None when the range has another shape."""
+        meta = self.metadata
+        if not isinstance(ids, range) or ids.step != 1 or not ids or meta.ensemble_size != meta.write_quorum:
+            return None
+        segment = 0
+        for k, (first, _) in enumerate(meta.ensembles):
+            if first <= ids.start:
+                segment = k
+        if segment + 1 < len(meta.ensembles) and meta.ensembles[segment + 1][0] <= ids[-1]:
+            return None
+        ensemble = [b for b in meta.ensembles[segment][1] if b not in exclude]
+        if not ensemble:
+            return None
+        parts = max(1, min(len(ensemble), len(ids) // SPLIT_ENTRIES_MIN))
+        size = -(-len(ids) // parts)
+        turn = ids.start // size
+        return {ensemble[(k + turn) % len(ensemble)]: ids[k * size:(k + 1) * size] for k in range(parts)}
+
+    def _group(self, entries: list[int], tried: dict[int, set[str]]) -> dict[str, Sequence[int]]:
         groups: dict[str, list[int]] = {}
         for e in entries:
             for bookie in self.metadata.write_set_bookies(e):
                 if bookie not in tried[e]:
                     groups.setdefault(bookie, []).append(e)
                     break
-        return groups
+        return groups  # type: ignore[return-value]
 
-    async def _read_groups(self, groups: dict[str, list[int]], tried: dict[int, set[str]], found: dict[int, bytes],
-                           errors: dict[int, str]) -> None:
+    async def _read_groups(self, groups: dict[str, Sequence[int]], tried: dict[int, set[str]],
+                           found: dict[int, bytes], errors: dict[int, str]) -> None:
         tasks: dict[asyncio.Task[None], str] = {}
         for bookie, entries in groups.items():
             for e in entries:
@@ -166,30 +405,40 @@ class ReadHandle:
                 tasks[asyncio.create_task(self._read_from(bookie, entries, found, errors))] = bookie
             await asyncio.wait(tasks)
 
-    async def _read_from(self, bookie_id: str, entries: list[int], found: dict[int, bytes],
+    async def _read_from(self, bookie_id: str, entries: Sequence[int], found: dict[int, bytes],
                          errors: dict[int, str]) -> None:
-        try:
+        """Read `entries` from one bookie into `found`; an answer cut short by the bookie's read limits (its
+        last entry OK, fewer than asked) is continued on the same bookie."""
+        timeout_s = self._client.options.read_timeout_s
+        while entries:
             try:
-                response = await self._client.bookie_client(bookie_id).read(
-                    self.ledger_id, entries, timeout_s=self._client.options.read_timeout_s)
-            except BookieUnavailableError:
-                if not await self._client.moved(bookie_id):
-                    raise
-                response = await self._client.bookie_client(bookie_id).read(
-                    self.ledger_id, entries, timeout_s=self._client.options.read_timeout_s)
-        except BookieUnavailableError as e:
-            for entry in entries:
-                errors[entry] = str(e)
-            return
-        if response.error:
-            for entry in entries:
-                errors[entry] = f"bookie {bookie_id}: {response.error_message}"
-            return
-        for item in response.entries:
-            if item.code == pb.OK:
-                found.setdefault(item.entry_id, item.payload)
-            else:
-                errors[item.entry_id] = f"bookie {bookie_id}: {item.message}"
+                try:
+                    response = await self._client.bookie_client(bookie_id).read(self.ledger_id, entries,
+                                                                                timeout_s=timeout_s)
+                except BookieUnavailableError:
+                    if not await self._client.moved(bookie_id):
+                        raise
+                    response = await self._client.bookie_client(bookie_id).read(self.ledger_id, entries,
+                                                                                timeout_s=timeout_s)
+            except BookieUnavailableError as e:
+                for entry in entries:
+                    errors[entry] = str(e)
+                return
+            if response.error:
+                for entry in entries:
+                    errors[entry] = f"bookie {bookie_id}: {response.error_message}"
+                return
+            items = response.entries
+            setdefault = found.setdefault
+            for item in items:
+                if item.code == pb.OK:
+                    setdefault(item.entry_id, item.payload)
+                else:
+                    errors[item.entry_id] = f"bookie {bookie_id}: {item.message}"
+            n = len(items)
+            if not 0 < n < len(entries) or items[n - 1].code != pb.OK:
+                return
+            entries = entries[n:]
 
     async def close(self) -> None:
         """Nothing to release today; kept so read and write handles are used the same way."""

@@ -99,6 +99,10 @@ class NodeConfig:
     batch_bytes_max: int = 16 * MIB
     read_entries_max: int = 10_000
     read_bytes_max: int = 16 * MIB
+    # Tailing reads (ReadTail): the longest a long poll is held, and how many may be held at once (more are
+    # answered BUSY at once).
+    long_poll_wait_ms_max: int = 30_000
+    long_poll_waiters_max: int = 10_000
     open_log_files_max: int = 256
     index_map_size_bytes: int = 64 * GIB
 
@@ -128,6 +132,8 @@ class NodeConfig:
         need(1 <= self.read_entries_max <= 1_000_000, "read_entries_max must be in [1, 1000000]")
         need(self.entry_size_bytes_max <= self.read_bytes_max <= 1 * GIB,
              "read_bytes_max must be in [entry_size_bytes_max, 1 GiB]")
+        need(0 <= self.long_poll_wait_ms_max <= 600_000, "long_poll_wait_ms_max must be in [0, 600000]")
+        need(1 <= self.long_poll_waiters_max <= 1_000_000, "long_poll_waiters_max must be in [1, 1000000]")
         need(self.add_wait_ms_max >= 1, "add_wait_ms_max must be >= 1")
         need(8 <= self.open_log_files_max <= 65536, "open_log_files_max must be in [8, 65536]")
         need(2 <= self.registration_ttl_s <= 300, "registration_ttl_s must be in [2, 300]")

@@ -27,6 +27,41 @@ log = logging.getLogger(__name__)
 
 # Ledgers remembered as not open (see BookieService._not_open): 8 bytes of id and ~100 of dict slot each.
 NOT_OPEN_LEDGERS_MAX = 100_000
+# Ledgers remembered as write-closed, for tailing reads (an advisory hint: readers check etcd).
+WRITE_CLOSED_LEDGERS_MAX = 100_000
+
+
+class TailWaiters:
+    """Tailing reads held on a ledger (ReadTail's long poll): a future each, woken (to look again) when an add
+    request, a fence or a write-close touches the ledger. Bounded by long_poll_waiters_max."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = 0
+        self.by_ledger: dict[int, list[asyncio.Future[None]]] = {}
+
+    def add(self, ledger_id: int) -> asyncio.Future[None] | None:
+        """A future to wait on, None when the limit is reached."""
+        if self.count >= self.limit:
+            return None
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.by_ledger.setdefault(ledger_id, []).append(future)
+        self.count += 1
+        return future
+
+    def remove(self, ledger_id: int, future: asyncio.Future[None]) -> None:
+        futures = self.by_ledger.get(ledger_id)
+        if futures is None or future not in futures:
+            return
+        futures.remove(future)
+        self.count -= 1
+        if not futures:
+            del self.by_ledger[ledger_id]
+
+    def wake(self, ledger_id: int) -> None:
+        for future in self.by_ledger.get(ledger_id, ()):
+            if not future.done():
+                future.set_result(None)
 
 
 class BookieService(pb_grpc.BookieServicer):
@@ -38,6 +73,8 @@ class BookieService(pb_grpc.BookieServicer):
         # An ordered set bounded by NOT_OPEN_LEDGERS_MAX: the oldest is forgotten first, and a forgotten one is
         # looked up in etcd again (ids below the lookup mark) or, created after the start, refused by its fence.
         self._not_open: dict[int, None] = {}
+        self._write_closed: dict[int, None] = {}
+        self.tail_waiters = TailWaiters(storage.config.long_poll_waiters_max)
 
     async def AddEntries(self, request_iterator: AsyncIterator[pb.AddRequest],
                          context: grpc.aio.ServicerContext) -> AsyncIterator[pb.AddResponse]:
@@ -78,6 +115,9 @@ class BookieService(pb_grpc.BookieServicer):
                                             total_entries)
             for i, result in zip(todo, written, strict=True):
                 results[i] = result
+        if self.tail_waiters.by_ledger:  # per request, not per entry: readers look at the LAC again
+            for batch in batches:
+                self.tail_waiters.wake(batch.ledger_id)
         if flat:
             return pb.AddResponse(request_id=request.request_id, group_count=len(batches), refused_groups=[
                 pb.GroupResult(group=i, codes=result[0], message=result[1])
@@ -184,6 +224,7 @@ class BookieService(pb_grpc.BookieServicer):
         state = self.storage.ledger_state(request.ledger_id)
         max_entries = min(request.max_entries or cfg.read_entries_max, cfg.read_entries_max)
         max_bytes = min(request.max_bytes or cfg.read_bytes_max, cfg.read_bytes_max)
+        ids: list[int] | range
         if request.entry_ids:
             ids = list(request.entry_ids)
             if request.ledger_id < 0 or min(ids) < 0:
@@ -196,31 +237,67 @@ class BookieService(pb_grpc.BookieServicer):
                 return pb.ReadResponse(ledger_id=request.ledger_id, error=pb.INVALID, error_message=(
                     f"invalid range: ledger {request.ledger_id} entries [{first}, {last}]; ids must be "
                     "non-negative and first <= last"))
-            ids = range(first, min(last, first + max_entries - 1) + 1)  # type: ignore[assignment]
+            ids = range(first, min(last, first + max_entries - 1) + 1)
             stop_on_failure = True
         if state is None:
             code = pb.UNKNOWN if self.storage.tail_maybe_lost else pb.NO_SUCH_LEDGER
             return pb.ReadResponse(ledger_id=request.ledger_id, error=code,
                                    error_message=f"ledger {request.ledger_id} is not known to this bookie")
-        entries: list[tuple[int, int, bytes, str]] = []
-        size = 0
-        for entry_id in ids:
-            if len(entries) >= max_entries:
-                break
-            try:
-                payload = self.storage.read_entry(request.ledger_id, entry_id)
-            except StorageError as e:
-                entries.append((entry_id, e.code, b"", e.message))
-                if stop_on_failure:
-                    break
-                continue
-            if entries and size + len(payload) > max_bytes:
-                break
-            size += len(payload)
-            entries.append((entry_id, pb.OK, payload, ""))
+        try:
+            entries = self.storage.read_many(request.ledger_id, ids, max_entries, max_bytes, stop_on_failure)
+        except StorageError as e:
+            return pb.ReadResponse(ledger_id=request.ledger_id, error=e.code, error_message=e.message)
         # Pre-encoded: upb serializes many large payloads far below memory speed (see octavo.v1.wire).
         return encode_read_response(pb.ReadResponse(ledger_id=request.ledger_id,  # type: ignore[return-value]
                                                     last_add_confirmed=state.last_add_confirmed), entries)
+
+    async def ReadTail(self, request: pb.ReadTailRequest, context: grpc.aio.ServicerContext) -> pb.ReadResponse:
+        """The long poll of a tailing reader: held until the LAC passes previous_lac, a fence, a write-close or
+        the wait's end, then the LAC and the entries after previous_lac up to it that this bookie holds."""
+        cfg = self.config
+        ledger_id, previous = request.ledger_id, request.previous_lac
+        if ledger_id < 0 or previous < -1:
+            return pb.ReadResponse(ledger_id=ledger_id, error=pb.INVALID, error_message=(
+                f"invalid tail read: ledger {ledger_id} after entry {previous}; the ledger id must be "
+                "non-negative and previous_lac >= -1"))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(request.wait_ms, cfg.long_poll_wait_ms_max) / 1000
+        storage = self.storage
+        while True:
+            state = storage.ledger_state(ledger_id)
+            closed = ledger_id in self._write_closed
+            if (state is not None and (state.last_add_confirmed > previous or state.fenced)) or closed:
+                break
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            future = self.tail_waiters.add(ledger_id)
+            if future is None:
+                return pb.ReadResponse(ledger_id=ledger_id, error=pb.BUSY, error_message=(
+                    f"{self.tail_waiters.count} tailing reads are held on this bookie, its "
+                    f"long_poll_waiters_max={cfg.long_poll_waiters_max}: retry later"))
+            try:
+                await asyncio.wait_for(future, remaining)
+            except TimeoutError:
+                pass
+            finally:
+                self.tail_waiters.remove(ledger_id, future)
+        if state is None:
+            code = pb.UNKNOWN if storage.tail_maybe_lost else pb.NO_SUCH_LEDGER
+            return pb.ReadResponse(ledger_id=ledger_id, error=code, last_add_confirmed=-1, write_closed=closed,
+                                   error_message=f"ledger {ledger_id} is not known to this bookie")
+        lac = state.last_add_confirmed
+        head = pb.ReadResponse(ledger_id=ledger_id, last_add_confirmed=lac, fenced=state.fenced, write_closed=closed)
+        if lac <= previous or request.max_entries == 0:
+            return head
+        max_entries = min(request.max_entries, cfg.read_entries_max)
+        max_bytes = min(request.max_bytes or cfg.read_bytes_max, cfg.read_bytes_max)
+        try:
+            entries = storage.read_many(ledger_id, range(previous + 1, lac + 1), max_entries, max_bytes,
+                                        stop_on_failure=False, skip_missing=True)
+        except StorageError as e:
+            return pb.ReadResponse(ledger_id=ledger_id, error=e.code, error_message=e.message)
+        return encode_read_response(head, entries)  # type: ignore[return-value]
 
     async def ReadLastAddConfirmed(self, request: pb.ReadLacRequest,
                                    context: grpc.aio.ServicerContext) -> pb.ReadLacResponse:
@@ -228,6 +305,7 @@ class BookieService(pb_grpc.BookieServicer):
             if request.fence:
                 loop = asyncio.get_running_loop()
                 info = await loop.run_in_executor(None, self.storage.fence, request.ledger_id, request.master_key)
+                self.tail_waiters.wake(request.ledger_id)
             else:
                 info = self.storage.read_lac(request.ledger_id)
         except StorageError as e:
@@ -242,6 +320,10 @@ class BookieService(pb_grpc.BookieServicer):
             self.storage.write_close(request.ledger_id, request.master_key)
         except StorageError as e:
             return pb.WriteCloseResponse(code=e.code, message=e.message)
+        self._write_closed[request.ledger_id] = None
+        if len(self._write_closed) > WRITE_CLOSED_LEDGERS_MAX:
+            del self._write_closed[next(iter(self._write_closed))]
+        self.tail_waiters.wake(request.ledger_id)
         return pb.WriteCloseResponse(code=pb.OK)
 
 
@@ -255,5 +337,6 @@ def bookie_handler(service: BookieService) -> Any:
         "AddEntries": stream(service.AddEntries, pb.AddRequest, pb.AddResponse),
         "ReadEntries": unary(service.ReadEntries, pb.ReadRequest, pb.ReadResponse),
         "ReadLastAddConfirmed": unary(service.ReadLastAddConfirmed, pb.ReadLacRequest, pb.ReadLacResponse),
+        "ReadTail": unary(service.ReadTail, pb.ReadTailRequest, pb.ReadResponse),
         "WriteClose": unary(service.WriteClose, pb.WriteCloseRequest, pb.WriteCloseResponse),
     })

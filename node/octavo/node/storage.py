@@ -34,7 +34,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +53,7 @@ from octavo.node.gc import GcReport
 from octavo.node.index import MASTER_KEY_BYTES_MAX, Index, LogMeta
 from octavo.node.ledgers import LedgerState, LedgerTable
 from octavo.node.readfds import ReadFds
-from octavo.node.reads import Reader
+from octavo.node.reads import Reader, ReadItem
 from octavo.node.record import (
     ENTRY_ID_COMPACTED_FROM,
     ENTRY_ID_FENCE,
@@ -423,6 +423,11 @@ class Storage:
     def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
         """The payload of one entry, checksum verified. StorageError NO_SUCH_LEDGER / NO_SUCH_ENTRY / CORRUPT."""
         return self._reader.read_entry(ledger_id, entry_id)
+
+    def read_many(self, ledger_id: int, ids: Iterable[int], max_entries: int, max_bytes: int,
+                  stop_on_failure: bool, skip_missing: bool = False) -> list[ReadItem]:
+        """Many entries of one ledger at once (reads.Reader.read_many): (entry id, code, payload, message) each."""
+        return self._reader.read_many(ledger_id, ids, max_entries, max_bytes, stop_on_failure, skip_missing)
 
     def locate(self, ledger_id: int, entry_id: int) -> tuple[int, int, int] | None:
         """(log id, offset, record length) of a stored entry, None if it is not here."""

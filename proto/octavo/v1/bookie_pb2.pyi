@@ -56,6 +56,8 @@ class _ResultCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ResultCode
     """after an unclean restart: the bookie cannot yet tell whether it lost this entry"""
     INTERNAL: _ResultCode.ValueType  # 11
     """an unexpected failure on the bookie; see the message"""
+    BUSY: _ResultCode.ValueType  # 12
+    """a named limit on concurrent requests was reached (see the message): retry later"""
 
 class ResultCode(_ResultCode, metaclass=_ResultCodeEnumTypeWrapper):
     """The outcome of one entry (or one ledger operation). Stable numbers: clients switch on them."""
@@ -83,6 +85,8 @@ UNKNOWN: ResultCode.ValueType  # 10
 """after an unclean restart: the bookie cannot yet tell whether it lost this entry"""
 INTERNAL: ResultCode.ValueType  # 11
 """an unexpected failure on the bookie; see the message"""
+BUSY: ResultCode.ValueType  # 12
+"""a named limit on concurrent requests was reached (see the message): retry later"""
 Global___ResultCode: _TypeAlias = ResultCode  # noqa: Y015
 
 class _BookieMode:
@@ -389,10 +393,15 @@ class ReadResponse(_message.Message):
     LAST_ADD_CONFIRMED_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    FENCED_FIELD_NUMBER: _builtins.int
+    WRITE_CLOSED_FIELD_NUMBER: _builtins.int
     ledger_id: _builtins.int
     last_add_confirmed: _builtins.int
     error: Global___ResultCode.ValueType
     error_message: _builtins.str
+    fenced: _builtins.bool
+    """ReadTail only: the ledger is fenced here (a recovery is closing it), or its writer said it closed it."""
+    write_closed: _builtins.bool
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReadEntry]:
         """Consecutive entries from first_entry_id; fewer than asked when a limit was reached or an entry failed
@@ -407,14 +416,51 @@ class ReadResponse(_message.Message):
         last_add_confirmed: _builtins.int = ...,
         error: Global___ResultCode.ValueType = ...,
         error_message: _builtins.str = ...,
+        fenced: _builtins.bool = ...,
+        write_closed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "error", b"error", "error_message", b"error_message", "last_add_confirmed", b"last_add_confirmed", "ledger_id", b"ledger_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "error", b"error", "error_message", b"error_message", "fenced", b"fenced", "last_add_confirmed", b"last_add_confirmed", "ledger_id", b"ledger_id", "write_closed", b"write_closed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReadResponse: _TypeAlias = ReadResponse  # noqa: Y015
+
+@_typing.final
+class ReadTailRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEDGER_ID_FIELD_NUMBER: _builtins.int
+    PREVIOUS_LAC_FIELD_NUMBER: _builtins.int
+    WAIT_MS_FIELD_NUMBER: _builtins.int
+    MAX_ENTRIES_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    ledger_id: _builtins.int
+    previous_lac: _builtins.int
+    """Answer once the LAC is past this (-1: any LAC >= 0)."""
+    wait_ms: _builtins.int
+    """How long to hold the request; 0 answers at once. Capped by the bookie's long_poll_wait_ms_max."""
+    max_entries: _builtins.int
+    """0: the LAC only, no entries. Otherwise at most this many entries (and the bookie's read_entries_max)."""
+    max_bytes: _builtins.int
+    """0: the bookie's read_bytes_max; at least one entry is returned when there is one"""
+    def __init__(
+        self,
+        *,
+        ledger_id: _builtins.int = ...,
+        previous_lac: _builtins.int = ...,
+        wait_ms: _builtins.int = ...,
+        max_entries: _builtins.int = ...,
+        max_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ledger_id", b"ledger_id", "max_bytes", b"max_bytes", "max_entries", b"max_entries", "previous_lac", b"previous_lac", "wait_ms", b"wait_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadTailRequest: _TypeAlias = ReadTailRequest  # noqa: Y015
 
 @_typing.final
 class ReadLacRequest(_message.Message):

@@ -49,6 +49,11 @@ class BookieStub:
                 request_serializer=octavo_dot_v1_dot_bookie__pb2.ReadLacRequest.SerializeToString,
                 response_deserializer=octavo_dot_v1_dot_bookie__pb2.ReadLacResponse.FromString,
                 _registered_method=True)
+        self.ReadTail = channel.unary_unary(
+                '/octavo.v1.Bookie/ReadTail',
+                request_serializer=octavo_dot_v1_dot_bookie__pb2.ReadTailRequest.SerializeToString,
+                response_deserializer=octavo_dot_v1_dot_bookie__pb2.ReadResponse.FromString,
+                _registered_method=True)
         self.WriteClose = channel.unary_unary(
                 '/octavo.v1.Bookie/WriteClose',
                 request_serializer=octavo_dot_v1_dot_bookie__pb2.WriteCloseRequest.SerializeToString,
@@ -82,6 +87,17 @@ class BookieServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadTail(self, request, context):
+        """Long poll for a tailing reader (BookKeeper's readLastAddConfirmedAndEntry with long poll): the bookie holds
+        the request until its LAC for the ledger passes previous_lac, the ledger is fenced or write-closed, or
+        wait_ms (capped by the bookie's long_poll_wait_ms_max) has passed; then it answers with its LAC and the
+        entries after previous_lac up to that LAC that it holds (a striped ledger's other entries are on other
+        bookies), bounded by max_entries and max_bytes and the bookie's read limits.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WriteClose(self, request, context):
         """Advisory: the writer closed the ledger. The bookie rolls its entry log so the ledger's entries get
         synced and become collectable early. Failure changes nothing but a log line on the client.
@@ -107,6 +123,11 @@ def add_BookieServicer_to_server(servicer, server):
                     servicer.ReadLastAddConfirmed,
                     request_deserializer=octavo_dot_v1_dot_bookie__pb2.ReadLacRequest.FromString,
                     response_serializer=octavo_dot_v1_dot_bookie__pb2.ReadLacResponse.SerializeToString,
+            ),
+            'ReadTail': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadTail,
+                    request_deserializer=octavo_dot_v1_dot_bookie__pb2.ReadTailRequest.FromString,
+                    response_serializer=octavo_dot_v1_dot_bookie__pb2.ReadResponse.SerializeToString,
             ),
             'WriteClose': grpc.unary_unary_rpc_method_handler(
                     servicer.WriteClose,
@@ -195,6 +216,33 @@ class Bookie:
             '/octavo.v1.Bookie/ReadLastAddConfirmed',
             octavo_dot_v1_dot_bookie__pb2.ReadLacRequest.SerializeToString,
             octavo_dot_v1_dot_bookie__pb2.ReadLacResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadTail(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/octavo.v1.Bookie/ReadTail',
+            octavo_dot_v1_dot_bookie__pb2.ReadTailRequest.SerializeToString,
+            octavo_dot_v1_dot_bookie__pb2.ReadResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -19,9 +19,19 @@ from octavo.v1 import bookie_pb2 as pb
 _ADD_PAYLOADS_TAG = bytes([9 << 3 | 2])
 _READ_ENTRIES_TAG = bytes([2 << 3 | 2])
 _READ_ENTRY_PAYLOAD_TAG = bytes([3 << 3 | 2])
+_ENTRY_ID_TAG = bytes([1 << 3 | 0])
+
+_SMALL_VARINTS = [bytes([n]) for n in range(0x80)]
+
 
 def varint(n: int) -> bytes:
     """An unsigned varint (n >= 0)."""
+    if n < 0x80:
+        return _SMALL_VARINTS[n]
+    if n < 0x4000:
+        return bytes((n & 0x7F | 0x80, n >> 7))
+    if n < 0x200000:
+        return bytes((n & 0x7F | 0x80, n >> 7 & 0x7F | 0x80, n >> 14))
     out = bytearray()
     while n > 0x7F:
         out.append(n & 0x7F | 0x80)
@@ -67,17 +77,28 @@ def encode_add_request(request: pb.AddRequest, payloads: Sequence[bytes], size: 
     return b"".join(parts)
 
 
-def encode_read_response(response: pb.ReadResponse, entries: Sequence[tuple[int, int, bytes, str]]) -> bytes:
+def encode_read_response(response: pb.ReadResponse,
+                         entries: Sequence[tuple[int, int, bytes | memoryview, str]]) -> bytes:
     """`response` (every field but entries) serialized with `entries` appended: (entry id, code, payload,
-    message) each, the payload sent only when the code is OK."""
-    parts = [response.SerializeToString()]
+    message) each, the payload sent only when the code is OK. An OK entry's record is written by hand (entry
+    id, then payload: what upb writes for it, code 0 being the default and so absent); others go through upb."""
+    parts: list[bytes | memoryview] = [response.SerializeToString()]
     append = parts.append
     for entry_id, code, payload, message in entries:
-        head = pb.ReadEntry(entry_id=entry_id, code=code, message=message).SerializeToString()  # type: ignore[arg-type]
-        if code == pb.OK and payload:
-            body_len = len(head) + 1 + len(varint(len(payload))) + len(payload)
-            append(_READ_ENTRIES_TAG + varint(body_len) + head + _READ_ENTRY_PAYLOAD_TAG + varint(len(payload)))
-            append(payload)
+        if code == pb.OK and not message and entry_id >= 0:
+            size = len(payload)
+            head = _ENTRY_ID_TAG + varint(entry_id) + _READ_ENTRY_PAYLOAD_TAG + varint(size) if size else \
+                _ENTRY_ID_TAG + varint(entry_id)
+            append(_READ_ENTRIES_TAG + varint(len(head) + size) + head)
+            if size:
+                append(payload)
         else:
-            append(_READ_ENTRIES_TAG + varint(len(head)) + head)
+            head = pb.ReadEntry(entry_id=entry_id, code=code, message=message).SerializeToString()  # type: ignore[arg-type]
+            if code == pb.OK and payload:
+                size = len(payload)
+                append(_READ_ENTRIES_TAG + varint(len(head) + 1 + len(varint(size)) + size) + head
+                       + _READ_ENTRY_PAYLOAD_TAG + varint(size))
+                append(payload)
+            else:
+                append(_READ_ENTRIES_TAG + varint(len(head)) + head)
     return b"".join(parts)
