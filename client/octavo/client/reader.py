@@ -37,13 +37,13 @@ log = logging.getLogger(__name__)
 
 READ_CHUNK_ENTRIES = 1000
 # Catch-up reads: the first chunk (entry sizes unknown yet), and the bounds of later ones.
-FIRST_CHUNK_ENTRIES = 256
-CHUNK_ENTRIES_MIN = 16
+FIRST_CHUNK_ENTRIES = 16
+CHUNK_ENTRIES_MIN = 1
 CHUNK_ENTRIES_MAX = 10_000
 # Chunks in flight at once, whatever read_ahead_bytes_max allows: more only contend for the same CPUs.
 CHUNKS_IN_FLIGHT_MAX = 8
 # A chunk is split over several bookies in parts of at least this many entries.
-SPLIT_ENTRIES_MIN = 64
+SPLIT_ENTRIES_MIN = 8
 # Tailing reads: entries asked of the one bookie that sends entries with its long-poll answer; the wait
 # between rounds that found nothing to do (a recovery in progress, every bookie unreachable) grows to this.
 TAIL_ENTRIES_MAX = 1000
