@@ -16,6 +16,7 @@ BENCHES = [
     ["restart_bench.py"],
     ["replication_bench.py"],
     ["operator_bench.py"],
+    ["read_bench.py"],
     ["producer_bench.py"],  # needs Debian's nats-server and the bench extra (nats-py)
     ["cluster_bench.py"],  # needs Debian's nats-server and the bench extra (nats-py)
 ]

@@ -11,9 +11,11 @@ answer wins. Entries a replica could not give (missing, UNKNOWN, corrupt, unreac
 replica; an entry no replica can give is a ReadError. An answer cut by the bookie's read limits is continued
 on the same bookie.
 
-Tailing reads (tail, tail_batches) follow an open ledger: each round is one long poll (ReadTail) on every
-bookie of the last ensemble, held until a bookie's LAC passes what the reader has; the first answer with
-progress wins (the one bookie asked for entries sends those it holds with it), the other polls are cancelled.
+Tailing reads (tail, tail_batches) follow an open ledger: each round is one long poll (ReadTail) on one bookie
+of the last ensemble, held until its LAC passes what the reader has, and answered with the entries it holds
+up to that LAC (others, of a striped ledger, are read from their replicas). A bookie that fails, hangs or had
+nothing new within the wait is left for the next bookie of the ensemble (as BookKeeper's long-poll reads
+move on), so a stopped bookie delays a reader by one wait (tail_wait_ms) at most.
 Only entries up to a LAC are ever yielded: a LAC comes from the writer and covers acknowledged entries only.
 A fenced or write-closed answer, or a round without progress, makes the reader look at the ledger's metadata
 in etcd: a new ensemble is followed, a closed ledger is read to its last entry and the tail ends.
@@ -26,7 +28,6 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from octavo.client.context import ClientContext
 from octavo.meta.errors import BookieUnavailableError, MetadataUnavailableError, ReadError
@@ -46,7 +47,9 @@ CHUNKS_IN_FLIGHT_MAX = 8
 SPLIT_ENTRIES_MIN = 8
 # Tailing reads: entries asked of the one bookie that sends entries with its long-poll answer; the wait
 # between rounds that found nothing to do (a recovery in progress, every bookie unreachable) grows to this.
-TAIL_ENTRIES_MAX = 1000
+TAIL_ENTRIES_MAX = 10_000
+# A long poll not answered this long after its wait is taken for a hung bookie (at most read_timeout_s).
+TAIL_HANG_SLACK_S = 1.0
 TAIL_RETRY_S_MIN = 0.02
 TAIL_RETRY_S_MAX = 1.0
 # A tailing reader re-reads metadata and retries a read that failed (its ensemble may have changed) this often.
@@ -65,6 +68,7 @@ class ReadHandle:
         self._client = client
         self.metadata = metadata
         self._lac = last_add_confirmed
+        self._tail_bookie = ""  # the bookie a tailing read long-polls now
 
     @property
     def ledger_id(self) -> int:
@@ -201,91 +205,86 @@ class ReadHandle:
             raise ValueError(f"from_entry must be >= 0, got {from_entry}")
         next_id = from_entry
         stash: dict[int, bytes] = {}  # entries a long-poll answer brought, not yet yielded
-        idle_rounds = 0
+        quick_failures = 0
         while True:
             last = self.last_entry_id
             if next_id <= last:
-                idle_rounds = 0
-                if last - next_id >= READ_CHUNK_ENTRIES:  # far behind: a catch-up read
+                if last - next_id >= TAIL_ENTRIES_MAX and not stash:  # far behind: a catch-up read
                     async for batch in self._with_metadata_retry_batches(next_id, last):
                         yield batch
                 else:
                     ids = range(next_id, last + 1)
                     missing = [e for e in ids if e not in stash]
                     if missing:
-                        stash.update(await self._read_following(missing))
+                        # Usually the answer's tail past its byte limit: a range, spread over the bookies.
+                        contiguous = missing[-1] - missing[0] + 1 == len(missing)
+                        stash.update(await self._read_following(
+                            range(missing[0], missing[-1] + 1) if contiguous else missing))
                     yield [Entry(self.ledger_id, e, stash[e]) for e in ids]
                 stash.clear()
                 next_id = last + 1
                 continue
             if self.metadata.closed:
                 return
+            started = asyncio.get_running_loop().time()
             progressed, look = await self._poll_tail(next_id - 1, stash)
             if progressed:
-                continue
+                quick_failures = 0
+                if not look:
+                    continue
             if look:
                 await self._refresh_metadata()
-            if not self.metadata.closed:
-                idle_rounds += 1
-                if look and idle_rounds > 1:
-                    await asyncio.sleep(min(TAIL_RETRY_S_MAX, TAIL_RETRY_S_MIN * 2 ** min(idle_rounds, 10)))
+            if progressed or self.metadata.closed:
+                continue
+            # A round that ended at once without progress (a bookie down, a fence with the close still to come):
+            # the next bookie is tried at once, then the rounds slow down. A round that waited does not.
+            if asyncio.get_running_loop().time() - started < self._client.options.tail_wait_ms / 2000:
+                quick_failures += 1
+                if quick_failures > 1:
+                    await asyncio.sleep(min(TAIL_RETRY_S_MAX, TAIL_RETRY_S_MIN * 2 ** min(quick_failures, 10)))
+            else:
+                quick_failures = 0
 
     async def _poll_tail(self, previous: int, stash: dict[int, bytes]) -> tuple[bool, bool]:
-        """One long-poll round on the last ensemble's bookies. Returns (progress, look): progress when the LAC
-        passed `previous`; look when the metadata should be read again (a fence, a write-close, a round that
-        ended without progress, a bookie that failed)."""
+        """One long poll (ReadTail) on one bookie of the last ensemble, the one the reader follows now.
+        Returns (progress, look): progress when the LAC passed `previous`; look when the metadata should be
+        read again (a fence, a write-close, a wait that ended without progress, a bookie that failed). A
+        bookie that fails, hangs past the wait, or had nothing new is left for the next one of the ensemble,
+        so a stopped or replaced bookie holds the reader up for one wait at most."""
         meta = self.metadata
         opts = self._client.options
-        preferred = meta.write_set_bookies(previous + 1)[0]
-        timeout_s = opts.tail_wait_ms / 1000 + opts.read_timeout_s
-        tasks: dict[asyncio.Task[Any], str] = {}
-        for bookie_id in meta.last_ensemble:
-            try:
-                bookie = self._client.bookie_client(bookie_id)
-            except BookieUnavailableError:
-                continue
-            tasks[asyncio.create_task(bookie.read_tail(
-                self.ledger_id, previous, opts.tail_wait_ms, TAIL_ENTRIES_MAX if bookie_id == preferred else 0,
-                timeout_s=timeout_s))] = bookie_id
-        if not tasks:
-            await self._client.bookies(refresh=True)
-            return False, True
-        progressed = look = False
-        pending = set(tasks)
+        ensemble = meta.last_ensemble
+        if self._tail_bookie not in ensemble:
+            self._tail_bookie = meta.write_set_bookies(previous + 1)[0]
+        bookie_id = self._tail_bookie
+        wait_s = opts.tail_wait_ms / 1000
         try:
-            while pending and not progressed:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    try:
-                        answer = task.result()
-                    except BookieUnavailableError as e:
-                        log.debug("ledger %d: tailing read on bookie %s failed: %s", self.ledger_id, tasks[task], e)
-                        await self._client.moved(tasks[task])
-                        look = True
-                        continue
-                    if answer.error == pb.INVALID:
-                        raise ReadError(f"ledger {self.ledger_id}: bookie {tasks[task]} refused the tailing read: "
-                                        f"{answer.error_message}")
-                    if answer.fenced or answer.write_closed:
-                        look = True
-                    if answer.error:  # not known there yet, BUSY, in doubt: no progress from this one
-                        continue
-                    if answer.last_add_confirmed > previous:
-                        progressed = True
-                        lac = int(answer.last_add_confirmed)
-                        if lac > self._lac:
-                            self._lac = lac
-                        for item in answer.entries:
-                            if item.code == pb.OK and previous < item.entry_id <= lac:
-                                stash[item.entry_id] = item.payload
-                if look and not progressed:
-                    break
-        finally:
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
-        return progressed, look or not progressed
+            answer = await self._client.bookie_client(bookie_id).read_tail(
+                self.ledger_id, previous, opts.tail_wait_ms, TAIL_ENTRIES_MAX,
+                timeout_s=wait_s + min(opts.read_timeout_s, TAIL_HANG_SLACK_S))
+        except BookieUnavailableError as e:
+            log.debug("ledger %d: tailing read on bookie %s failed: %s", self.ledger_id, bookie_id, e)
+            await self._client.moved(bookie_id)
+            self._next_tail_bookie(ensemble)
+            return False, True
+        if answer.error == pb.INVALID:
+            raise ReadError(f"ledger {self.ledger_id}: bookie {bookie_id} refused the tailing read: "
+                            f"{answer.error_message}")
+        look = bool(answer.fenced or answer.write_closed)
+        if answer.error or answer.last_add_confirmed <= previous:  # nothing new (or not known there, BUSY)
+            self._next_tail_bookie(ensemble)
+            return False, True
+        lac = int(answer.last_add_confirmed)
+        if lac > self._lac:
+            self._lac = lac
+        for item in answer.entries:
+            if item.code == pb.OK and previous < item.entry_id <= lac:
+                stash[item.entry_id] = item.payload
+        return True, look
+
+    def _next_tail_bookie(self, ensemble: tuple[str, ...]) -> None:
+        k = ensemble.index(self._tail_bookie) if self._tail_bookie in ensemble else -1
+        self._tail_bookie = ensemble[(k + 1) % len(ensemble)]
 
     async def _refresh_metadata(self) -> None:
         """Read the ledger's metadata again (a new ensemble, a close); an etcd outage is waited out by the
@@ -299,12 +298,12 @@ class ReadHandle:
             await self._client.bookies(refresh=True)
         self.metadata = meta
 
-    async def _read_following(self, ids: list[int]) -> dict[int, bytes]:
+    async def _read_following(self, ids: Sequence[int]) -> dict[int, bytes]:
         """read_entries for a tailing reader: a failure may be a stale ensemble, so the metadata is read again
         and the read retried before the error is raised."""
         for attempt in range(TAIL_READ_ATTEMPTS):
             try:
-                return await self.read_entries(ids)
+                return await self._read_chunk(ids, spread=True)
             except ReadError:
                 if attempt == TAIL_READ_ATTEMPTS - 1:
                     raise
