@@ -112,13 +112,14 @@ def follow(etcd: str, ledger_id: int, out: Connection) -> None:
     out.send(asyncio.run(run()))
 
 
-async def tail_latencies(etcd: str, rate: float, seconds: float) -> tuple[list[float], list[float], float]:
+async def tail_latencies(etcd: str, rate: float, seconds: float, linger_ms: float
+                         ) -> tuple[list[float], list[float], float]:
     """Per-entry latencies (ms) from the writer's acknowledgement to the tailing reader (another process:
     time.perf_counter is the machine's monotonic clock) holding the entry, and the entries/s the writer reached
     (rate 0: as fast as it can); with the add latencies (append to acknowledgement) of the same entries."""
     acked: dict[int, float] = {}
     appended: list[float] = []
-    async with Client(etcd, options=ClientOptions(inflight_bytes_max=8 * MIB)) as client:
+    async with Client(etcd, options=ClientOptions(inflight_bytes_max=8 * MIB, linger_ms=linger_ms)) as client:
         writer = await client.create_ledger(3, 3, 2, password=PW)
         payload = os.urandom(ENTRY)
         mine, theirs = multiprocessing.get_context("spawn").Pipe()
@@ -202,16 +203,25 @@ async def bench(args: argparse.Namespace, cluster: LocalCluster) -> tuple[str, b
     ]
     tail_rows = []
     tail_ok = True
-    for label, rate in (("2,000/s", 2000.0), ("full load", 0.0)):
-        lat, add_lat, reached = await tail_latencies(etcd, rate, args.tail_seconds)
-        p50, p99 = percentile(lat, 0.5), percentile(lat, 0.99)
-        a50, a99 = percentile(add_lat, 0.5), percentile(add_lat, 0.99)
-        print(f"tail at {label}: {reached:,.0f}/s, p50 {p50:.2f} ms, p99 {p99:.2f} ms ({len(lat):,} entries); "
-              f"add latency p50 {a50:.2f} ms, p99 {a99:.2f} ms", flush=True)
-        tail_rows.append([label, f"{reached:,.0f}", f"{len(lat):,}", f"{p50:.2f}", f"{p99:.2f}", f"{a50:.2f}",
-                          f"{a99:.2f}"])
-        if rate:
-            tail_ok = p99 < 10
+    for label, rate, linger_ms in (("2,000/s", 2000.0, 0.0), ("2,000/s", 2000.0, 2.0), ("full load", 0.0, 0.0)):
+        figures: dict[str, list[float]] = {"p50": [], "p99": [], "a50": [], "a99": [], "rate": [], "n": []}
+        for _ in range(args.rounds):
+            lat, add_lat, reached = await tail_latencies(etcd, rate, args.tail_seconds, linger_ms)
+            for key, value in (("p50", percentile(lat, 0.5)), ("p99", percentile(lat, 0.99)),
+                               ("a50", percentile(add_lat, 0.5)), ("a99", percentile(add_lat, 0.99)),
+                               ("rate", reached), ("n", float(len(lat)))):
+                figures[key].append(value)
+            print(f"tail at {label}, linger_ms {linger_ms:g}: {reached:,.0f}/s, p50 {figures['p50'][-1]:.2f} ms, "
+                  f"p99 {figures['p99'][-1]:.2f} ms ({len(lat):,} entries); add latency p50 "
+                  f"{figures['a50'][-1]:.2f} ms, p99 {figures['a99'][-1]:.2f} ms", flush=True)
+        m = {key: median(values) for key, values in figures.items()}
+        tail_rows.append([label, f"{linger_ms:g}", f"{m['rate']:,.0f}", f"{m['n']:,.0f}", f"{m['p50']:.2f}",
+                          f"{m['p99']:.2f}", f"{m['a50']:.2f}", f"{m['a99']:.2f}"])
+        if rate and linger_ms:
+            tail_ok = m["p99"] < 10
+            tail_linger_p99 = m["p99"]
+        elif rate:
+            tail_plain_p99 = m["p99"]
     met = r_w >= 1.0 and tail_ok
     body = "\n".join([
         "## Reads: catch-up and tailing",
@@ -232,10 +242,17 @@ async def bench(args: argparse.Namespace, cluster: LocalCluster) -> tuple[str, b
         f"`tail_batches`) holding the entry; {args.tail_seconds:.0f} s per load. Beside it, the add latency of "
         "the same entries (append to acknowledgement): the tail cannot be faster than the machine serves adds.",
         "",
-        table(["writer load", "entries/s reached", "entries", "tail p50 ms", "tail p99 ms", "add p50 ms",
-               "add p99 ms"], tail_rows),
+        table(["writer load", "linger_ms", "entries/s reached", "entries", "tail p50 ms", "tail p99 ms",
+               "add p50 ms", "add p99 ms"], tail_rows),
         "",
-        f"Target p99 < 10 ms at 2,000/s: {_met(tail_ok)}.",
+        f"Target p99 < 10 ms at 2,000/s: {_met(tail_ok)} with `linger_ms=2` ({tail_linger_p99:.1f} ms); with "
+        f"`linger_ms=0` {tail_plain_p99:.1f} ms. At 2,000 records/s sent one per add request, every bookie "
+        "serves 2,000 add requests and the writer sends 6,000 a second: with etcd, three bookies, the writer "
+        "and the reader on two cores the machine is saturated, and the adds themselves queue (their p99 is in "
+        "the table); a linger of 2 ms puts a few records in each request, the CPU is no longer saturated, and "
+        "both latencies drop. The tail adds about one add's latency to the acknowledgement: the LAC of an "
+        "entry reaches the bookies on the next add (or, after 50 ms idle, on its own), and the long poll is "
+        "answered as that add is written.",
         "",
         "Why a catch-up read keeps up: the reader splits each chunk (about `read_batch_bytes`) into one "
         "contiguous range per bookie and keeps several chunks in flight (up to `read_ahead_bytes_max`); a "

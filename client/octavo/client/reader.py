@@ -27,7 +27,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from octavo.client.context import ClientContext
 from octavo.meta.errors import BookieUnavailableError, MetadataUnavailableError, ReadError
@@ -56,8 +56,10 @@ TAIL_RETRY_S_MAX = 1.0
 TAIL_READ_ATTEMPTS = 3
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):
+    """One entry as read. A named tuple: a catch-up read makes one per entry, and a tuple is the cheapest
+    immutable object Python can make."""
+
     ledger_id: int
     entry_id: int
     data: bytes
@@ -339,22 +341,24 @@ class ReadHandle:
                              spread: bool = False) -> tuple[dict[int, bytes], dict[int, str]]:
         """Every entry of `ids` that some replica gives (bookies in `exclude` are not asked), and for each
         other entry the last error seen: re-replication copies what exists and reports the rest as lost.
-        With `spread`, a range is first split over the bookies that all hold it (see the module doc)."""
+        With `spread`, a range is first split over the bookies that all hold it (see the module doc).
+
+        The bookies tried per entry are recorded only for entries a round did not find, so a read where every
+        bookie answers costs no set per entry."""
         found: dict[int, bytes] = {}
-        tried: dict[int, set[str]] = {e: set(exclude) for e in ids}
+        tried: dict[int, set[str]] = {}
         errors: dict[int, str] = {}
         groups = self._spread(ids, exclude) if spread else None
+        remaining: Sequence[int] = ids
         while True:
             if groups is None:
-                remaining = [e for e in ids if e not in found]
-                if not remaining:
-                    return found, {}
-                groups = self._group(remaining, tried)
+                groups = self._group(remaining, tried, exclude)
                 if not groups:
                     return found, {e: errors.get(e, "no replica left") for e in remaining}
-            await self._read_groups(groups, tried, found, errors)
+            await self._read_groups(groups, tried, exclude, found, errors)
             if len(found) == len(ids):
                 return found, {}
+            remaining = [e for e in ids if e not in found]
             groups = None
 
     def _spread(self, ids: Sequence[int], exclude: set[str] | frozenset[str]) -> dict[str, Sequence[int]] | None:
@@ -378,31 +382,48 @@ class ReadHandle:
         turn = ids.start // size
         return {ensemble[(k + turn) % len(ensemble)]: ids[k * size:(k + 1) * size] for k in range(parts)}
 
-    def _group(self, entries: list[int], tried: dict[int, set[str]]) -> dict[str, Sequence[int]]:
+    def _group(self, entries: Sequence[int], tried: dict[int, set[str]],
+               exclude: set[str] | frozenset[str]) -> dict[str, Sequence[int]]:
+        """Each entry to the first bookie of its write set not tried for it yet."""
         groups: dict[str, list[int]] = {}
         for e in entries:
+            done = tried.get(e, exclude)
             for bookie in self.metadata.write_set_bookies(e):
-                if bookie not in tried[e]:
+                if bookie not in done:
                     groups.setdefault(bookie, []).append(e)
                     break
         return groups  # type: ignore[return-value]
 
     async def _read_groups(self, groups: dict[str, Sequence[int]], tried: dict[int, set[str]],
-                           found: dict[int, bytes], errors: dict[int, str]) -> None:
-        tasks: dict[asyncio.Task[None], str] = {}
-        for bookie, entries in groups.items():
-            for e in entries:
-                tried[e].add(bookie)
-            tasks[asyncio.create_task(self._read_from(bookie, entries, found, errors))] = bookie
+                           exclude: set[str] | frozenset[str], found: dict[int, bytes],
+                           errors: dict[int, str]) -> None:
+        asked: list[tuple[str, Sequence[int]]] = list(groups.items())
+        tasks: dict[asyncio.Task[None], str] = {
+            asyncio.create_task(self._read_from(bookie, entries, found, errors)): bookie
+            for bookie, entries in groups.items()}
         _, pending = await asyncio.wait(tasks, timeout=self._client.options.speculative_read_delay_s)
         if pending:
             # Speculative reads: the slow bookies' entries go to their next replica too.
+            self._note_tried(asked, tried, exclude, found)
+            asked = []
             slow = [e for task in pending for e in groups[tasks[task]] if e not in found]
-            for bookie, entries in self._group(slow, tried).items():
-                for e in entries:
-                    tried[e].add(bookie)
+            for bookie, entries in self._group(slow, tried, exclude).items():
+                asked.append((bookie, entries))
                 tasks[asyncio.create_task(self._read_from(bookie, entries, found, errors))] = bookie
             await asyncio.wait(tasks)
+        self._note_tried(asked, tried, exclude, found)
+
+    @staticmethod
+    def _note_tried(asked: list[tuple[str, Sequence[int]]], tried: dict[int, set[str]],
+                    exclude: set[str] | frozenset[str], found: dict[int, bytes]) -> None:
+        """Record which bookie each entry not found was asked of (the next round asks another)."""
+        for bookie, entries in asked:
+            for e in entries:
+                if e not in found:
+                    done = tried.get(e)
+                    if done is None:
+                        done = tried[e] = set(exclude)
+                    done.add(bookie)
 
     async def _read_from(self, bookie_id: str, entries: Sequence[int], found: dict[int, bytes],
                          errors: dict[int, str]) -> None:
@@ -428,12 +449,13 @@ class ReadHandle:
                     errors[entry] = f"bookie {bookie_id}: {response.error_message}"
                 return
             items = response.entries
-            setdefault = found.setdefault
-            for item in items:
-                if item.code == pb.OK:
-                    setdefault(item.entry_id, item.payload)
-                else:
-                    errors[item.entry_id] = f"bookie {bookie_id}: {item.message}"
+            # Entries never change once written, so a copy from a speculative read may overwrite another.
+            good = [(item.entry_id, item.payload) for item in items if not item.code]
+            found.update(good)
+            if len(good) < len(items):
+                for item in items:
+                    if item.code:
+                        errors[item.entry_id] = f"bookie {bookie_id}: {item.message}"
             n = len(items)
             if not 0 < n < len(entries) or items[n - 1].code != pb.OK:
                 return

@@ -77,6 +77,23 @@ def encode_add_request(request: pb.AddRequest, payloads: Sequence[bytes], size: 
     return b"".join(parts)
 
 
+class _EntryHeads(dict[int, tuple[bytes, bytes]]):
+    """For a payload size s and an entry-id varint of n bytes (key s << 4 | n): the bytes of an OK ReadEntry
+    record before its entry id (the entries tag, the record's length, the entry-id tag) and between the id and
+    the payload (the payload tag and length). A catch-up read's entries mostly share a few sizes."""
+
+    def __missing__(self, key: int) -> tuple[bytes, bytes]:
+        size, id_len = key >> 4, key & 0xF
+        after = _READ_ENTRY_PAYLOAD_TAG + varint(size) if size else b""
+        heads = (_READ_ENTRIES_TAG + varint(1 + id_len + len(after) + size) + _ENTRY_ID_TAG, after)
+        if len(self) < _PREFIX_CACHE_MAX:
+            self[key] = heads
+        return heads
+
+
+_entry_heads = _EntryHeads()
+
+
 def encode_read_response(response: pb.ReadResponse,
                          entries: Sequence[tuple[int, int, bytes | memoryview, str]]) -> bytes:
     """`response` (every field but entries) serialized with `entries` appended: (entry id, code, payload,
@@ -84,14 +101,13 @@ def encode_read_response(response: pb.ReadResponse,
     id, then payload: what upb writes for it, code 0 being the default and so absent); others go through upb."""
     parts: list[bytes | memoryview] = [response.SerializeToString()]
     append = parts.append
+    heads = _entry_heads
     for entry_id, code, payload, message in entries:
         if code == pb.OK and not message and entry_id >= 0:
-            size = len(payload)
-            head = _ENTRY_ID_TAG + varint(entry_id) + _READ_ENTRY_PAYLOAD_TAG + varint(size) if size else \
-                _ENTRY_ID_TAG + varint(entry_id)
-            append(_READ_ENTRIES_TAG + varint(len(head) + size) + head)
-            if size:
-                append(payload)
+            eid = varint(entry_id)
+            before, after = heads[len(payload) << 4 | len(eid)]
+            append(before + eid + after)
+            append(payload)
         else:
             head = pb.ReadEntry(entry_id=entry_id, code=code, message=message).SerializeToString()  # type: ignore[arg-type]
             if code == pb.OK and payload:
