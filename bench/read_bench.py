@@ -252,7 +252,11 @@ async def bench(args: argparse.Namespace, cluster: LocalCluster) -> tuple[str, b
         "the table); a linger of 2 ms puts a few records in each request, the CPU is no longer saturated, and "
         "both latencies drop. The tail adds about one add's latency to the acknowledgement: the LAC of an "
         "entry reaches the bookies on the next add (or, after 50 ms idle, on its own), and the long poll is "
-        "answered as that add is written.",
+        "answered as that add is written."
+        " At full load the writer (8 MiB in flight, so its own adds wait ~100 ms in the budget), three bookies and "
+        "the reader share two cores: the reader gets what CPU is left and trails the writer by the figures above, "
+        "though each of its answers carries up to 10,000 entries; with its own CPU a reader follows at the "
+        "catch-up rate above.",
         "",
         "Why a catch-up read keeps up: the reader splits each chunk (about `read_batch_bytes`) into one "
         "contiguous range per bookie and keeps several chunks in flight (up to `read_ahead_bytes_max`); a "

@@ -179,3 +179,27 @@ def test_cluster_check_refuses_bad_arguments(cluster: LocalCluster, args: list[s
                           capture_output=True, text=True, timeout=120)
     assert done.returncode in (1, 2) and message in done.stderr.lower(), done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_read_follow_prints_entries_as_they_come_and_exits_at_the_close(cluster: LocalCluster) -> None:
+    etcd = cluster.etcd_endpoint
+    with SyncClient(etcd) as client:
+        writer = client.create_ledger(3, 3, 2, password=b"pw")
+        writer.append_many([b"before %d" % i for i in range(3)])
+        follow = subprocess.Popen([*OCTAVO, "ledger", "read", str(writer.ledger_id), "--etcd", etcd, "--password",
+                                   "pw", "--follow", "--first", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        try:
+            assert follow.stdout is not None
+            # What is there first (read line by line: communicate() below bypasses this file's buffer).
+            assert [follow.stdout.readline(), follow.stdout.readline()] == ["1\tbefore 1\n", "2\tbefore 2\n"]
+            for i in range(5):
+                writer.append(b"after %d" % i)
+            writer.close()
+            out, err = follow.communicate(timeout=60)
+        finally:
+            follow.kill()
+    assert follow.returncode == 0, err
+    assert out.splitlines() == [f"{3 + i}\tafter {i}" for i in range(5)]
+    usage = run("read", str(writer.ledger_id), "--etcd", etcd, "--password", "pw", "--follow", "--last", "3")
+    assert usage.returncode == 2 and "--follow reads until the ledger is closed" in usage.stderr

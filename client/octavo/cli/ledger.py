@@ -2,12 +2,14 @@
 
     octavo ledger ls      [--etcd E | --data-dir DIR] [--cluster C] [--json]
     octavo ledger show ID [...] [--json]
-    octavo ledger read ID [...] [--password P | --password-file F] [--first N] [--last N]
+    octavo ledger read ID [...] [--password P | --password-file F] [--first N] [--last N | --follow]
                           [--format auto|text|hex|raw] [--recover] [--json]
     octavo ledger delete ID [...] [--password P | --password-file F] [--yes] [--json]
 
 `read` opens without recovery by default (it never fences a writer); --recover closes an open ledger first.
-An open ledger is read up to what its bookies hold on an ack quorum. `delete` asks for confirmation on a
+An open ledger is read up to what its bookies hold on an ack quorum; with --follow (`tail -f`) the command
+prints what is there, then each entry as its writer gets it acknowledged, and exits once the ledger is
+closed (Ctrl-C stops it earlier, exit code 130). `delete` asks for confirmation on a
 terminal; scripts pass --yes.
 Exit codes: 0 success, 1 the operation failed (message on stderr), 2 bad usage.
 """
@@ -58,6 +60,8 @@ def add_parser(sub: Any) -> None:
             c.add_argument("--format", choices=("auto", "text", "hex", "raw"), default="auto",
                            help="auto: text when printable, hex otherwise; raw: the bytes alone, back to back")
             c.add_argument("--recover", action="store_true", help="recovery open: fence and close the ledger")
+            c.add_argument("--follow", "-f", action="store_true",
+                           help="keep printing new entries as they are acknowledged, until the ledger is closed")
         if name == "delete":
             c.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
@@ -69,6 +73,9 @@ def run(args: Namespace) -> int:
 async def _run(args: Namespace) -> int:
     if args.ledger_cmd == "read" and args.first is not None and args.last is not None and args.last < args.first:
         raise CliError(f"--last {args.last} is before --first {args.first}", EXIT_USAGE)
+    if args.ledger_cmd == "read" and args.follow and (args.last is not None or args.recover):
+        raise CliError("--follow reads until the ledger is closed: it takes neither --last nor --recover",
+                       EXIT_USAGE)
     async with cluster_client(args) as client:
         handler = {"ls": _ls, "show": _show, "read": _read, "delete": _delete}[args.ledger_cmd]
         return await handler(client, args)  # type: ignore[no-any-return]
@@ -138,6 +145,12 @@ async def _show(client: Any, args: Namespace) -> int:
 
 async def _read(client: Any, args: Namespace) -> int:
     reader = await client.open_ledger(args.ledger_id, resolve_password(args), recovery=args.recover)
+    if args.follow:
+        async for batch in reader.tail_batches(args.first or 0):  # Ctrl-C: main() exits 130
+            for entry in batch:
+                _print_entry(entry, args)
+            sys.stdout.flush()
+        return EXIT_OK
     last_readable = reader.last_entry_id
     first = 0 if args.first is None else args.first
     last = last_readable if args.last is None else args.last
@@ -150,17 +163,22 @@ async def _read(client: Any, args: Namespace) -> int:
         raise CliError(f"entries [{first}, {max(first, last)}] are past the last readable entry {last_readable} of "
                        f"ledger {args.ledger_id}" + ("" if reader.metadata.closed else
                                                      " (it is open: its writer may add more)"))
-    out = sys.stdout
-    async for entry in reader.read(first, last):
-        if args.json:
-            print_json({"ledger_id": entry.ledger_id, "entry_id": entry.entry_id, "size_bytes": len(entry.data),
-                        "data_base64": base64.b64encode(entry.data).decode()})
-        elif args.format == "raw":
-            out.buffer.write(entry.data)
-        else:
-            out.write(f"{entry.entry_id}\t{format_payload(entry.data, args.format)}\n")
-    out.flush()
+    async for batch in reader.read_batches(first, last):
+        for entry in batch:
+            _print_entry(entry, args)
+    sys.stdout.flush()
     return EXIT_OK
+
+
+def _print_entry(entry: Any, args: Namespace) -> None:
+    out = sys.stdout
+    if args.json:
+        print_json({"ledger_id": entry.ledger_id, "entry_id": entry.entry_id, "size_bytes": len(entry.data),
+                    "data_base64": base64.b64encode(entry.data).decode()})
+    elif args.format == "raw":
+        out.buffer.write(entry.data)
+    else:
+        out.write(f"{entry.entry_id}\t{format_payload(entry.data, args.format)}\n")
 
 
 async def _delete(client: Any, args: Namespace) -> int:
