@@ -16,7 +16,8 @@ of the last ensemble, held until its LAC passes what the reader has, and answere
 up to that LAC (others, of a striped ledger, are read from their replicas). A bookie that fails, hangs or had
 nothing new within the wait is left for the next bookie of the ensemble (as BookKeeper's long-poll reads
 move on), so a stopped bookie delays a reader by one wait (tail_wait_ms) at most.
-Only entries up to a LAC are ever yielded: a LAC comes from the writer and covers acknowledged entries only.
+Only entries up to a LAC a bookie reported are ever yielded (a LAC comes from the writer and covers acknowledged
+entries only), not up to read_last_add_confirmed's held-by-Qa estimate.
 A fenced or write-closed answer, or a round without progress, makes the reader look at the ledger's metadata
 in etcd: a new ensemble is followed, a closed ledger is read to its last entry and the tail ends.
 """
@@ -71,6 +72,9 @@ class ReadHandle:
         self.metadata = metadata
         self._lac = last_add_confirmed
         self._tail_bookie = ""  # the bookie a tailing read long-polls now
+        # The highest LAC a bookie reported to a tailing read. A tail yields only up to it (or a closed ledger's
+        # last entry), never up to the held-by-Qa estimate read_last_add_confirmed may give an open ledger.
+        self._tail_lac = -1
 
     @property
     def ledger_id(self) -> int:
@@ -209,7 +213,7 @@ class ReadHandle:
         stash: dict[int, bytes] = {}  # entries a long-poll answer brought, not yet yielded
         quick_failures = 0
         while True:
-            last = self.last_entry_id
+            last = self.metadata.last_entry_id if self.metadata.closed else self._tail_lac
             if next_id <= last:
                 if last - next_id >= TAIL_ENTRIES_MAX and not stash:  # far behind: a catch-up read
                     async for batch in self._with_metadata_retry_batches(next_id, last):
@@ -277,6 +281,7 @@ class ReadHandle:
             self._next_tail_bookie(ensemble)
             return False, True
         lac = int(answer.last_add_confirmed)
+        self._tail_lac = max(self._tail_lac, lac)
         if lac > self._lac:
             self._lac = lac
         for item in answer.entries:
