@@ -19,9 +19,11 @@ from itertools import chain
 from typing import Any, NamedTuple
 
 import grpc
+from opentelemetry import trace
 
 from octavo.meta.errors import BookieUnavailableError
 from octavo.meta.etcd import CHANNEL_OPTIONS
+from octavo.telemetry.tracing import TRACEPARENT, current_traceparent
 from octavo.v1 import bookie_pb2 as pb
 from octavo.v1 import bookie_pb2_grpc as pb_grpc
 from octavo.v1.wire import encode_add_request
@@ -55,12 +57,21 @@ class AddGroup(NamedTuple):
     entry_ids: Sequence[int]
     payloads: Sequence[bytes]
     size: int  # payload bytes
+    trace_parent: str = ""  # W3C traceparent of a sampled append this group carries entries of
 
 
 def add_group(ledger_id: int, master_key: bytes, entry_ids: Sequence[int], payloads: Sequence[bytes],
               last_add_confirmed: int, recovery: bool = False) -> AddGroup:
     return AddGroup(ledger_id, master_key, last_add_confirmed, recovery, entry_ids, payloads,
                     sum(map(len, payloads)))
+
+
+def _trace_metadata() -> tuple[tuple[str, str], ...] | None:
+    """The caller's sampled trace context as gRPC metadata (W3C traceparent), None when there is none."""
+    if not trace.get_current_span().is_recording():
+        return None
+    traceparent = current_traceparent()
+    return ((TRACEPARENT, traceparent),) if traceparent else None
 
 
 class Refusal(NamedTuple):
@@ -243,6 +254,9 @@ class BookieClient:
                                     group_master_keys=keys, group_lacs=lacs, group_entry_counts=counts,
                                     entry_ids=entry_ids,
                                     group_recovery=[g.recovery for g in groups] if recovery else ())
+            trace_parent = next((g.trace_parent for g in groups if g.trace_parent), "")
+            if trace_parent:
+                request.trace_parent = trace_parent
             encoded = encode_add_request(request, payloads, size)
         except Exception as e:  # taken off the queue: they must still get their answer
             for group, callback in taken:
@@ -364,7 +378,7 @@ class BookieClient:
         else:
             request = pb.ReadRequest(ledger_id=ledger_id, entry_ids=list(entry_ids))
         try:
-            return await self._stub.ReadEntries(request, timeout=timeout_s)
+            return await self._stub.ReadEntries(request, timeout=timeout_s, metadata=_trace_metadata())
         except grpc.aio.AioRpcError as e:
             raise BookieUnavailableError(f"bookie {self.bookie_id} at {self.address}: {_describe(e)}") from e
 
@@ -374,7 +388,7 @@ class BookieClient:
         try:
             return await self._stub.ReadTail(pb.ReadTailRequest(
                 ledger_id=ledger_id, previous_lac=previous_lac, wait_ms=wait_ms, max_entries=max_entries),
-                timeout=timeout_s)
+                timeout=timeout_s, metadata=_trace_metadata())
         except grpc.aio.AioRpcError as e:
             raise BookieUnavailableError(f"bookie {self.bookie_id} at {self.address}: {_describe(e)}") from e
 
@@ -382,7 +396,8 @@ class BookieClient:
                        timeout_s: float = CALL_TIMEOUT_S) -> Any:
         try:
             return await self._stub.ReadLastAddConfirmed(
-                pb.ReadLacRequest(ledger_id=ledger_id, fence=fence, master_key=master_key), timeout=timeout_s)
+                pb.ReadLacRequest(ledger_id=ledger_id, fence=fence, master_key=master_key), timeout=timeout_s,
+                metadata=_trace_metadata())
         except grpc.aio.AioRpcError as e:
             raise BookieUnavailableError(f"bookie {self.bookie_id} at {self.address}: {_describe(e)}") from e
 

@@ -27,12 +27,16 @@ from concurrent.futures._base import FINISHED as _FINISHED
 from concurrent.futures._base import PENDING as _PENDING
 from typing import Any, TypeVar
 
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
+
 from octavo.client.bookie_client import BookieClient
 from octavo.client.dataset import DatasetStore
 from octavo.client.options import ClientOptions
 from octavo.client.reader import Entry, ReadHandle
 from octavo.client.recovery import recover_ledger
 from octavo.client.scheduler import WriteScheduler
+from octavo.client.telemetry import ClientTracing, client_metrics
 from octavo.client.writer import WriteHandle
 from octavo.meta.errors import (
     BookieUnavailableError,
@@ -60,8 +64,14 @@ T = TypeVar("T")
 
 
 class Client:
-    def __init__(self, etcd: str, cluster: str = DEFAULT_CLUSTER, options: ClientOptions | None = None) -> None:
+    def __init__(self, etcd: str, cluster: str = DEFAULT_CLUSTER, options: ClientOptions | None = None, *,
+                 meter_provider: MeterProvider | None = None, tracer_provider: TracerProvider | None = None) -> None:
+        """`meter_provider` / `tracer_provider`: where the client's metrics and spans go (default: the global
+        OpenTelemetry providers, no-ops unless the application installed an SDK). Spans are made only for
+        the share options.trace_sample_ratio of operations."""
         self.options = options or ClientOptions()
+        self.metrics = client_metrics(meter_provider)
+        self.tracing = ClientTracing(self.options.trace_sample_ratio, tracer_provider)
         self.etcd = EtcdClient(etcd, timeout_s=self.options.metadata_timeout_s)
         self.metadata_store = MetadataStore(self.etcd, Layout(cluster))
         self.datasets = DatasetStore(self.etcd, self.metadata_store.layout, self.delete_ledger,
@@ -149,6 +159,14 @@ class Client:
     async def create_ledger(self, ensemble_size: int = 3, write_quorum: int = 3, ack_quorum: int = 2,
                             password: bytes = b"", metadata: dict[str, str] | None = None) -> WriteHandle:
         """Create a ledger on `ensemble_size` writable bookies; returns its write handle."""
+        with self.tracing.operation("octavo.create_ledger") as span:
+            writer = await self._create_ledger(ensemble_size, write_quorum, ack_quorum, password, metadata)
+            if span is not None:
+                span.set_attribute("octavo.ledger_id", writer.ledger_id)
+            return writer
+
+    async def _create_ledger(self, ensemble_size: int, write_quorum: int, ack_quorum: int, password: bytes,
+                             metadata: dict[str, str] | None) -> WriteHandle:
         try:
             check_quorums(ensemble_size, write_quorum, ack_quorum)
         except MetadataError as e:
@@ -181,7 +199,11 @@ class Client:
         if meta.closed:
             return ReadHandle(self, meta, meta.last_entry_id)
         if recovery:
-            meta = await recover_ledger(self, ledger_id, master_key(password))
+            self.metrics.recovery_opens.add(1)
+            with self.tracing.operation("octavo.recovery_open", **{"octavo.ledger_id": ledger_id}) as span:
+                meta = await recover_ledger(self, ledger_id, master_key(password))
+                if span is not None:
+                    span.set_attribute("octavo.last_entry_id", meta.last_entry_id)
             return ReadHandle(self, meta, meta.last_entry_id)
         handle = ReadHandle(self, meta, -1)
         await handle.read_last_add_confirmed()
@@ -486,9 +508,11 @@ class SyncReadHandle(_SyncHandle):
 class SyncClient:
     """The blocking facade of Client: same methods, same arguments."""
 
-    def __init__(self, etcd: str, cluster: str = DEFAULT_CLUSTER, options: ClientOptions | None = None) -> None:
+    def __init__(self, etcd: str, cluster: str = DEFAULT_CLUSTER, options: ClientOptions | None = None, *,
+                 meter_provider: MeterProvider | None = None, tracer_provider: TracerProvider | None = None) -> None:
         self._loop = _Loop()
-        self._client: Client = self._loop.run(_make_client(etcd, cluster, options))
+        self._client: Client = self._loop.run(_make_client(etcd, cluster, options, meter_provider=meter_provider,
+                                                           tracer_provider=tracer_provider))
 
     def close(self) -> None:
         self._loop.run(self._client.close())
@@ -524,6 +548,6 @@ class SyncClient:
         return self._loop.run(self._client.bookies(refresh=True))
 
 
-async def _make_client(etcd: str, cluster: str, options: ClientOptions | None) -> Client:
-    return Client(etcd, cluster, options)
+async def _make_client(etcd: str, cluster: str, options: ClientOptions | None, **providers: Any) -> Client:
+    return Client(etcd, cluster, options, **providers)
 

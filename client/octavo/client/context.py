@@ -8,6 +8,7 @@ from typing import Protocol
 from octavo.client.bookie_client import BookieClient
 from octavo.client.options import ClientOptions
 from octavo.client.scheduler import WriteScheduler
+from octavo.client.telemetry import ClientMetrics, ClientTracing
 from octavo.meta.metadata import BookieInfo, MetadataStore
 
 
@@ -16,6 +17,8 @@ class ClientContext(Protocol):
     metadata_store: MetadataStore
     write_scheduler: WriteScheduler
     closed: bool
+    metrics: ClientMetrics
+    tracing: ClientTracing
 
     @property
     def registrations(self) -> dict[str, BookieInfo]:

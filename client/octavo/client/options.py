@@ -38,6 +38,11 @@ class ClientOptions:
     # Tailing reads (ReadHandle.tail): how long a long poll asks a bookie to hold it (the bookie caps it by its
     # long_poll_wait_ms_max); after a wait with no progress the reader looks at the ledger's metadata again.
     tail_wait_ms: int = 5000
+    # Tracing: the share of root operations (create, append_many, recovery open, read, and the ensemble
+    # changes they cause) that get a span on the tracer provider (the global one unless the Client was given
+    # one). 0, the default, makes no span at all; an operation inside a recording span of the application
+    # always gets one. The spans' context reaches the bookies, whose request spans join the trace.
+    trace_sample_ratio: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("entry_size_bytes_max", "inflight_bytes_max", "add_timeout_s", "read_timeout_s",
@@ -49,6 +54,8 @@ class ClientOptions:
                      "bookie_quarantine_s", "linger_ms"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"ClientOptions.{name} must be zero or more, got {getattr(self, name)!r}")
+        if not 0.0 <= self.trace_sample_ratio <= 1.0:
+            raise ValueError(f"ClientOptions.trace_sample_ratio must be in [0, 1], got {self.trace_sample_ratio!r}")
         if self.read_ahead_bytes_max < self.read_batch_bytes:
             raise ValueError(f"ClientOptions.read_ahead_bytes_max ({self.read_ahead_bytes_max}) must be at least "
                              f"read_batch_bytes ({self.read_batch_bytes})")

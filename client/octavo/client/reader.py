@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from typing import NamedTuple
@@ -335,6 +336,13 @@ class ReadHandle:
                 await self._refresh_metadata()
 
     async def _read_chunk(self, ids: Sequence[int], spread: bool = False) -> dict[int, bytes]:
+        if self._client.tracing.sampling.enabled:
+            with self._client.tracing.operation("octavo.read", **{
+                    "octavo.ledger_id": self.ledger_id, "octavo.entries": len(ids)}):
+                return await self._read_chunk_untraced(ids, spread)
+        return await self._read_chunk_untraced(ids, spread)
+
+    async def _read_chunk_untraced(self, ids: Sequence[int], spread: bool) -> dict[int, bytes]:
         found, errors = await self.read_available(ids, spread=spread)
         if len(found) < len(ids):
             missing = next(e for e in ids if e not in found)
@@ -409,6 +417,7 @@ class ReadHandle:
         _, pending = await asyncio.wait(tasks, timeout=self._client.options.speculative_read_delay_s)
         if pending:
             # Speculative reads: the slow bookies' entries go to their next replica too.
+            self._client.metrics.speculative_reads.add(len(pending))
             self._note_tried(asked, tried, exclude, found)
             asked = []
             slow = [e for task in pending for e in groups[tasks[task]] if e not in found]
@@ -435,7 +444,9 @@ class ReadHandle:
         """Read `entries` from one bookie into `found`; an answer cut short by the bookie's read limits (its
         last entry OK, fewer than asked) is continued on the same bookie."""
         timeout_s = self._client.options.read_timeout_s
+        latency = self._client.metrics.read_latency
         while entries:
+            t0 = time.perf_counter()
             try:
                 try:
                     response = await self._client.bookie_client(bookie_id).read(self.ledger_id, entries,
@@ -449,6 +460,7 @@ class ReadHandle:
                 for entry in entries:
                     errors[entry] = str(e)
                 return
+            latency.record(time.perf_counter() - t0)
             if response.error:
                 for entry in entries:
                     errors[entry] = f"bookie {bookie_id}: {response.error_message}"

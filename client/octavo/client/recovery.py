@@ -57,7 +57,8 @@ async def recover_ledger(client: ClientContext, ledger_id: int, master_key: byte
     for _ in range(RECOVERY_CAS_ATTEMPTS_MAX):
         closed = meta.with_state(CLOSED, last_entry_id=last, length=length)
         if await store.update_ledger(closed, revision) is not None:
-            log.info("ledger %d recovered and closed at entry %d", ledger_id, last)
+            log.info("ledger %d recovered and closed at entry %d", ledger_id, last,
+                     extra={"event": "ledger_recovered", "ledger_id": ledger_id})
             return closed
         meta, revision = await store.read_ledger(ledger_id)
         if meta.state == CLOSED:

@@ -120,6 +120,12 @@ class WriteHandle:
         self._lac_timer_armed = False
         self._idle_since = 0.0  # when the last pending entry was acknowledged
         self._entry_limit, self._entry_limit_by = self._ensemble_entry_limit()
+        # Observability: (last entry id, when sent) per flush, for the latency to the ack quorum (one histogram
+        # record per flush, never per entry); the traceparent of a sampled append_many the next flush carries.
+        self._metrics = client.metrics
+        self._metrics.handles.add(self)
+        self._flush_marks: deque[tuple[int, float]] = deque()
+        self._trace_parent = ""
 
     @property
     def ledger_id(self) -> int:
@@ -153,6 +159,15 @@ class WriteHandle:
         """Append entries in order, all pipelined; returns their ids once all are acknowledged. Much cheaper
         per entry than gathering append() calls: one future for the whole batch. Every entry is checked
         before any is appended: a bad one fails the call with nothing appended."""
+        if self._client.tracing.sampling.enabled:
+            with self._client.tracing.operation("octavo.append", **{"octavo.ledger_id": self.ledger_id,
+                                                                    "octavo.entries": len(entries)}) as span:
+                if span is not None:
+                    self._trace_parent = self._client.tracing.traceparent(span)
+                return await self._append_many(entries)
+        return await self._append_many(entries)
+
+    async def _append_many(self, entries: Sequence[bytes]) -> list[int]:
         if not entries:
             return []
         datas = self._checked(entries)
@@ -333,13 +348,15 @@ class WriteHandle:
         if first >= end or self._error is not None:
             return
         self._sent_to = end
+        self._flush_marks.append((end - 1, time.perf_counter()))
         base = self._lac + 1
         datas = self._data[first - base:end - base]
         meta = self.metadata
         ensemble = meta.last_ensemble
+        trace_parent, self._trace_parent = self._trace_parent, ""
         if meta.write_quorum == meta.ensemble_size:  # one group, shared by every bookie of the ensemble
             group = AddGroup(self.ledger_id, self._master_key, self._lac, False, range(first, end), datas,
-                             sum(map(len, datas)))
+                             sum(map(len, datas)), trace_parent)
             for bookie in ensemble:
                 self._send(bookie, group)
             return
@@ -351,7 +368,8 @@ class WriteHandle:
                 ids_.append(eid)
                 datas_.append(data)
         for bookie, (ids_, datas_) in groups.items():
-            self._send(bookie, add_group(self.ledger_id, self._master_key, ids_, datas_, self._lac))
+            group = add_group(self.ledger_id, self._master_key, ids_, datas_, self._lac)
+            self._send(bookie, group._replace(trace_parent=trace_parent) if trace_parent else group)
 
     def _send(self, bookie_id: str, group: AddGroup) -> None:
         try:
@@ -447,6 +465,12 @@ class WriteHandle:
             self._length += size
             self._inflight_bytes -= size
             self._lac = top
+            marks = self._flush_marks
+            if marks and marks[0][0] <= top:
+                now = time.perf_counter()
+                record = self._metrics.add_latency.record
+                while marks and marks[0][0] <= top:
+                    record(now - marks.popleft()[1])
             waiters = self._waiters
             while waiters and waiters[0][0] <= top:
                 eid, future = waiters.popleft()
@@ -505,7 +529,8 @@ class WriteHandle:
         self._acks.failed(bookie_id)  # its later answers must not vouch for the entries this failure lost
         if bookie_id in self._changing:
             return
-        log.info("ledger %d: bookie %s failed (%s); changing the ensemble", self.ledger_id, bookie_id, reason)
+        log.info("ledger %d: bookie %s failed (%s); changing the ensemble", self.ledger_id, bookie_id, reason,
+                 extra={"event": "bookie_failed", "ledger_id": self.ledger_id, "bookie_id": bookie_id})
         self._new_epoch(bookie_id)
         self._quarantine[bookie_id] = asyncio.get_running_loop().time()
         self._failure_reasons[bookie_id] = reason
@@ -536,6 +561,7 @@ class WriteHandle:
                 if replacement is None:
                     return
                 self.ensemble_changes += 1
+                self._metrics.ensemble_changes.add(1)
                 self._new_epoch(replacement)
                 self._acks.replaced(failed, replacement, self._lac)
                 # Every entry sent and not acknowledged whose write set now has the replacement goes to it;
@@ -585,7 +611,8 @@ class WriteHandle:
                 self._entry_limit, self._entry_limit_by = self._ensemble_entry_limit()
                 self._quarantine.pop(replacement, None)
                 log.info("ledger %d: bookie %s replaced by %s from entry %d", self.ledger_id, failed, replacement,
-                         first)
+                         first, extra={"event": "ensemble_change", "ledger_id": self.ledger_id,
+                                       "from_bookie": failed, "to_bookie": replacement})
                 return replacement
             current, current_revision = await store.read_ledger(self.ledger_id)
             if current.state != OPEN:

@@ -213,7 +213,7 @@ class BookieAdminService(pb_grpc.BookieAdminServicer):
             recovery_logs_scanned=rec.logs_scanned,
             recovery_records_replayed=rec.records_replayed, recovery_bytes_truncated=rec.bytes_truncated,
             started_unix_ms=storage.started_unix_ms, compaction=self._compaction_state(),
-            log_live_bytes=live_bytes, log_total_bytes=total_bytes,
+            log_live_bytes=live_bytes, log_total_bytes=total_bytes, metrics_address=node.metrics_address,
         )
         if reg is not None:
             status.registration_refreshed_unix_ms = int(reg.refreshed_unix_s * 1000)

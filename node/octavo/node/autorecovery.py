@@ -53,6 +53,9 @@ SPREAD_PAGE_MARKS = 1000
 WORK_PASS_S_MAX = 30.0
 # A ledger whose re-replication left work (lost entries, an open segment, an error) is tried again after this.
 RETRY_DELAY_S = 30.0
+# How often the auditor counts the under-replication marks for the metrics (one etcd range read per page of
+# marks).
+MARKS_COUNT_INTERVAL_S = 10.0
 
 
 @dataclass
@@ -64,6 +67,11 @@ class AuditorState:
     marked_lost: set[str] = field(default_factory=set)             # bookies whose ledgers were marked
     last_full_audit_unix_ms: int = 0
     ledgers_marked: int = 0
+    # Counted by the auditor every MARKS_COUNT_INTERVAL_S (metrics: octavo.bookie.underreplicated_ledgers and
+    # the oldest mark's age); -1 until counted.
+    underreplicated_ledgers: int = -1
+    oldest_mark_unix_ms: int = 0
+    marks_counted_monotonic: float = float("-inf")
 
 
 @dataclass
@@ -144,6 +152,8 @@ class AutoRecovery:
         if not self.auditor.is_auditor:
             return
         now = time.monotonic()
+        if now - self.auditor.marks_counted_monotonic >= MARKS_COUNT_INTERVAL_S:
+            await self._count_marks(marks)
         registered = set(await client.bookies(refresh=True))
         cookies = await client.metadata_store.cookie_holders()
         for bookie_id in registered:
@@ -166,6 +176,14 @@ class AutoRecovery:
         if now >= self._next_full_audit:
             self._next_full_audit = now + self.config.audit_interval_s
             await self._full_audit(client, marks, registered, cookies)
+
+    async def _count_marks(self, marks: UnderReplication) -> None:
+        count, oldest = 0, 0
+        async for mark in marks.marks():
+            count += 1
+            oldest = mark.marked_unix_ms if not oldest else min(oldest, mark.marked_unix_ms)
+        self.auditor.underreplicated_ledgers, self.auditor.oldest_mark_unix_ms = count, oldest
+        self.auditor.marks_counted_monotonic = time.monotonic()
 
     async def _full_audit(self, client: Client, marks: UnderReplication, registered: set[str],
                           cookies: set[str]) -> None:

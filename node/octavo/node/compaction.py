@@ -261,6 +261,11 @@ class Compactor:
         self.last_minor_monotonic = time.monotonic()
         self.last_major_monotonic = time.monotonic()
         self.major_skipped = False  # a scheduled major pass was due while blocked (a closed window)
+        # Totals since the start, for the metrics: passes by kind, bytes copied and reclaimed, logs compacted.
+        self.passes: dict[str, int] = {MINOR: 0, MAJOR: 0}
+        self.bytes_copied_total = 0
+        self.bytes_reclaimed_total = 0
+        self.logs_compacted_total = 0
         self._stop = threading.Event()
         self._manual = False
         self._cancel: threading.Event | None = None
@@ -350,6 +355,10 @@ class Compactor:
         report.duration_s = time.monotonic() - t0
         report.finished_unix_ms = int(time.time() * 1000)
         self.last = report
+        self.passes[kind] = self.passes.get(kind, 0) + 1
+        self.bytes_copied_total += report.bytes_copied
+        self.bytes_reclaimed_total += max(0, report.bytes_reclaimed)
+        self.logs_compacted_total += report.logs_compacted
         log.info("%s compaction: %d logs compacted into %d, %d bytes copied, %d reclaimed in %.2fs%s%s", kind,
                  report.logs_compacted, report.compaction_logs, report.bytes_copied, report.bytes_reclaimed,
                  report.duration_s, f"; stopped: {report.stopped}" if report.stopped else "",

@@ -106,6 +106,15 @@ class NodeConfig:
     open_log_files_max: int = 256
     index_map_size_bytes: int = 64 * GIB
 
+    # Observability (octavo.telemetry, node/octavo/node/metrics.py). Prometheus text on
+    # http://host:metrics_port/metrics (-1: no endpoint; 0: a free port, written to the ready file). With an
+    # otlp_endpoint (host:port of an OpenTelemetry collector's gRPC receiver, https:// for TLS) metrics are
+    # also pushed and sampled spans exported. A request carrying a sampled trace context always gets a span;
+    # other requests get one at trace_sample_ratio (0: none).
+    metrics_port: int = -1
+    otlp_endpoint: str = ""
+    trace_sample_ratio: float = 0.0
+
     def validate(self) -> NodeConfig:
         def need(ok: bool, msg: str) -> None:
             if not ok:
@@ -162,6 +171,12 @@ class NodeConfig:
         need(64 * KIB <= self.replication_batch_bytes_max <= 1 * GIB,
              f"replication_batch_bytes_max must be in [64 KiB, 1 GiB], got {self.replication_batch_bytes_max}")
         need(1 <= self.replication_workers_max <= 64, "replication_workers_max must be in [1, 64]")
+        need(-1 <= self.metrics_port <= 65535,
+             f"metrics_port must be in [-1, 65535] (-1: off), got {self.metrics_port}")
+        need(self.metrics_port <= 0 or self.metrics_port != self.port,
+             f"metrics_port must differ from port ({self.port})")
+        need(0.0 <= self.trace_sample_ratio <= 1.0,
+             f"trace_sample_ratio must be in [0, 1], got {self.trace_sample_ratio}")
         return self
 
     def address(self) -> str:

@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 
 from octavo.meta.errors import MetadataUnavailableError
 from octavo.node.errors import Code, StorageError, WriteCacheFull
+from octavo.node.metrics import RequestStats
 from octavo.node.registration import Registration
 from octavo.node.rpc import stream, unary
 from octavo.node.storage import LedgerBatch, Storage
+from octavo.telemetry.tracing import Sampling, context_from_metadata, context_from_traceparent
 from octavo.v1 import bookie_pb2 as pb
 from octavo.v1 import bookie_pb2_grpc as pb_grpc
 from octavo.v1.wire import encode_read_response
@@ -75,11 +80,48 @@ class BookieService(pb_grpc.BookieServicer):
         self._not_open: dict[int, None] = {}
         self._write_closed: dict[int, None] = {}
         self.tail_waiters = TailWaiters(storage.config.long_poll_waiters_max)
+        self.stats = RequestStats()
+        # Tracing (server.py sets both when spans have somewhere to go): a request carrying a sampled trace
+        # context gets a span, others at the sampling ratio. With no tracer no span is ever made.
+        self.tracer: Tracer | None = None
+        self.sampling = Sampling(0.0)
+        self.bookie_id = registration.bookie_id if registration is not None else ""
 
     async def AddEntries(self, request_iterator: AsyncIterator[pb.AddRequest],
                          context: grpc.aio.ServicerContext) -> AsyncIterator[pb.AddResponse]:
+        stats = self.stats
         async for request in request_iterator:
-            yield await self._add(request)
+            t0 = time.perf_counter()
+            if self.tracer is not None and (request.trace_parent or self.sampling.enabled):
+                response = await self._traced_add(request)
+            else:
+                response = await self._add(request)
+            stats.add_requests += 1
+            if stats.add_latency is not None:
+                stats.add_latency.record(time.perf_counter() - t0)
+            yield response
+
+    async def _traced_add(self, request: pb.AddRequest) -> pb.AddResponse:
+        span = self._span("octavo.bookie.add", request.trace_parent)
+        if span is None:
+            return await self._add(request)
+        with trace.use_span(span, end_on_exit=True):
+            span.set_attribute("octavo.request_id", request.request_id)
+            response = await self._add(request)
+            span.set_attribute("octavo.entries", len(request.entry_ids) or sum(len(a.entry_ids)
+                                                                               for a in request.ledgers))
+            if response.error:
+                span.set_status(StatusCode.ERROR, response.error_message)
+            return response
+
+    def _span(self, name: str, traceparent: str = "", metadata: object = None) -> Span | None:
+        """A span for one request: child of the caller's sampled context, else a root at the ratio."""
+        assert self.tracer is not None
+        parent = context_from_traceparent(traceparent) if traceparent else context_from_metadata(metadata)
+        if parent is None and not self.sampling.root():
+            return None
+        return self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER,
+                                      attributes={"octavo.bookie_id": self.bookie_id})
 
     async def _add(self, request: pb.AddRequest) -> pb.AddResponse:
         flat = bool(request.group_ledger_ids or request.entry_ids or request.payloads)
@@ -96,9 +138,11 @@ class BookieService(pb_grpc.BookieServicer):
         total_entries = sum(len(b.entry_ids) for b in batches)
         total_bytes = sum(sum(map(len, b.payloads)) for b in batches)
         if total_entries > cfg.batch_entries_max:
+            self.stats.refused(pb.TOO_LARGE, total_entries)
             return _refused(request, pb.TOO_LARGE, f"request carries {total_entries} entries, over "
                                                    f"batch_entries_max={cfg.batch_entries_max}")
         if total_bytes > cfg.batch_bytes_max:
+            self.stats.refused(pb.TOO_LARGE, total_entries)
             return _refused(request, pb.TOO_LARGE, f"request carries {total_bytes} payload bytes, over "
                                                    f"batch_bytes_max={cfg.batch_bytes_max}")
         results: list[tuple[list[Code], str] | None] = [None] * len(batches)
@@ -115,6 +159,12 @@ class BookieService(pb_grpc.BookieServicer):
                                             total_entries)
             for i, result in zip(todo, written, strict=True):
                 results[i] = result
+        stats = self.stats
+        stats.add_entries += total_entries
+        stats.add_bytes += total_bytes
+        for batch, outcome in zip(batches, results, strict=True):
+            if outcome is not None and outcome[1]:  # a message: some entry of the batch was refused
+                self._count_refused(batch, outcome[0])
         if self.tail_waiters.by_ledger:  # per request, not per entry: readers look at the LAC again
             for batch in batches:
                 self.tail_waiters.wake(batch.ledger_id)
@@ -125,6 +175,14 @@ class BookieService(pb_grpc.BookieServicer):
         return pb.AddResponse(request_id=request.request_id, results=[
             pb.LedgerAddResult(ledger_id=batch.ledger_id, codes=result[0], message=result[1])
             for batch, result in zip(batches, results, strict=True) if result is not None])
+
+    def _count_refused(self, batch: LedgerBatch, codes: list[Code]) -> None:
+        stats = self.stats
+        for code, payload in zip(codes, batch.payloads, strict=False):
+            if code != pb.OK:
+                stats.add_entries -= 1
+                stats.add_bytes -= len(payload)
+                stats.refused(code, 1)
 
     @staticmethod
     def _flat_batches(request: pb.AddRequest) -> list[LedgerBatch] | pb.AddResponse:
@@ -220,6 +278,29 @@ class BookieService(pb_grpc.BookieServicer):
         return pb.FENCED, f"ledger {ledger_id} is being recovered or is closed (etcd): adds from its writer are refused"
 
     async def ReadEntries(self, request: pb.ReadRequest, context: grpc.aio.ServicerContext) -> pb.ReadResponse:
+        t0 = time.perf_counter()
+        span = self._span("octavo.bookie.read", metadata=context.invocation_metadata()) \
+            if self.tracer is not None else None
+        if span is None:
+            response = self._read(request)
+        else:
+            with trace.use_span(span, end_on_exit=True):
+                span.set_attribute("octavo.ledger_id", request.ledger_id)
+                response = self._read(request)
+        self._count_read(response, t0)
+        return response  # type: ignore[no-any-return]
+
+    def _count_read(self, response: Any, t0: float) -> None:
+        """Count a read's answer: an error ReadResponse, or the bytes the wire encoder wrote (its entries were
+        counted by _encode)."""
+        stats = self.stats
+        stats.read_requests += 1
+        if not isinstance(response, bytes) and response.error:
+            stats.read_error(response.error)
+        if stats.read_latency is not None:
+            stats.read_latency.record(time.perf_counter() - t0)
+
+    def _read(self, request: pb.ReadRequest) -> Any:
         cfg = self.config
         state = self.storage.ledger_state(request.ledger_id)
         max_entries = min(request.max_entries or cfg.read_entries_max, cfg.read_entries_max)
@@ -247,11 +328,23 @@ class BookieService(pb_grpc.BookieServicer):
             entries = self.storage.read_many(request.ledger_id, ids, max_entries, max_bytes, stop_on_failure)
         except StorageError as e:
             return pb.ReadResponse(ledger_id=request.ledger_id, error=e.code, error_message=e.message)
-        # Pre-encoded: upb serializes many large payloads far below memory speed (see octavo.v1.wire).
-        return encode_read_response(pb.ReadResponse(ledger_id=request.ledger_id,  # type: ignore[return-value]
-                                                    last_add_confirmed=state.last_add_confirmed), entries)
+        return self._encode(pb.ReadResponse(ledger_id=request.ledger_id, last_add_confirmed=state.last_add_confirmed),
+                            entries)
+
+    def _encode(self, head: pb.ReadResponse, entries: list[tuple[int, int, Any, str]]) -> Any:
+        """The answer, pre-encoded (upb serializes many large payloads far below memory speed: octavo.v1.wire),
+        its entries counted."""
+        stats = self.stats
+        stats.read_entries += len(entries)
+        stats.read_bytes += sum(len(entry[2]) for entry in entries)
+        return encode_read_response(head, entries)
 
     async def ReadTail(self, request: pb.ReadTailRequest, context: grpc.aio.ServicerContext) -> pb.ReadResponse:
+        response = await self._read_tail(request)
+        self.stats.tail_requests += 1
+        return response  # type: ignore[no-any-return]
+
+    async def _read_tail(self, request: pb.ReadTailRequest) -> Any:
         """The long poll of a tailing reader: held until the LAC passes previous_lac, a fence, a write-close or
         the wait's end, then the LAC and the entries after previous_lac up to it that this bookie holds."""
         cfg = self.config
@@ -297,12 +390,18 @@ class BookieService(pb_grpc.BookieServicer):
                                         stop_on_failure=False, skip_missing=True)
         except StorageError as e:
             return pb.ReadResponse(ledger_id=ledger_id, error=e.code, error_message=e.message)
-        return encode_read_response(head, entries)  # type: ignore[return-value]
+        return self._encode(head, entries)
 
     async def ReadLastAddConfirmed(self, request: pb.ReadLacRequest,
                                    context: grpc.aio.ServicerContext) -> pb.ReadLacResponse:
         try:
             if request.fence:
+                self.stats.fences += 1
+                if self.tracer is not None:
+                    span = self._span("octavo.bookie.fence", metadata=context.invocation_metadata())
+                    if span is not None:
+                        span.set_attribute("octavo.ledger_id", request.ledger_id)
+                        span.end()
                 loop = asyncio.get_running_loop()
                 info = await loop.run_in_executor(None, self.storage.fence, request.ledger_id, request.master_key)
                 self.tail_waiters.wake(request.ledger_id)

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry.sdk.trace import TracerProvider
 
 from octavo.meta.errors import MetadataUnavailableError
 from octavo.node.adminplane import BookieAdminService, admin_handler
@@ -27,9 +28,11 @@ from octavo.node.config import NodeConfig
 from octavo.node.dataplane import BookieService, bookie_handler
 from octavo.node.disk import DiskMonitor
 from octavo.node.errors import StorageError
+from octavo.node.metrics import BookieMetrics
 from octavo.node.registration import Registration
 from octavo.node.repair import TailRepair
 from octavo.node.storage import GcReport, Storage
+from octavo.telemetry import Sampling, Telemetry, make_tracer_provider
 from octavo.v1 import bookie_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -50,8 +53,16 @@ def grpc_options(config: NodeConfig) -> list[tuple[str, Any]]:
 class BookieServer:
     """A running bookie: storage opened (recovery done), gRPC serving. Use start() / stop()."""
 
-    def __init__(self, config: NodeConfig) -> None:
+    def __init__(self, config: NodeConfig, tracer_provider: TracerProvider | None = None) -> None:
+        """`tracer_provider`: where spans go (tests pass one with an in-memory exporter); by default spans are
+        exported over OTLP when otlp_endpoint is set, and not made at all otherwise."""
         self.config = config.validate()
+        self.service: BookieService | None = None
+        self.telemetry: Telemetry | None = None
+        self.metrics_port = -1
+        self.metrics_address = ""
+        self._tracer_provider = tracer_provider
+        self._own_tracer_provider = False
         self.storage: Storage | None = None
         self.server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
@@ -67,6 +78,7 @@ class BookieServer:
         self.space_wake = asyncio.Event()  # set when a compaction window opens: the space loop looks at once
         self._autorecovery_task: asyncio.Task[None] | None = None
         self.ledgers_dropped_by_watch = 0
+        self.gc_ledgers_dropped_total = 0
         self.disk: DiskMonitor | None = None
         self.compactor: Compactor | None = None
         self.advertised = ""
@@ -99,7 +111,9 @@ class BookieServer:
             self.registration.disk_usage_ratio = max((u.ratio for u in self.disk.usages), default=0.0)
             await self.registration.check_cookie()  # before serving anything from this disk
             await self.registration.read_ledger_counter()
-        server.add_generic_rpc_handlers((bookie_handler(BookieService(self.storage, self.registration)),))
+        self.service = BookieService(self.storage, self.registration)
+        await self._start_telemetry(self.service)
+        server.add_generic_rpc_handlers((bookie_handler(self.service),))
         server.add_generic_rpc_handlers((admin_handler(BookieAdminService(self)),))
         await server.start()
         self.server = server
@@ -121,6 +135,29 @@ class BookieServer:
         log.info("bookie %s serving on %s:%d (data dir %s, recovery %.2fs, %d logs replayed)",
                  self.bookie_id, self.config.host, self.port, self.storage.data_dir,
                  time.monotonic() - t0, self.storage.recovery.logs_scanned)
+
+    async def _start_telemetry(self, service: BookieService) -> None:
+        """Metrics (with a /metrics endpoint when metrics_port is not -1, pushed when otlp_endpoint is set) and
+        tracing (when a tracer provider was given or otlp_endpoint is set)."""
+        cfg = self.config
+        attributes = {"octavo.bookie_id": self.bookie_id, "octavo.cluster": cfg.cluster}
+        if cfg.metrics_port >= 0 or cfg.otlp_endpoint:
+            self.telemetry = Telemetry("octavo-bookie", attributes, cfg.otlp_endpoint)
+            metrics = BookieMetrics(self, self.telemetry.meter("octavo.bookie"), service.stats)
+            self.telemetry.before_collect.append(metrics.fresh)
+            if cfg.metrics_port >= 0:
+                self.metrics_port = await self.telemetry.serve(cfg.host, cfg.metrics_port)
+                host = self.advertised.rsplit(":", 1)[0] if cfg.host in ("0.0.0.0", "::", "") else cfg.host
+                self.metrics_address = f"{host}:{self.metrics_port}"
+        if self._tracer_provider is None and cfg.otlp_endpoint:
+            self._tracer_provider = make_tracer_provider("octavo-bookie", cfg.otlp_endpoint, attributes=attributes)
+            self._own_tracer_provider = True
+        if self._tracer_provider is not None:
+            service.tracer = self._tracer_provider.get_tracer("octavo.bookie")
+            service.sampling = Sampling(cfg.trace_sample_ratio)
+
+    def tail_waiter_count(self) -> int:
+        return self.service.tail_waiters.count if self.service is not None else 0
 
     async def _space_loop(self) -> None:
         """GC (in a cluster) every gc_interval_ms, then a scheduled compaction pass when one is due and
@@ -230,6 +267,7 @@ class BookieServer:
             await self._drop_deleted(gone)
         report = await asyncio.get_running_loop().run_in_executor(None, storage.collect_garbage)
         report.ledgers_dropped = len(gone)
+        self.gc_ledgers_dropped_total += len(gone)
         return report
 
     async def _set_health(self, name: str, status: int) -> None:
@@ -257,6 +295,12 @@ class BookieServer:
             await self._set_health("", health_pb2.HealthCheckResponse.NOT_SERVING)
             await self.server.stop(SHUTDOWN_GRACE_S)
             self.server = None
+        if self.telemetry is not None:
+            await self.telemetry.shutdown()
+            self.telemetry = None
+        if self._own_tracer_provider and self._tracer_provider is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._tracer_provider.shutdown)
+            self._tracer_provider = None
         if self.storage is not None:
             storage, self.storage = self.storage, None
             # Wait for a compaction or GC pass still in its thread to reach its safe point.
@@ -281,6 +325,8 @@ async def serve(config: NodeConfig, ready_file: str | None = None) -> None:
         tmp = ready_file + ".tmp"
         with open(tmp, "w") as f:
             f.write(f"{config.host}:{node.port}\n")
+            if node.metrics_port >= 0:
+                f.write(f"metrics={config.host}:{node.metrics_port}\n")
         os.replace(tmp, ready_file)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -80,6 +80,18 @@ class LacInfo:
     tail_maybe_lost: bool
 
 
+@dataclass(frozen=True)
+class StorageGauges:
+    entry_log_bytes: int       # every entry log and compaction log of this bookie, flushed or not
+    entry_log_count: int
+    unflushed_bytes: int       # bytes after the recovery point: what a restart replays, a power loss may lose
+    pending_flushes: int       # rolled logs waiting for the flusher
+    write_cache_entries: int
+    write_cache_bytes: int     # an estimate: entries x CACHE_ENTRY_BYTES_ESTIMATE
+    ledgers: int
+    fenced_ledgers: int
+
+
 class Storage:
     """Open with Storage.open(config); close with close() (clean: syncs all, nothing to replay next time)."""
 
@@ -118,6 +130,12 @@ class Storage:
         self.started_unix_ms = int(time.time() * 1000)
         self.last_flush_error = ""
         self.last_gc: GcReport | None = None
+        # Observability (metrics.py): called with each flush's duration in seconds, from the flusher's thread.
+        self.on_flush: Callable[[float], None] | None = None
+        self.flush_seconds_total = 0.0
+        self.gc_runs = 0
+        self.gc_logs_deleted_total = 0
+        self.gc_bytes_reclaimed_total = 0
         self._flusher: Flusher | None = None
         self._index: Index | None = None
 
@@ -403,7 +421,13 @@ class Storage:
         Returns False if there was nothing to flush. Raises on IO failure, leaving the log queued: the next
         attempt starts over, and every step is idempotent.
         """
-        return self._flush.run()
+        t0 = time.monotonic()
+        flushed = self._flush.run()
+        if flushed:
+            self.flush_seconds_total += time.monotonic() - t0
+            if self.on_flush is not None:
+                self.on_flush(time.monotonic() - t0)
+        return flushed
 
     def pending_flushes(self) -> int:
         return len(self._cache.rolled)
@@ -587,6 +611,9 @@ class Storage:
     def collect_garbage(self) -> GcReport:
         """Delete the flushed logs none of whose ledgers is alive (gc.py)."""
         self.last_gc = gc.collect_garbage(self)
+        self.gc_runs += 1
+        self.gc_logs_deleted_total += self.last_gc.logs_deleted
+        self.gc_bytes_reclaimed_total += self.last_gc.bytes_reclaimed
         return self.last_gc
 
     def disk_bytes(self) -> tuple[int, int]:
@@ -597,6 +624,22 @@ class Storage:
 
     # ------------------------------------------------------------------------------------------------
     # Status
+
+    def gauges(self) -> StorageGauges:
+        """What the metrics read at each scrape: cheap (no disk access but the index's log accounting)."""
+        with self._lock:
+            unflushed = self._cache.logs()
+            unflushed_bytes = sum(entry_log.size for entry_log in unflushed)
+            cache_entries = self._cache.entries
+            rolled = len(self._cache.rolled)
+        flushed = self.index.log_metas()
+        states = self._table.view.values()
+        return StorageGauges(
+            entry_log_bytes=unflushed_bytes + sum(m.total_bytes for m in flushed.values()),
+            entry_log_count=len(unflushed) + len(flushed), unflushed_bytes=unflushed_bytes,
+            pending_flushes=rolled, write_cache_entries=cache_entries,
+            write_cache_bytes=cache_entries * CACHE_ENTRY_BYTES_ESTIMATE, ledgers=len(states),
+            fenced_ledgers=sum(1 for state in states if state.fenced))
 
     def status(self) -> dict[str, Any]:
         with self._lock:

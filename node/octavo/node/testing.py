@@ -67,6 +67,7 @@ class BookieProcess:
                                                  os.path.basename(data_dir) + ".log")
         self.proc: subprocess.Popen[bytes] | None = None
         self.address = ""
+        self.metrics_address = ""  # host:port of /metrics when started with --metrics-port
 
     def start(self, timeout_s: float = BOOKIE_START_TIMEOUT_S) -> str:
         ready = os.path.abspath(self.data_dir) + ".ready"
@@ -88,7 +89,9 @@ class BookieProcess:
                 raise RuntimeError(f"bookie did not serve within {timeout_s}s; see {self.log_path}")
             time.sleep(0.02)
         with open(ready) as f:
-            self.address = f.read().strip()
+            lines = f.read().split()
+        self.address = lines[0]
+        self.metrics_address = next((line.split("=", 1)[1] for line in lines[1:] if line.startswith("metrics=")), "")
         return self.address
 
     def log_tail(self, lines: int = 30) -> str:

@@ -22,7 +22,7 @@ COMPACTION_POLICY = ("compactionpolicies", "CompactionPolicy")
 
 # Bookie settings the operator owns: a BookieCluster may not set them.
 OPERATOR_OWNED_SETTINGS = frozenset({"data_dir", "host", "port", "advertised_address", "etcd", "cluster",
-                                     "bookie_id"})
+                                     "bookie_id", "metrics_port"})
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
 CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 REPLICAS_MAX = 1000

@@ -159,7 +159,13 @@ class AddRequest(_message.Message):
     GROUP_ENTRY_COUNTS_FIELD_NUMBER: _builtins.int
     ENTRY_IDS_FIELD_NUMBER: _builtins.int
     PAYLOADS_FIELD_NUMBER: _builtins.int
+    TRACE_PARENT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
+    trace_parent: _builtins.str
+    """W3C trace context (a `traceparent` value) of a sampled operation this request carries entries of; empty
+    when none is sampled. A unary call carries it as gRPC metadata; the add stream is one call for many
+    requests, so each request carries its own.
+    """
     @_builtins.property
     def ledgers(self) -> _containers.RepeatedCompositeFieldContainer[Global___LedgerAdds]:
         """The nested form: one message per ledger. Either this or the group columns below, never both."""
@@ -198,10 +204,11 @@ class AddRequest(_message.Message):
         group_entry_counts: _abc.Iterable[_builtins.int] | None = ...,
         entry_ids: _abc.Iterable[_builtins.int] | None = ...,
         payloads: _abc.Iterable[_builtins.bytes] | None = ...,
+        trace_parent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_ids", b"entry_ids", "group_entry_counts", b"group_entry_counts", "group_lacs", b"group_lacs", "group_ledger_ids", b"group_ledger_ids", "group_master_keys", b"group_master_keys", "group_recovery", b"group_recovery", "ledgers", b"ledgers", "payloads", b"payloads", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_ids", b"entry_ids", "group_entry_counts", b"group_entry_counts", "group_lacs", b"group_lacs", "group_ledger_ids", b"group_ledger_ids", "group_master_keys", b"group_master_keys", "group_recovery", b"group_recovery", "ledgers", b"ledgers", "payloads", b"payloads", "request_id", b"request_id", "trace_parent", b"trace_parent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1014,6 +1021,7 @@ class BookieStatus(_message.Message):
     REGISTRATION_ERROR_FIELD_NUMBER: _builtins.int
     REGISTRATION_FAILING_SINCE_UNIX_MS_FIELD_NUMBER: _builtins.int
     AUTORECOVERY_FIELD_NUMBER: _builtins.int
+    METRICS_ADDRESS_FIELD_NUMBER: _builtins.int
     bookie_id: _builtins.str
     address: _builtins.str
     version: _builtins.str
@@ -1062,6 +1070,8 @@ class BookieStatus(_message.Message):
     registration_ttl_s: _builtins.int
     registration_error: _builtins.str
     registration_failing_since_unix_ms: _builtins.int
+    metrics_address: _builtins.str
+    """Where this bookie serves Prometheus metrics (host:port, path /metrics); empty when metrics_port is off."""
     @_builtins.property
     def directories(self) -> _containers.RepeatedCompositeFieldContainer[Global___DirectoryUsage]: ...
     @_builtins.property
@@ -1116,10 +1126,11 @@ class BookieStatus(_message.Message):
         registration_error: _builtins.str = ...,
         registration_failing_since_unix_ms: _builtins.int = ...,
         autorecovery: Global___AutorecoveryState | None = ...,
+        metrics_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["autorecovery", b"autorecovery", "compaction", b"compaction", "write_cache", b"write_cache"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_log_id", b"active_log_id", "address", b"address", "autorecovery", b"autorecovery", "bookie_id", b"bookie_id", "cluster", b"cluster", "compaction", b"compaction", "directories", b"directories", "disk_readonly_ratio", b"disk_readonly_ratio", "disk_warn_ratio", b"disk_warn_ratio", "disk_writable_ratio", b"disk_writable_ratio", "entry_log_count", b"entry_log_count", "entry_logs", b"entry_logs", "forced_read_only", b"forced_read_only", "fsync_policy", b"fsync_policy", "gc_bytes_reclaimed", b"gc_bytes_reclaimed", "gc_duration_s", b"gc_duration_s", "gc_last_run_unix_ms", b"gc_last_run_unix_ms", "gc_ledgers_dropped", b"gc_ledgers_dropped", "gc_logs_deleted", b"gc_logs_deleted", "instance_id", b"instance_id", "last_start_was_unclean", b"last_start_was_unclean", "last_unclean_restart_unix_ms", b"last_unclean_restart_unix_ms", "ledger_count", b"ledger_count", "log_live_bytes", b"log_live_bytes", "log_total_bytes", b"log_total_bytes", "mode", b"mode", "mode_reason", b"mode_reason", "recovery_bytes_truncated", b"recovery_bytes_truncated", "recovery_logs_scanned", b"recovery_logs_scanned", "recovery_point_log_id", b"recovery_point_log_id", "recovery_records_replayed", b"recovery_records_replayed", "registered", b"registered", "registration_error", b"registration_error", "registration_failing_since_unix_ms", b"registration_failing_since_unix_ms", "registration_refreshed_unix_ms", b"registration_refreshed_unix_ms", "registration_ttl_s", b"registration_ttl_s", "started_unix_ms", b"started_unix_ms", "tail_maybe_lost", b"tail_maybe_lost", "unclean_restart_count", b"unclean_restart_count", "version", b"version", "write_cache", b"write_cache"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_log_id", b"active_log_id", "address", b"address", "autorecovery", b"autorecovery", "bookie_id", b"bookie_id", "cluster", b"cluster", "compaction", b"compaction", "directories", b"directories", "disk_readonly_ratio", b"disk_readonly_ratio", "disk_warn_ratio", b"disk_warn_ratio", "disk_writable_ratio", b"disk_writable_ratio", "entry_log_count", b"entry_log_count", "entry_logs", b"entry_logs", "forced_read_only", b"forced_read_only", "fsync_policy", b"fsync_policy", "gc_bytes_reclaimed", b"gc_bytes_reclaimed", "gc_duration_s", b"gc_duration_s", "gc_last_run_unix_ms", b"gc_last_run_unix_ms", "gc_ledgers_dropped", b"gc_ledgers_dropped", "gc_logs_deleted", b"gc_logs_deleted", "instance_id", b"instance_id", "last_start_was_unclean", b"last_start_was_unclean", "last_unclean_restart_unix_ms", b"last_unclean_restart_unix_ms", "ledger_count", b"ledger_count", "log_live_bytes", b"log_live_bytes", "log_total_bytes", b"log_total_bytes", "metrics_address", b"metrics_address", "mode", b"mode", "mode_reason", b"mode_reason", "recovery_bytes_truncated", b"recovery_bytes_truncated", "recovery_logs_scanned", b"recovery_logs_scanned", "recovery_point_log_id", b"recovery_point_log_id", "recovery_records_replayed", b"recovery_records_replayed", "registered", b"registered", "registration_error", b"registration_error", "registration_failing_since_unix_ms", b"registration_failing_since_unix_ms", "registration_refreshed_unix_ms", b"registration_refreshed_unix_ms", "registration_ttl_s", b"registration_ttl_s", "started_unix_ms", b"started_unix_ms", "tail_maybe_lost", b"tail_maybe_lost", "unclean_restart_count", b"unclean_restart_count", "version", b"version", "write_cache", b"write_cache"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
