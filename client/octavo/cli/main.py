@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import os
 import sys
 import tomllib
@@ -88,6 +87,12 @@ class UsageError(Exception):
     pass
 
 
+def add_log_format_argument(parser: Any) -> None:
+    parser.add_argument("--log-format", choices=["text", "json"], default=os.environ.get("OCTAVO_LOG_FORMAT", "text"),
+                        help="text lines, or one JSON object per line with the ledger, bookie and trace ids as "
+                             "fields (default: text, or $OCTAVO_LOG_FORMAT)")
+
+
 def _add_node_parser(sub: Any) -> None:
     from octavo.node.config import NodeConfig
 
@@ -101,6 +106,7 @@ def _add_node_parser(sub: Any) -> None:
     p.add_argument("--ready-file", help="write HOST:PORT to this file once serving (for scripts and tests)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="(default: INFO)")
+    add_log_format_argument(p)
     for f in dataclasses.fields(NodeConfig):
         shown = "" if f.default is dataclasses.MISSING else f" (default: {f.default!r})"
         p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
@@ -161,8 +167,12 @@ def cmd_node(args: argparse.Namespace) -> int:
     from octavo.node.server import serve
 
     config = resolve_node_config(args)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from octavo.telemetry import configure_logging
+
+    try:
+        configure_logging(args.log_level, args.log_format, service="octavo-bookie")
+    except ValueError as e:
+        raise UsageError(f"{e} (from --log-format or $OCTAVO_LOG_FORMAT)") from None
     try:
         asyncio.run(serve(config, args.ready_file))
     except OSError as e:  # the data directory cannot be created, written or locked

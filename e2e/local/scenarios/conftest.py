@@ -129,6 +129,11 @@ class LocalKube:
         handlers.CONFIG.kube = None
         handlers.CONFIG.locks.clear()
         handlers.CONFIG.scale_downs.clear()
+        # Fresh metrics per operator run, served on a free port (operator_metrics() scrapes it).
+        handlers.CONFIG.telemetry = None
+        handlers.CONFIG._metrics = None
+        handlers.CONFIG.metrics_port = 0
+        handlers.CONFIG.metrics_host = "127.0.0.1"
         registry = kopf.OperatorRegistry()
         handlers.register(registry, POLL_INTERVAL_S)
         with KopfRunner(["run", "--standalone", "-A", f"--liveness=http://127.0.0.1:{free_port()}/healthz"],
@@ -136,6 +141,17 @@ class LocalKube:
             yield runner
         assert runner.exception is None, runner.output[-3000:]
         self.output = runner.output
+
+    def operator_metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """(sample name, sorted labels) -> value, scraped from the running operator's /metrics."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        telemetry = handlers.CONFIG.telemetry
+        assert telemetry is not None and telemetry.endpoint is not None, "the operator serves no metrics"
+        r = self.k.http.request("GET", f"http://127.0.0.1:{telemetry.endpoint.port}/metrics")
+        assert r.status == 200, r.status
+        return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+                for family in text_string_to_metric_families(r.data.decode()) for sample in family.samples}
 
     def bookie_cluster(self, name: str, replicas: int, policy: str = "", min_writable: int = 3,
                        bookie: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -106,6 +106,8 @@ def test_compaction_runs_in_the_policys_window_one_bookie_at_a_time_and_survives
             b["compaction"]["window"] == "closed" for b in s.values()) and s, 30, "every bookie's window closed")
         assert len(closed) == 3
         assert k.condition("logs", "CompactionWindowOpen")["status"] == "False"
+        window = ("octavo_operator_windows_open", (("namespace", "default"), ("policy", "nightly")))
+        eventually(lambda: local_kube.operator_metrics().get(window) == 0, 10, "the window gauge at 0")
         (kept, count), *doomed = write_interleaved(local_kube.etcd, "logs", 6, 20)  # 1/6 live
         delete_ledgers(local_kube.etcd, "logs", [ledger for ledger, _ in doomed])
         time.sleep(3)  # GC drops the deleted ledgers; scheduled compaction may not run
@@ -114,6 +116,7 @@ def test_compaction_runs_in_the_policys_window_one_bookie_at_a_time_and_survives
 
         handlers.CONFIG.clock_offset_s = (start + timedelta(seconds=1) - datetime.now(UTC)).total_seconds()
         eventually(lambda: k.condition("logs", "CompactionWindowOpen").get("status") == "True", 10, "window open")
+        eventually(lambda: local_kube.operator_metrics().get(window) == 1, 10, "the window gauge at 1")
         slots_seen: set[int] = set()
 
         def one_compacted() -> list[str]:
@@ -196,6 +199,12 @@ def test_a_bookie_past_read_only_ratio_is_forced_read_only_and_released_below_wr
         assert k.condition("logs", "DiskPressure")["status"] == "True"
         assert victim in k.condition("logs", "DiskPressure")["message"]
         assert any(e["message"].startswith(f"bookie {victim}:") for e in k.events("ForceReadOnly"))
+        metrics = local_kube.operator_metrics()
+        assert metrics[("octavo_operator_actions_total", (("kind", "ForceReadOnly"), ("result", "ok")))] >= 1
+        assert ("octavo_operator_actions_total", (("kind", "ReleaseReadOnly"), ("result", "ok"))) not in metrics
+        polls = metrics[("octavo_operator_reconcile_duration_seconds_count", (("result", "ok"), ("trigger", "poll")))]
+        assert polls >= 1
+        assert metrics[("octavo_operator_objects_applied_total", ())] >= 1
         assert victim in local_kube.registered("logs") and local_kube.registered("logs")[victim].readonly
         named = asyncio.run(new_ensembles(10))
         assert victim not in named and len(named) == 3, f"a new ledger was placed on read-only {victim}: {named}"
@@ -206,6 +215,10 @@ def test_a_bookie_past_read_only_ratio_is_forced_read_only_and_released_below_wr
         assert released[victim]["diskUsageRatio"] <= 0.25 and not released[victim]["forcedByOperator"]
         assert any(e["message"].startswith(f"bookie {victim}:") for e in k.events("ReleaseReadOnly"))
         eventually(lambda: k.condition("logs", "DiskPressure")["status"] == "False", 10, "no disk pressure")
+        metrics = local_kube.operator_metrics()
+        assert metrics[("octavo_operator_actions_total", (("kind", "ReleaseReadOnly"), ("result", "ok")))] >= 1
+        assert metrics[("octavo_operator_reconcile_duration_seconds_count", (("result", "ok"), ("trigger", "poll")))] \
+            > polls
         assert not local_kube.registered("logs")[victim].readonly
 
 

@@ -362,7 +362,7 @@ class Compactor:
         log.info("%s compaction: %d logs compacted into %d, %d bytes copied, %d reclaimed in %.2fs%s%s", kind,
                  report.logs_compacted, report.compaction_logs, report.bytes_copied, report.bytes_reclaimed,
                  report.duration_s, f"; stopped: {report.stopped}" if report.stopped else "",
-                 f"; error: {report.error}" if report.error else "")
+                 f"; error: {report.error}" if report.error else "", extra={"event": "compaction_pass", "kind": kind})
         return report
 
     def _why_stop(self, deadline: float) -> str:

@@ -121,7 +121,8 @@ class DiskMonitor:
         self._apply()
         changed = was != self.read_only
         if changed:
-            log.warning("bookie is now %s", self.reason() if self.read_only else "writable")
+            log.warning("bookie is now %s", self.reason() if self.read_only else "writable",
+                        extra={"event": "mode_change", "mode": "read_only" if self.read_only else "writable"})
         return changed
 
     def set_forced(self, forced: bool) -> bool:

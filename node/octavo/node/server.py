@@ -309,6 +309,18 @@ class BookieServer:
             log.info("bookie stopped cleanly: everything synced, nothing to replay at the next start")
 
 
+def _tag_log_records(field: str, value: str) -> None:
+    """Every log record of this process carries `field` (the JSON log format writes it out)."""
+    class Tag(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if not hasattr(record, field):
+                setattr(record, field, value)
+            return True
+
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(Tag())
+
+
 async def serve(config: NodeConfig, ready_file: str | None = None) -> None:
     """Run a bookie until SIGTERM or SIGINT, then stop it gracefully."""
     node = BookieServer(config)
@@ -317,6 +329,7 @@ async def serve(config: NodeConfig, ready_file: str | None = None) -> None:
     except BaseException:
         await node.stop()
         raise
+    _tag_log_records("bookie_id", node.bookie_id)
     # Startup objects (modules, descriptors, the ledger table) live as long as the process: moved out of the
     # collector's reach, a full collection no longer walks them and stalls every add on this bookie.
     gc.collect()

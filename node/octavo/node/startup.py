@@ -121,7 +121,8 @@ def load_identity(io: FileIO, data_dir: str, unclean: bool, now_ms: int, boot: s
         tail_maybe_lost = not boot or state.extra.get("boot_id") != boot
         log.warning("the last stop of this bookie was unclean (%d so far), %s", state.unclean_restart_count,
                     "across a reboot: the unsynced tail may be lost" if tail_maybe_lost
-                    else "without a reboot: the page cache kept every acknowledged entry")
+                    else "without a reboot: the page cache kept every acknowledged entry",
+                    extra={"event": "unclean_restart"})
     if state.extra.get("boot_id") != boot or unclean:
         state.extra["boot_id"] = boot
         write_node_state(io, data_dir, state)

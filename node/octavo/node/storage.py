@@ -495,6 +495,7 @@ class Storage:
                     state = self._table.create(ledger_id, master_key, dirty=False)  # its row is written below
                 elif state.master_key != master_key:
                     raise unauthorized(ledger_id)
+                newly = not state.fenced
                 state.fenced = True
                 row = state.row()
                 active = self._cache.active
@@ -502,6 +503,9 @@ class Storage:
                 self._append_fence_record_locked(ledger_id, state.master_key)
             self.index.put_ledger(ledger_id, row)
         faults.hit(faults.FENCE_AFTER_PERSIST)
+        if newly:
+            log.info("ledger %d fenced (last entry here %d): adds from its writer are refused from now on", ledger_id,
+                     state.last_entry_id, extra={"event": "fence", "ledger_id": ledger_id})
         if roll:
             self.roll(self.config.log_rotate_on_close_bytes_min, Why.CLOSE)
         return LacInfo(state.last_add_confirmed, state.last_entry_id, True, self.tail_maybe_lost)

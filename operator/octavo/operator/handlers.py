@@ -32,6 +32,7 @@ import kopf
 from octavo.operator import builders
 from octavo.operator.bookies import ADMIN_TIMEOUT_S, after, apply, observe
 from octavo.operator.kube import Kube, KubeError, load_api_client
+from octavo.operator.metrics import OperatorMetrics
 from octavo.operator.policy import Policy, Shape, decide
 from octavo.operator.resources import (
     GROUP,
@@ -52,6 +53,7 @@ from octavo.operator.status import (
     timestamp,
 )
 from octavo.operator.windows import next_window, open_until
+from octavo.telemetry import Telemetry
 
 log = logging.getLogger("octavo.operator")
 
@@ -84,6 +86,18 @@ class OperatorConfig:
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     scale_downs: dict[tuple[str, str], asyncio.Task[ScaleDownStep]] = field(default_factory=dict)
     last_poll_unix_s: float = 0.0
+    # Metrics: served on /metrics at metrics_host:metrics_port (-1: no endpoint; 0: a free port).
+    metrics_port: int = -1
+    metrics_host: str = "0.0.0.0"
+    telemetry: Telemetry | None = None
+    _metrics: OperatorMetrics | None = None
+
+    @property
+    def metrics(self) -> OperatorMetrics:
+        if self._metrics is None:
+            self.telemetry = self.telemetry or Telemetry("octavo-operator")
+            self._metrics = OperatorMetrics(self.telemetry)
+        return self._metrics
 
     def now(self) -> datetime:
         return datetime.now(UTC) + timedelta(seconds=self.clock_offset_s)
@@ -95,6 +109,8 @@ class OperatorConfig:
             raise ValueError(f"admin_timeout_s must be in [0.1, 300], got {self.admin_timeout_s}")
         if self.decommission_rate_bytes_per_s < 0:
             raise ValueError("decommission_rate_bytes_per_s must be >= 0 (0: unlimited)")
+        if not -1 <= self.metrics_port <= 65535:
+            raise ValueError(f"--metrics-port must be in [-1, 65535] (-1: off), got {self.metrics_port}")
         return self
 
 
@@ -122,6 +138,17 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     _kube()
+    metrics = CONFIG.metrics
+    if CONFIG.metrics_port >= 0 and CONFIG.telemetry is not None and CONFIG.telemetry.endpoint is None:
+        port = await CONFIG.telemetry.serve(CONFIG.metrics_host, CONFIG.metrics_port)
+        log.info("operator metrics on http://%s:%d/metrics", CONFIG.metrics_host, port)
+    del metrics
+
+
+async def cleanup(**_: Any) -> None:
+    if CONFIG.telemetry is not None and CONFIG.telemetry.endpoint is not None:
+        await CONFIG.telemetry.endpoint.stop()
+        CONFIG.telemetry.endpoint = None
 
 
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -212,6 +239,14 @@ class Observation:
 
 async def reconcile(name: str, namespace: str, body: Mapping[str, Any], status: Mapping[str, Any],
                     patch: kopf.Patch, poll: bool) -> None:
+    with CONFIG.metrics.reconciling("poll" if poll else "change") as outcome:
+        if not await _reconcile(name, namespace, body, status, patch, poll):
+            outcome["result"] = "spec_error"
+
+
+async def _reconcile(name: str, namespace: str, body: Mapping[str, Any], status: Mapping[str, Any],
+                     patch: kopf.Patch, poll: bool) -> bool:
+    """One reconcile; False when the spec could not be applied."""
     kube = _kube()
     async with _lock(namespace, name):
         now = CONFIG.now()
@@ -230,7 +265,7 @@ async def reconcile(name: str, namespace: str, body: Mapping[str, Any], status: 
                     (body.get("spec") or {}).get("replicas"), int) else 0,
                 ready_replicas=int(status.get("readyReplicas") or 0), selector=builders.selector_string(name),
                 bookies=[], pods={}, decision=None, spec_error=error, old=status), error)
-            return
+            return False
         current = await kube.get("apps/v1", "statefulsets", namespace, name)
         current_replicas = int((current or {}).get("spec", {}).get("replicas") or 0) if current else spec.replicas
         # A scale-down keeps the StatefulSet's replicas until the highest ordinal is decommissioned.
@@ -239,12 +274,17 @@ async def reconcile(name: str, namespace: str, body: Mapping[str, Any], status: 
         objects[-1]["spec"]["replicas"] = target
         changed = await apply_owned(kube, body, objects)
         for what in changed:
-            log.info("cluster %s/%s: applied %s", namespace, name, what)
+            log.info("cluster %s/%s: applied %s", namespace, name, what,
+                     extra={"event": "applied", "namespace": namespace, "cluster": name})
+        if changed:
+            CONFIG.metrics.objects_applied.add(len(changed))
         if not poll and current is not None:
-            return
+            return True
         statefulset = await kube.get("apps/v1", "statefulsets", namespace, name)
         await _poll(kube, name, namespace, body, status, patch, spec, policy, statefulset, target, now)
         CONFIG.last_poll_unix_s = now.timestamp()
+        CONFIG.metrics.scale_downs = sum(1 for task in CONFIG.scale_downs.values() if not task.done())
+        return True
 
 
 async def _poll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], status: Mapping[str, Any],
@@ -260,6 +300,10 @@ async def _poll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], 
     results = await apply(decision.actions, addresses, CONFIG.admin_timeout_s)
     observed = after(observed, results)
     for action, error in results:
+        CONFIG.metrics.actions.add(1, {"kind": action.kind, "result": "failed" if error else "ok"})
+        log.info("cluster %s/%s: %s bookie %s (%s)%s", namespace, name, action.kind, action.bookie_id, action.reason,
+                 f": failed: {error}" if error else "", extra={
+                     "event": action.kind, "namespace": namespace, "cluster": name, "bookie_id": action.bookie_id})
         if error:
             kopf.warn(dict(body), reason=f"{action.kind}Failed", message=error)  # type: ignore[arg-type]
         else:
@@ -346,6 +390,7 @@ async def policy_status(name: str, namespace: str, body: Mapping[str, Any], stat
         return
     windows = parsed.policy.windows
     stretch = open_until(windows, now) if windows else None
+    CONFIG.metrics.windows[(namespace, name)] = stretch is not None
     upcoming = next_window(windows, now) if windows else None
     clusters = []
     for cluster in await _kube().list(API_VERSION, "bookieclusters", namespace):
@@ -365,6 +410,10 @@ async def policy_status(name: str, namespace: str, body: Mapping[str, Any], stat
                                  "WindowOpen" if stretch else "WindowClosed",
                                  f"open until {timestamp(stretch[1])}" if stretch else
                                  f"next window {timestamp(upcoming[0])}" if upcoming else "no windows", now)]})
+
+
+async def policy_deleted(*, name: str, namespace: str | None, **_: Any) -> None:
+    CONFIG.metrics.windows.pop((namespace or "", name), None)
 
 
 def _write_policy_status(patch: kopf.Patch, old: Mapping[str, Any], new: dict[str, Any]) -> None:
@@ -391,6 +440,7 @@ def register(registry: kopf.OperatorRegistry, poll_interval_s: float) -> None:
         await policy_status(name, namespace or "", body, status, patch)
 
     kopf.on.startup(registry=registry)(configure)
+    kopf.on.cleanup(registry=registry)(cleanup)
     kopf.on.login(registry=registry)(login)
     kopf.on.probe(registry=registry, id="poll")(liveness)
     for decorator in (kopf.on.create, kopf.on.update, kopf.on.resume):
@@ -398,6 +448,8 @@ def register(registry: kopf.OperatorRegistry, poll_interval_s: float) -> None:
                   id=f"cluster-{decorator.__name__}")(cluster_changed)
     kopf.timer(GROUP, VERSION, "bookieclusters", registry=registry, interval=poll_interval_s, initial_delay=0.2,
                id="cluster-poll")(cluster_poll)
+    kopf.on.delete(GROUP, VERSION, "compactionpolicies", registry=registry, optional=True,
+                   id="policy-deleted")(policy_deleted)
     kopf.timer(GROUP, VERSION, "compactionpolicies", registry=registry, interval=poll_interval_s,
                initial_delay=0.2, id="policy-poll")(policy_poll)
 

@@ -1,7 +1,8 @@
 """`octavo operator run`: the operator process (kopf underneath).
 
     octavo operator run [--namespace NS ...] [--kubeconfig FILE] [--poll-interval-s S] [--liveness HOST:PORT]
-                        [--peering NAME [--priority N]] [--log-level LEVEL]
+                        [--peering NAME [--priority N]] [--log-level LEVEL] [--log-format text|json]
+                        [--metrics-port PORT]
 
 Without --namespace it serves every namespace. Without --peering it runs standalone (run one replica); with
 it, operators sharing a peering name elect one active operator (kopf's peering; its KopfPeering CRD must be
@@ -13,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import sys
 from typing import Any
 
@@ -45,6 +45,12 @@ def add_parser(sub: Any) -> None:
     run.add_argument("--peering", metavar="NAME", help="elect one active operator among those of this name")
     run.add_argument("--priority", type=int, default=0, help="peering priority (the highest is active)")
     run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    run.add_argument("--metrics-port", type=int, default=-1,
+                     help="serve Prometheus metrics on http://HOST:PORT/metrics (-1: off, the default; 0: a free "
+                          "port)")
+    run.add_argument("--metrics-host", default="0.0.0.0", help="address of the metrics endpoint (default: 0.0.0.0)")
+    from octavo.cli.main import add_log_format_argument
+    add_log_format_argument(run)
     uninstall = osub.add_parser(
         "uninstall", help="delete a release's clusters and policies while the operator runs (Helm's pre-delete)",
         description="Delete BookieClusters and CompactionPolicies and wait until the operator has released "
@@ -70,14 +76,20 @@ def run(args: argparse.Namespace) -> int:
     config.admin_timeout_s = args.admin_timeout_s
     config.decommission_rate_bytes_per_s = args.decommission_rate_bytes_per_s
     config.kubeconfig = args.kubeconfig
+    config.metrics_port = args.metrics_port
+    config.metrics_host = args.metrics_host
     try:
         config.validate()
         liveness = _liveness_url(args.liveness)
     except ValueError as e:
         print(f"octavo operator run: {e}", file=sys.stderr)
         return EXIT_USAGE
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from octavo.telemetry import configure_logging
+    try:
+        configure_logging(args.log_level, args.log_format, service="octavo-operator")
+    except ValueError as e:
+        print(f"octavo operator run: {e} (from --log-format or $OCTAVO_LOG_FORMAT)", file=sys.stderr)
+        return EXIT_USAGE
     registry = kopf.OperatorRegistry()
     handlers.register(registry, config.poll_interval_s)
     with contextlib.suppress(KeyboardInterrupt):
