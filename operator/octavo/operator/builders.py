@@ -20,6 +20,9 @@ from typing import Any
 from octavo.operator.resources import ClusterSpec, CompactionSettings
 
 BOOKIE_PORT = 3181
+# Every bookie serves Prometheus metrics here (/metrics); the pods carry the prometheus.io scrape annotations
+# (a podTemplate annotation of the same name wins) and the headless Service names the port for ServiceMonitors.
+METRICS_PORT = 9181
 DATA_DIR = "/data"
 LOGS_DIR = "/data/logs"
 CONFIG_DIR = "/etc/octavo"
@@ -65,6 +68,7 @@ def bookie_toml(spec: ClusterSpec, compaction: CompactionSettings | None) -> str
     settings.update(spec.bookie)
     settings["data_dir"] = DATA_DIR
     settings["port"] = BOOKIE_PORT
+    settings["metrics_port"] = METRICS_PORT
     settings["host"] = "0.0.0.0"
     settings["cluster"] = spec.cluster_name
     head = "# Written by the Octavo operator from the BookieCluster and its CompactionPolicy: edit those instead.\n"
@@ -93,7 +97,9 @@ def stateful_set(name: str, namespace: str, spec: ClusterSpec, config_hash: str)
     PodDisruptionBudget)."""
     template = spec.pod_template
     pod_labels = {**labels(name), **dict(template.get("labels", {}))}
-    annotations = {**dict(template.get("annotations", {})), "octavo.io/config-hash": config_hash}
+    annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT),
+                   "prometheus.io/path": "/metrics", **dict(template.get("annotations", {})),
+                   "octavo.io/config-hash": config_hash}
     headless = headless_service_name(name)
     mounts = [{"name": "data", "mountPath": DATA_DIR}, {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
     claims = [_claim("data", spec.storage.size, spec.storage.storage_class, name)]
@@ -113,7 +119,8 @@ def stateful_set(name: str, namespace: str, spec: ClusterSpec, config_hash: str)
              "value": f"$(POD_NAME).{headless}.$(POD_NAMESPACE).svc:{BOOKIE_PORT}"},
             _etcd_env(spec),
         ],
-        "ports": [{"name": "bookie", "containerPort": BOOKIE_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "bookie", "containerPort": BOOKIE_PORT, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "readinessProbe": {"grpc": {"port": BOOKIE_PORT}, "periodSeconds": 5, "failureThreshold": 2},
         "livenessProbe": {"grpc": {"port": BOOKIE_PORT}, "periodSeconds": 10, "failureThreshold": 6,
                           "initialDelaySeconds": 30},
@@ -166,7 +173,8 @@ def headless_service(name: str, namespace: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": {"name": headless_service_name(name), "namespace": namespace, "labels": labels(name)},
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": selector(name),
-                     "ports": [{"name": "bookie", "port": BOOKIE_PORT, "targetPort": "bookie"}]}}
+                     "ports": [{"name": "bookie", "port": BOOKIE_PORT, "targetPort": "bookie"},
+                               {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}]}}
 
 
 def client_service(name: str, namespace: str) -> dict[str, Any]:
