@@ -17,6 +17,7 @@ BENCHES = [
     ["replication_bench.py"],
     ["operator_bench.py"],
     ["read_bench.py"],
+    ["observability_bench.py"],
     ["producer_bench.py"],  # needs Debian's nats-server and the bench extra (nats-py)
     ["cluster_bench.py"],  # needs Debian's nats-server and the bench extra (nats-py)
 ]

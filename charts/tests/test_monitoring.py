@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -113,6 +114,13 @@ def scraped_names(address: str) -> set[str]:
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 
 
+def scraped_samples(address: str) -> dict[str, float]:
+    """sample name -> value (the last one of the name: enough for the unlabelled gauges compared here)."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
 def operator_names() -> set[str]:
     telemetry = Telemetry("octavo-operator")
     metrics = OperatorMetrics(telemetry)
@@ -148,6 +156,20 @@ def test_every_metric_the_alerts_and_the_dashboard_name_is_served(helm: str, tmp
             if "octavo_bookie_underreplicated_ledgers" in served:
                 break
             time.sleep(0.5)
+        # `octavo cluster status` names where each bookie's metrics are, and tells the same figures.
+        run = subprocess.run([sys.executable, "-m", "octavo.cli.main", "cluster", "status", "--json", "--etcd",
+                              cluster.etcd_endpoint], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        status = json.loads(run.stdout)
+        for row in status["bookies"]:
+            bookie = cluster.bookies[row["id"]]
+            assert row["metrics_address"] == bookie.metrics_address
+            samples = scraped_samples(bookie.metrics_address)
+            assert abs(samples["octavo_bookie_disk_usage_ratio"] - row["disk_usage_ratio"]) < 0.01
+            assert samples["octavo_bookie_ledgers"] == row["ledgers"]
+            if "octavo_bookie_underreplicated_ledgers" in samples:  # the auditor
+                assert row["id"] == status["auditor"]
+                assert samples["octavo_bookie_underreplicated_ledgers"] == status["underreplicated"]["ledgers"]
     served |= operator_names()
     assert sorted(named - served) == []
 

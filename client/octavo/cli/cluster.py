@@ -385,7 +385,9 @@ async def _status(client: Any, args: Namespace) -> int:
                 "compaction": ("suspended" if st.compaction.suspended else
                                f"running {st.compaction.running_kind}" if st.compaction.running else "idle"),
                 "replicating_ledgers": list(st.autorecovery.replicating_ledgers),
-                "ledgers": st.ledger_count, "version": st.version})
+                "ledgers": st.ledger_count, "version": st.version,
+                # Where the figures below are served as metrics (docs/operations.md maps fields to metrics).
+                "metrics_address": st.metrics_address or None})
         elif info is not None:
             row["error"] = error
         bookies.append(row)
@@ -408,13 +410,14 @@ async def _status(client: Any, args: Namespace) -> int:
         return EXIT_OK
     print(f"cluster {layout.cluster}: {sum(1 for b in bookies if b['state'] != 'gone')} of {len(bookies)} bookies "
           f"registered; auditor {auditor or '(none)'}")
-    print(table(["BOOKIE", "STATE", "DISK", "COMPACTION", "REPLICATING", "ADDRESS"], [
+    print(table(["BOOKIE", "STATE", "DISK", "COMPACTION", "REPLICATING", "ADDRESS", "METRICS"], [
         [b["id"], b["state"] + (" (forced)" if b.get("forced_read_only") else "")
          + (f" for {fmt_age(b['gone_for_s'])}" if "gone_for_s" in b else ""),
          f"{b['disk_usage_ratio']:.0%} (read-only at {b['disk_readonly_ratio']:.0%})" if "disk_usage_ratio" in b
          else ("unreachable: " + b["error"] if "error" in b else "-"),
          b.get("compaction", "-"), str(len(b.get("replicating_ledgers", []))) if "replicating_ledgers" in b else "-",
-         b["address"] or "-"] for b in bookies]))
+         b["address"] or "-", f"http://{b['metrics_address']}/metrics" if b.get("metrics_address") else "-"]
+        for b in bookies]))
     ur = out["underreplicated"]
     assert isinstance(ur, dict)
     if ur["ledgers"]:
