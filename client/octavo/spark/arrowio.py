@@ -49,6 +49,7 @@ class Options:
     entries_per_partition: int = 0  # reads: 0 = one partition per ledger
     columns: tuple[str, ...] = ()  # reads: project to these columns (empty: all)
     if_exists: str = "append"  # batch writes with Spark's mode append: append | error | ignore
+    otlp_endpoint: str = ""  # push the tasks' and the client's metrics to this OpenTelemetry collector
 
     @staticmethod
     def parse(options: Any) -> Options:
@@ -103,7 +104,7 @@ class Options:
                        key_column=o.get("key_column", ""), orphan_grace_s=grace,
                        stream_id=o.get("stream_id", "default"),
                        entries_per_partition=integer("entries_per_partition", 0, 0, 1 << 40), columns=columns,
-                       if_exists=if_exists)
+                       if_exists=if_exists, otlp_endpoint=o.get("otlp_endpoint", ""))
 
 
 def encode_entries(batch: pa.RecordBatch, rows_per_entry: int, compression: str,
@@ -145,7 +146,22 @@ def client_options() -> ClientOptions:
 async def write_ledger(opts: Options, batches: Iterable[pa.RecordBatch] | AsyncIterable[pa.RecordBatch],
                        write_id: str, in_flight_max: int = 8) -> DatasetLedger:
     """Write record batches into a new ledger of the dataset; returns what the commit needs."""
-    async with Client(opts.etcd, opts.cluster, client_options()) as client:
+    from octavo.spark.metrics import spark_metrics
+
+    measured = spark_metrics(opts.otlp_endpoint)
+    try:
+        written = await _write_ledger(opts, batches, write_id, in_flight_max, measured.provider)
+        measured.rows_written.add(written.rows)
+        measured.bytes_written.add(written.bytes)
+        measured.ledgers_written.add(1)
+    finally:
+        measured.flush()
+    return written
+
+
+async def _write_ledger(opts: Options, batches: Iterable[pa.RecordBatch] | AsyncIterable[pa.RecordBatch],
+                        write_id: str, in_flight_max: int, meter_provider: Any) -> DatasetLedger:
+    async with Client(opts.etcd, opts.cluster, client_options(), meter_provider=meter_provider) as client:
         handle = await client.create_ledger(opts.ensemble_size, opts.write_quorum, opts.ack_quorum,
                                             password=opts.password,
                                             metadata={META_DATASET: opts.dataset, META_WRITE: write_id})

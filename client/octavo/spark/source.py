@@ -37,6 +37,7 @@ from octavo.client.client import Client, SyncClient
 from octavo.client.dataset import DatasetExistsError, DatasetLedger, NoSuchDatasetError
 from octavo.meta.errors import NotEnoughBookiesError
 from octavo.spark.arrowio import Options, client_options, decode_entry, new_write_id, write_ledger
+from octavo.spark.metrics import spark_metrics
 
 
 @dataclass
@@ -88,6 +89,9 @@ async def _commit(opts: Options, schema: str, ledgers: list[DatasetLedger], mode
                                      stream=stream)
         if stream is None or stream[1] % ORPHAN_SCAN_EVERY_STREAM_BATCHES == 0:
             await client.datasets.collect_orphans(opts.dataset, opts.orphan_grace_s)
+    measured = spark_metrics(opts.otlp_endpoint)
+    measured.commits.add(1, {"kind": "stream" if stream is not None else "batch"})
+    measured.flush()
 
 
 async def _delete(opts: Options, ledger_ids: list[int]) -> None:
@@ -160,11 +164,18 @@ def _arrow_schema(schema: StructType) -> pa.Schema:
 def _read_slice(opts: Options, target: pa.Schema, part: LedgerSlice) -> Iterator[pa.RecordBatch]:
     """The slice's rows as batches of exactly the dataset's schema (rows appended with another nullability
     are cast: the manifest's schema is the union)."""
-    with SyncClient(opts.etcd, opts.cluster, client_options()) as client:
-        handle = client.open_ledger(part.ledger_id, password=opts.password, recovery=False)
-        for entry in handle.read(part.first, part.last):
-            for batch in decode_entry(entry.data, opts.columns):
-                yield batch if batch.schema == target else batch.cast(target)
+    measured = spark_metrics(opts.otlp_endpoint)
+    rows = 0
+    try:
+        with SyncClient(opts.etcd, opts.cluster, client_options(), meter_provider=measured.provider) as client:
+            handle = client.open_ledger(part.ledger_id, password=opts.password, recovery=False)
+            for entry in handle.read(part.first, part.last):
+                for batch in decode_entry(entry.data, opts.columns):
+                    rows += batch.num_rows
+                    yield batch if batch.schema == target else batch.cast(target)
+    finally:
+        measured.rows_read.add(rows)
+        measured.flush()
 
 
 class OctavoReader(DataSourceReader):  # type: ignore[misc]
