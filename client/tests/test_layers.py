@@ -7,6 +7,7 @@
                     reads lost entries back from its peers
     octavo.meta     metadata shared by bookie, client and operator: the protocol at most
     octavo.v1       the wire protocol: nothing of ours
+    octavo.telemetry  metrics, traces and logs every process shares: nothing of ours
 
 Pure modules (formats, state machines, policies, decision tables) import no IO and no clock: only the modules
 listed in PURE_MAY_IMPORT, and other pure modules. Time comes in as a parameter.
@@ -29,17 +30,19 @@ PACKAGES = {
     "octavo.node": ROOT / "node/octavo/node",
     "octavo.operator": ROOT / "operator/octavo/operator",
     "octavo.localk8s": ROOT / "e2e/local/octavo/localk8s",
+    "octavo.telemetry": ROOT / "client/octavo/telemetry",
 }
 # What each package may import of ours (itself always).
 ALLOWED = {
     "octavo.v1": set(),
     "octavo.meta": {"octavo.v1"},
-    "octavo.client": {"octavo.meta", "octavo.v1"},
-    "octavo.spark": {"octavo.client", "octavo.meta", "octavo.v1"},
-    "octavo.node": {"octavo.meta", "octavo.v1"},
+    "octavo.client": {"octavo.meta", "octavo.v1", "octavo.telemetry"},
+    "octavo.spark": {"octavo.client", "octavo.meta", "octavo.v1", "octavo.telemetry"},
+    "octavo.node": {"octavo.meta", "octavo.v1", "octavo.telemetry"},
     "octavo.cli": {"octavo.node", "octavo.client", "octavo.spark", "octavo.operator", "octavo.localk8s", "octavo.meta",
-                   "octavo.v1"},
-    "octavo.operator": {"octavo.client", "octavo.meta", "octavo.v1"},
+                   "octavo.v1", "octavo.telemetry"},
+    "octavo.operator": {"octavo.client", "octavo.meta", "octavo.v1", "octavo.telemetry"},
+    "octavo.telemetry": set(),
     # The local Kubernetes (an emulated API and a pod runner): it starts `octavo node` processes, imports none.
     "octavo.localk8s": set(),
 }

@@ -375,7 +375,7 @@ def test_tasks_push_their_metrics_over_otlp(spark, cluster: LocalCluster) -> Non
     lock = threading.Lock()
 
     class Receiver(metrics_service_pb2_grpc.MetricsServiceServicer):  # type: ignore[misc]
-        def Export(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+        def Export(self, request, context):  # type: ignore[no-untyped-def]
             with lock:
                 received.append(request)
             return metrics_service_pb2.ExportMetricsServiceResponse()

@@ -224,6 +224,8 @@ def _status(stub: Any, args: Namespace) -> int:
     if status.cluster:
         print(f"cluster     {status.cluster}: {describe_registration(status, time.time())}")
     print(f"mode        {pb.BookieMode.Name(status.mode).removeprefix('MODE_').lower()}: {status.mode_reason}")
+    metrics = f"http://{status.metrics_address}/metrics" if status.metrics_address else "off (--metrics-port)"
+    print(f"metrics     {metrics}")
     for d in status.directories:
         print(f"disk        {d.path}: {fmt_bytes(d.used_bytes)} of {fmt_bytes(d.total_bytes)} used "
               f"({d.usage_ratio:.1%}); warn at {status.disk_warn_ratio:.0%}, read-only at "

@@ -87,12 +87,6 @@ class UsageError(Exception):
     pass
 
 
-def add_log_format_argument(parser: Any) -> None:
-    parser.add_argument("--log-format", choices=["text", "json"], default=os.environ.get("OCTAVO_LOG_FORMAT", "text"),
-                        help="text lines, or one JSON object per line with the ledger, bookie and trace ids as "
-                             "fields (default: text, or $OCTAVO_LOG_FORMAT)")
-
-
 def _add_node_parser(sub: Any) -> None:
     from octavo.node.config import NodeConfig
 
@@ -106,6 +100,8 @@ def _add_node_parser(sub: Any) -> None:
     p.add_argument("--ready-file", help="write HOST:PORT to this file once serving (for scripts and tests)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="(default: INFO)")
+    from octavo.telemetry.logs import add_log_format_argument
+
     add_log_format_argument(p)
     for f in dataclasses.fields(NodeConfig):
         shown = "" if f.default is dataclasses.MISSING else f" (default: {f.default!r})"

@@ -47,6 +47,15 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, separators=(",", ":"))
 
 
+def add_log_format_argument(parser: Any) -> None:
+    """The --log-format flag every long-running command takes (default: $OCTAVO_LOG_FORMAT, else text)."""
+    import os
+
+    parser.add_argument("--log-format", choices=list(LOG_FORMATS), default=os.environ.get("OCTAVO_LOG_FORMAT", "text"),
+                        help="text lines, or one JSON object per line with the ledger, bookie and trace ids as "
+                             "fields (default: text, or $OCTAVO_LOG_FORMAT)")
+
+
 def configure_logging(level: str | int = "INFO", fmt: str = "text", service: str = "", stream: Any = None) -> None:
     """Set up the root logger for a process: `fmt` is 'text' or 'json'."""
     if fmt not in LOG_FORMATS:

@@ -49,7 +49,7 @@ def add_parser(sub: Any) -> None:
                      help="serve Prometheus metrics on http://HOST:PORT/metrics (-1: off, the default; 0: a free "
                           "port)")
     run.add_argument("--metrics-host", default="0.0.0.0", help="address of the metrics endpoint (default: 0.0.0.0)")
-    from octavo.cli.main import add_log_format_argument
+    from octavo.telemetry.logs import add_log_format_argument
     add_log_format_argument(run)
     uninstall = osub.add_parser(
         "uninstall", help="delete a release's clusters and policies while the operator runs (Helm's pre-delete)",
