@@ -136,8 +136,10 @@ async def test_client_metrics_count_adds_reads_recoveries_and_ensemble_changes(
     reader = InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
     tp, _ = provider()
+    client_tp, client_spans = provider()
+    options = ClientOptions(**{**FAST.__dict__, "trace_sample_ratio": 1.0})
     async with bookies(etcd, tmp_path, cluster_name, 4, tp) as servers, \
-            Client(etcd.endpoint, cluster_name, FAST, meter_provider=meters) as client:
+            Client(etcd.endpoint, cluster_name, options, meter_provider=meters, tracer_provider=client_tp) as client:
         writer = await client.create_ledger(3, 3, 2, password=PW)
         await writer.append_many([b"a" * 1000] * 200)
         seen = points(reader)
@@ -151,6 +153,9 @@ async def test_client_metrics_count_adds_reads_recoveries_and_ensemble_changes(
         await asyncio.wait_for(pending, 30)  # acknowledged after the ensemble change
         seen = points(reader)
         assert seen["octavo.client.ensemble_changes"][0].value == 1
+        changes = by_name(client_spans.get_finished_spans(), "octavo.ensemble_change")
+        assert len(changes) == 1 and changes[0].attributes["octavo.failed_bookie"] == stopped.bookie_id
+        assert changes[0].attributes["octavo.replacement_bookie"] in writer.metadata.last_ensemble
         await writer.close()
         handle = await client.open_ledger(writer.ledger_id, password=PW)
         assert len([e async for e in handle.read(0, 299)]) == 300

@@ -554,7 +554,14 @@ class WriteHandle:
                 if self._change_not_needed(failed):
                     return
                 try:
-                    replacement = await self._write_new_segment(failed)
+                    if self._client.tracing.sampling.enabled:
+                        with self._client.tracing.operation("octavo.ensemble_change", **{
+                                "octavo.ledger_id": self.ledger_id, "octavo.failed_bookie": failed}) as span:
+                            replacement = await self._write_new_segment(failed)
+                            if span is not None and replacement is not None:
+                                span.set_attribute("octavo.replacement_bookie", replacement)
+                    else:
+                        replacement = await self._write_new_segment(failed)
                 except OctavoError as e:
                     self._fail(e)
                     return

@@ -89,13 +89,15 @@ class OperatorConfig:
     # Metrics: served on /metrics at metrics_host:metrics_port (-1: no endpoint; 0: a free port).
     metrics_port: int = -1
     metrics_host: str = "0.0.0.0"
+    # Also push the metrics to this OpenTelemetry collector (host:port; https:// for TLS); empty: none.
+    otlp_endpoint: str = ""
     telemetry: Telemetry | None = None
     _metrics: OperatorMetrics | None = None
 
     @property
     def metrics(self) -> OperatorMetrics:
         if self._metrics is None:
-            self.telemetry = self.telemetry or Telemetry("octavo-operator")
+            self.telemetry = self.telemetry or Telemetry("octavo-operator", otlp_endpoint=self.otlp_endpoint)
             self._metrics = OperatorMetrics(self.telemetry)
         return self._metrics
 

@@ -49,6 +49,8 @@ def add_parser(sub: Any) -> None:
                      help="serve Prometheus metrics on http://HOST:PORT/metrics (-1: off, the default; 0: a free "
                           "port)")
     run.add_argument("--metrics-host", default="0.0.0.0", help="address of the metrics endpoint (default: 0.0.0.0)")
+    run.add_argument("--otlp-endpoint", default="",
+                     help="also push the metrics to this OpenTelemetry collector (host:port; https:// for TLS)")
     from octavo.telemetry.logs import add_log_format_argument
     add_log_format_argument(run)
     uninstall = osub.add_parser(
@@ -78,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     config.kubeconfig = args.kubeconfig
     config.metrics_port = args.metrics_port
     config.metrics_host = args.metrics_host
+    config.otlp_endpoint = args.otlp_endpoint
     try:
         config.validate()
         liveness = _liveness_url(args.liveness)
