@@ -365,58 +365,16 @@ def test_an_interrupted_key_compaction_leaves_orphans_that_are_collected_and_can
 def test_tasks_push_their_metrics_over_otlp(spark, cluster: LocalCluster) -> None:  # type: ignore[no-untyped-def]
     """With the otlp_endpoint option every Python worker pushes the data source's counters (and the client's
     add latency under them) to a collector: here a real OTLP gRPC receiver in this process."""
-    import threading
-    from concurrent import futures
+    from octavo.telemetry.testing import OtlpReceiver
 
-    import grpc
-    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
-
-    received: list[object] = []
-    lock = threading.Lock()
-
-    class Receiver(metrics_service_pb2_grpc.MetricsServiceServicer):  # type: ignore[misc]
-        def Export(self, request, context):  # type: ignore[no-untyped-def]
-            with lock:
-                received.append(request)
-            return metrics_service_pb2.ExportMetricsServiceResponse()
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Receiver(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        endpoint = f"127.0.0.1:{port}"
+    with OtlpReceiver() as receiver:
         df = frame(spark, 10_000, parts=4)
-        write(df, cluster, "measured", otlp_endpoint=endpoint, rows_per_entry="500")
-        assert read(spark, cluster, "measured", otlp_endpoint=endpoint).count() == 10_000
-    finally:
-        server.stop(grace=None)
-
-    # Cumulative points: the last value per process and attributes, summed over the processes.
-    last: dict[tuple[str, str, tuple[tuple[str, str], ...]], float] = {}
-    histogram_counts: dict[tuple[str, str], int] = {}
-    for request in received:
-        for rm in request.resource_metrics:  # type: ignore[attr-defined]
-            pid = next((a.value.string_value for a in rm.resource.attributes if a.key == "process.pid"), "")
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    if metric.HasField("sum"):
-                        for point in metric.sum.data_points:
-                            labels = tuple(sorted((a.key, a.value.string_value) for a in point.attributes))
-                            value = point.as_int if point.HasField("as_int") else point.as_double
-                            last[(pid, metric.name, labels)] = value
-                    elif metric.HasField("histogram"):
-                        for point in metric.histogram.data_points:
-                            histogram_counts[(pid, metric.name)] = max(histogram_counts.get((pid, metric.name), 0),
-                                                                       point.count)
-
-    def total(name: str, **labels: str) -> float:
-        want = tuple(sorted(labels.items()))
-        return sum(v for (_, n, lab), v in last.items() if n == name and lab == want)
-
-    assert total("octavo.spark.rows_written") == 10_000
-    assert total("octavo.spark.ledgers_written") == 4
-    assert total("octavo.spark.bytes_written") > 0
-    assert total("octavo.spark.rows_read") == 10_000
-    assert total("octavo.spark.commits", kind="batch") == 1
-    assert sum(c for (_, n), c in histogram_counts.items() if n == "octavo.client.add.latency") >= 4
+        write(df, cluster, "measured", otlp_endpoint=receiver.endpoint, rows_per_entry="500")
+        assert read(spark, cluster, "measured", otlp_endpoint=receiver.endpoint).count() == 10_000
+    # Cumulative points: the last value per process (resource attribute process.pid), summed.
+    assert receiver.total("octavo.spark.rows_written") == 10_000
+    assert receiver.total("octavo.spark.ledgers_written") == 4
+    assert receiver.total("octavo.spark.bytes_written") > 0
+    assert receiver.total("octavo.spark.rows_read") == 10_000
+    assert receiver.total("octavo.spark.commits", kind="batch") == 1
+    assert receiver.histogram_count("octavo.client.add.latency") >= 4

@@ -145,12 +145,15 @@ async def test_client_metrics_count_adds_reads_recoveries_and_ensemble_changes(
         seen = points(reader)
         assert seen["octavo.client.add.latency"][0].count >= 1
         assert seen["octavo.client.add.in_flight_bytes"][0].value == 0  # everything acknowledged
-        # Appends the bookies cannot acknowledge yet show as in flight.
         ensemble = writer.metadata.last_ensemble
         stopped = next(s for s in servers if s.bookie_id == ensemble[0])
         await stopped.stop()
         pending = asyncio.ensure_future(writer.append_many([b"b" * 1000] * 100))
-        await asyncio.wait_for(pending, 30)  # acknowledged after the ensemble change
+        await asyncio.wait_for(pending, 30)  # acknowledged by the two others (Qa = 2)
+        for _ in range(300):  # the failed bookie is replaced in the background
+            if writer.ensemble_changes:
+                break
+            await asyncio.sleep(0.05)
         seen = points(reader)
         assert seen["octavo.client.ensemble_changes"][0].value == 1
         changes = by_name(client_spans.get_finished_spans(), "octavo.ensemble_change")

@@ -177,3 +177,26 @@ def test_bad_metrics_settings_are_refused_with_a_message(tmp_path: pytest.TempPa
         taken.listen()
         in_use = node("--port", "0", "--metrics-port", str(taken.getsockname()[1]))
     assert in_use.returncode == 1 and "cannot serve metrics on 127.0.0.1" in in_use.stderr, in_use.stderr
+
+
+def test_a_bookie_pushes_metrics_and_spans_over_otlp(tmp_path: pytest.TempPathFactory) -> None:
+    """otlp_endpoint: the bookie pushes its metrics and exports its sampled spans to a collector (a real OTLP
+    gRPC receiver here); a graceful stop flushes both."""
+    from octavo.telemetry.testing import OtlpReceiver
+
+    with OtlpReceiver() as receiver:
+        proc = BookieProcess(str(tmp_path / "otlp"), args=["--otlp-endpoint", receiver.endpoint,
+                                                           "--trace-sample-ratio", "1"])
+        proc.start()
+        try:
+            with BookieConnection(proc.address) as conn:
+                for r in range(5):
+                    ids = list(range(r * 10, r * 10 + 10))
+                    assert not conn.add(7, KEY, ids, [b"p" * 100] * 10).results[0].message
+        finally:
+            assert proc.stop() == 0
+        assert receiver.total("octavo.bookie.add.entries") == 50
+        assert receiver.total("octavo.bookie.add.bytes") == 5000
+        assert receiver.histogram_count("octavo.bookie.add.latency") == 5
+        adds = [s for s in receiver.spans() if s[0] == "octavo.bookie.add"]
+        assert len(adds) == 5 and all(a[2]["octavo.entries"] == 10 for a in adds)

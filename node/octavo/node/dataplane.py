@@ -397,13 +397,17 @@ class BookieService(pb_grpc.BookieServicer):
         try:
             if request.fence:
                 self.stats.fences += 1
-                if self.tracer is not None:
-                    span = self._span("octavo.bookie.fence", metadata=context.invocation_metadata())
-                    if span is not None:
-                        span.set_attribute("octavo.ledger_id", request.ledger_id)
-                        span.end()
+                span = self._span("octavo.bookie.fence", metadata=context.invocation_metadata()) \
+                    if self.tracer is not None else None
                 loop = asyncio.get_running_loop()
-                info = await loop.run_in_executor(None, self.storage.fence, request.ledger_id, request.master_key)
+                if span is None:
+                    info = await loop.run_in_executor(None, self.storage.fence, request.ledger_id,
+                                                      request.master_key)
+                else:  # the span covers the fence, synced to disk
+                    with trace.use_span(span, end_on_exit=True, record_exception=True):
+                        span.set_attribute("octavo.ledger_id", request.ledger_id)
+                        info = await loop.run_in_executor(None, self.storage.fence, request.ledger_id,
+                                                          request.master_key)
                 self.tail_waiters.wake(request.ledger_id)
             else:
                 info = self.storage.read_lac(request.ledger_id)
