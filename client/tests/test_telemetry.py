@@ -71,8 +71,18 @@ async def test_a_sampled_append_reaches_every_bookie_span_under_its_trace(etcd: 
         append = by_name(client_spans.get_finished_spans(), "octavo.append")
         assert len(append) == 1
         trace_id = append[0].context.trace_id
-        adds = [s for s in by_name(bookie_spans.get_finished_spans(), "octavo.bookie.add")
-                if s.context.trace_id == trace_id]
+
+        async def spans_of(name: str, trace_id: int, count: int) -> list[ReadableSpan]:
+            """The bookie spans of a trace, once `count` have ended (the append returned at the ack quorum:
+            the third bookie may still be answering)."""
+            for _ in range(100):
+                found = [s for s in by_name(bookie_spans.get_finished_spans(), name) if s.context.trace_id == trace_id]
+                if len(found) >= count:
+                    break
+                await asyncio.sleep(0.05)
+            return found
+
+        adds = await spans_of("octavo.bookie.add", trace_id, 3)
         # One request per bookie carried the append's entries; each bookie's span is a child of the append.
         assert len(adds) == 3
         assert {s.parent.span_id for s in adds if s.parent} == {append[0].context.span_id}
@@ -86,8 +96,7 @@ async def test_a_sampled_append_reaches_every_bookie_span_under_its_trace(etcd: 
             assert [e.data async for e in reader.read(0, 49)] == [b"x" * 100] * 50
         recovery = by_name(client_spans.get_finished_spans(), "octavo.recovery_open")
         assert len(recovery) == 1
-        fences = [s for s in by_name(bookie_spans.get_finished_spans(), "octavo.bookie.fence")
-                  if s.context.trace_id == recovery[0].context.trace_id]
+        fences = await spans_of("octavo.bookie.fence", recovery[0].context.trace_id, 3)
         assert len(fences) == 3
         reads = by_name(client_spans.get_finished_spans(), "octavo.read")
         assert reads
