@@ -127,3 +127,38 @@ def test_down_without_a_cluster_says_so(tmp_path: Path) -> None:
     run = subprocess.run([*OCTAVO, "dev", "down", "--data-dir", str(tmp_path)], capture_output=True, text=True,
                          timeout=60)
     assert run.returncode == 1 and "nothing to stop" in run.stderr
+
+
+def test_dev_up_tls_runs_every_bookie_with_mutual_tls(tmp_path: Path) -> None:
+    """`dev up --tls`: a throwaway CA and certificates; the commands given --data-dir use the client
+    certificate; a plaintext client is refused; ClientOptions with the files writes and reads."""
+    from octavo.client import ClientOptions
+    from octavo.meta.errors import OctavoError
+
+    root = tmp_path / "dev"
+    up = subprocess.run([*OCTAVO, "dev", "up", "--data-dir", str(root), "--bookies", "3", "--detach", "--tls"],
+                        capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stderr
+    try:
+        state = json.loads((root / "cluster.json").read_text())
+        tls = state["tls"]
+        assert all(os.path.exists(tls[k]) for k in ("ca_file", "cert_file", "key_file"))
+        assert oct(os.stat(tls["key_file"]).st_mode & 0o777) == "0o600"
+        check = subprocess.run([*OCTAVO, "cluster", "check", "--data-dir", str(root)], capture_output=True,
+                               text=True, timeout=60)
+        assert check.returncode == 0 and check.stdout.startswith("ok:"), check.stderr
+        options = ClientOptions(tls_ca_file=tls["ca_file"], tls_cert_file=tls["cert_file"],
+                                tls_key_file=tls["key_file"])
+        with SyncClient(state["etcd"], options=options) as client, \
+                client.create_ledger(3, 3, 2, password=b"p") as writer:
+            writer.append_many([b"over tls"] * 10)
+        plain = ClientOptions(add_timeout_s=1.0, ensemble_change_wait_s=0.0)
+        with SyncClient(state["etcd"], options=plain) as client:
+            try:
+                with client.create_ledger(3, 3, 2, password=b"p") as writer:
+                    writer.append_many([b"refused"])
+                raise AssertionError("a plaintext client wrote to TLS bookies")
+            except OctavoError as e:
+                assert "UNAVAILABLE" in str(e)
+    finally:
+        subprocess.run([*OCTAVO, "dev", "down", "--data-dir", str(root)], capture_output=True, timeout=120)

@@ -35,6 +35,7 @@ from octavo.cli.common import (
     Target,
     add_etcd_arguments,
     bookie_address,
+    cli_tls,
     fmt_bytes,
     fmt_time,
     looks_like_bookie_id,
@@ -43,6 +44,7 @@ from octavo.cli.common import (
     proto_to_dict,
     resolve_target,
 )
+from octavo.meta.tls import sync_channel
 
 DECOMMISSION_WAIT_S_DEFAULT = 600.0
 DURATION = re.compile(r"^(\d+)([smhd])$")
@@ -165,8 +167,9 @@ def run(args: Namespace) -> int:
 
         return decommission(args)
     try:
-        args.address = _resolve_bookie(args.bookie, resolve_target(args, required=False))
-        with grpc.insecure_channel(args.address) as channel:
+        target = resolve_target(args, required=False)
+        args.address = _resolve_bookie(args.bookie, target)
+        with sync_channel(args.address, cli_tls(target)) as channel:
             stub = pb_grpc.BookieAdminStub(channel)
             handler = {"status": _status, "readonly": _readonly, "writable": _writable, "gc": _gc,
                        "compact": _compact, "compaction": _compaction}[args.bookie_cmd]
@@ -177,7 +180,10 @@ def run(args: Namespace) -> int:
     except grpc.RpcError as e:
         where = args.bookie if args.bookie == args.address else f"{args.bookie} at {args.address}"
         if e.code() == grpc.StatusCode.UNAVAILABLE:
-            print(f"octavo bookie {name}: cannot reach bookie {where}: {e.details()}", file=sys.stderr)
+            hint = ("; with TLS on, a certificate either side refuses also shows so (check OCTAVO_TLS_CA_FILE, "
+                    "OCTAVO_TLS_CERT_FILE, OCTAVO_TLS_KEY_FILE)" if "Socket closed" in (e.details() or "")
+                    or "handshake" in (e.details() or "").lower() else "")
+            print(f"octavo bookie {name}: cannot reach bookie {where}: {e.details()}{hint}", file=sys.stderr)
         elif e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             print(f"octavo bookie {name}: bookie {where} did not answer within --timeout {args.timeout:g}s",
                   file=sys.stderr)

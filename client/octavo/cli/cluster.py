@@ -36,14 +36,17 @@ from octavo.cli.common import (
     EXIT_USAGE,
     CliError,
     add_etcd_arguments,
+    cli_tls,
     cluster_client,
     fmt_age,
     fmt_bytes,
     non_negative_int,
     print_json,
+    resolve_target,
     run_async,
     table,
 )
+from octavo.meta.tls import aio_channel
 
 REPLICATION_RATE_BYTES_PER_S_DEFAULT = 64 << 20
 REPLICATION_BATCH_BYTES_MAX_DEFAULT = 4 << 20
@@ -306,7 +309,7 @@ async def _decommission(client: Any, args: Namespace) -> int:
                   f"new bookie now; {len(result.left_open)} open ledgers wait for their writers to move off it")
         return EXIT_OK
     address = registered[bookie_id].address
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with aio_channel(address, cli_tls(resolve_target(args, required=False))) as channel:
         try:
             mode = await pb_grpc.BookieAdminStub(channel).SetReadOnly(pb.SetReadOnlyRequest(read_only=True),
                                                                      timeout=10)
@@ -341,14 +344,14 @@ async def _decommission(client: Any, args: Namespace) -> int:
     return EXIT_OK if result.retired else EXIT_FAILED
 
 
-async def _bookie_status(address: str, timeout_s: float) -> tuple[Any, str]:
+async def _bookie_status(address: str, timeout_s: float, tls: Any) -> tuple[Any, str]:
     """A bookie's admin status, or None and why it could not be had."""
     import grpc
 
     from octavo.v1 import bookie_pb2 as pb
     from octavo.v1 import bookie_pb2_grpc as pb_grpc
 
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with aio_channel(address, tls) as channel:
         try:
             return await pb_grpc.BookieAdminStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout_s), ""
         except grpc.aio.AioRpcError as e:
@@ -365,7 +368,8 @@ async def _status(client: Any, args: Namespace) -> int:
     auditor_kv = await client.etcd.get(layout.auditor)
     auditor = auditor_kv.value.decode() if auditor_kv is not None else None
     ids = sorted(set(registered) | cookies)
-    statuses = await asyncio.gather(*(_bookie_status(registered[b].address, args.timeout) if b in registered
+    tls = cli_tls(resolve_target(args, required=False))
+    statuses = await asyncio.gather(*(_bookie_status(registered[b].address, args.timeout, tls) if b in registered
                                       else _absent() for b in ids))
     auditor_status = next((st for b, (st, _) in zip(ids, statuses, strict=True) if b == auditor and st), None)
     missing_since = dict(auditor_status.autorecovery.missing_since_unix_ms) if auditor_status else {}

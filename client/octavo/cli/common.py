@@ -297,6 +297,29 @@ def confirm(what: str, yes: bool, stdin: Any = None, stderr: Any = None) -> None
 
 
 # -- clients -----------------------------------------------------------------------------------------------
+def cli_tls(target: Target | None = None) -> Any:
+    """The TLS files the commands use towards bookies: $OCTAVO_TLS_CA_FILE, $OCTAVO_TLS_CERT_FILE and
+    $OCTAVO_TLS_KEY_FILE (docs/security.md), else those of the dev cluster named (`dev up --tls` writes them
+    into its cluster.json); none: plaintext."""
+    from octavo.meta.tls import TlsError, TlsFiles
+
+    tls = TlsFiles.from_env()
+    dev_tls = (target.dev_state or {}).get("tls") if target is not None else None
+    if not tls.enabled and dev_tls:
+        tls = TlsFiles(dev_tls["cert_file"], dev_tls["key_file"], dev_tls["ca_file"])
+    try:
+        return tls.check("OCTAVO_TLS") if tls.enabled else tls
+    except TlsError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
+
+
+def client_options(target: Target | None = None) -> Any:
+    from octavo.client import ClientOptions
+
+    tls = cli_tls(target)
+    return ClientOptions(tls_ca_file=tls.ca_file, tls_cert_file=tls.cert_file, tls_key_file=tls.key_file)
+
+
 @contextlib.asynccontextmanager
 async def cluster_client(args: argparse.Namespace) -> AsyncIterator[Any]:
     """A Client for the cluster the arguments name, checked to exist unless --allow-empty."""
@@ -309,7 +332,7 @@ async def cluster_client(args: argparse.Namespace) -> AsyncIterator[Any]:
         parse_endpoints(target.etcd)
     except ValueError as e:
         raise CliError(str(e), EXIT_USAGE) from None
-    async with Client(target.etcd, target.cluster) as client:
+    async with Client(target.etcd, target.cluster, client_options(target)) as client:
         if not getattr(args, "allow_empty", False):
             await check_cluster_exists(client.etcd, target.cluster, target.etcd)
         yield client

@@ -43,6 +43,9 @@ def add_parser(sub: Any) -> None:
     up.add_argument("--log-size-bytes-max", type=int, default=DEV_LOG_SIZE_BYTES, help="entry log size")
     up.add_argument("--detach", action="store_true", help="return once everything serves; stop with `dev down`")
     up.add_argument("--json", action="store_true", help="print one JSON object describing the cluster")
+    up.add_argument("--tls", action="store_true",
+                    help="run the bookies with mutual TLS: a throwaway CA and certificates in DIR/tls (the octavo "
+                         "commands given --data-dir DIR use the client certificate)")
     up.add_argument("--kubernetes", action="store_true",
                     help="run the operator on a local, emulated Kubernetes API: it creates a BookieCluster of "
                          "--bookies bookies (real processes); prints the kubeconfig to reach the API")
@@ -162,6 +165,17 @@ def _kept_ports(previous: dict[str, Any] | None, bookie_ids: list[str]) -> tuple
     return (etcd_ports[0], etcd_ports[1]) if len(etcd_ports) == 2 else (0, 0), bookie_ports, notes
 
 
+def _make_pki(directory: Path) -> tuple[dict[str, str], list[str]]:
+    """A fresh throwaway CA, the bookies' certificate (localhost, 127.0.0.1, ::1) and a client certificate."""
+    from octavo.cli.certs import CertificateAuthority
+
+    ca = CertificateAuthority("octavo-dev-ca")
+    bookie = ca.write(directory, "bookie", common_name="octavo-bookie")
+    client = ca.write(directory, "client", common_name="octavo-client", server=False)
+    return ({"ca_file": client.ca_file, "cert_file": client.cert_file, "key_file": client.key_file},
+            ["--tls-cert-file", bookie.cert_file, "--tls-key-file", bookie.key_file, "--tls-ca-file", bookie.ca_file])
+
+
 def _state_of(cluster: Any, bookie_args: list[str]) -> dict[str, Any]:
     description = cluster.describe()
     etcd = cluster.etcd
@@ -200,6 +214,10 @@ def cmd_up(args: Namespace) -> int:
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     bookie_args = ["--log-size-bytes-max", str(args.log_size_bytes_max), *args.bookie_args]
+    tls_state = None
+    if args.tls:
+        tls_state, tls_args = _make_pki(root / "tls")
+        bookie_args += tls_args
     cluster = LocalCluster(str(root), bookies=args.bookies, cluster=args.cluster, bookie_args=bookie_args,
                            etcd_ports=etcd_ports, new_session=True, bookie_ports=bookie_ports)
     try:
@@ -209,6 +227,8 @@ def cmd_up(args: Namespace) -> int:
         raise CliError(str(e)) from None
     assert cluster.etcd is not None
     state = _state_of(cluster, bookie_args)
+    if tls_state:
+        state["tls"] = tls_state
     _write_state(root, state)
     if args.json:
         print_json(cluster.describe())
@@ -218,6 +238,10 @@ def cmd_up(args: Namespace) -> int:
             print(f"bookie   {b['id']:10} {b['address']:21} pid {b['pid']:<8} data {b['data_dir']}")
         print(f"cluster  {args.cluster}: `export OCTAVO_ETCD={cluster.etcd_endpoint}` (or --data-dir "
               f"{args.data_dir}) for the octavo commands; Client(etcd=\"{cluster.etcd_endpoint}\") in Python")
+        if tls_state:
+            print(f"tls      mutual TLS; client certificate: export OCTAVO_TLS_CA_FILE={tls_state['ca_file']} "
+                  f"OCTAVO_TLS_CERT_FILE={tls_state['cert_file']} OCTAVO_TLS_KEY_FILE={tls_state['key_file']} "
+                  "(ClientOptions(tls_ca_file=..., tls_cert_file=..., tls_key_file=...) in Python)")
     sys.stdout.flush()
     if args.detach:
         if not args.json:

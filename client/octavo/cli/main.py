@@ -61,6 +61,10 @@ NODE_SETTING_HELP: dict[str, str] = {
     "metrics_port": "serve Prometheus metrics on http://HOST:PORT/metrics (-1: off; 0: a free port, see --ready-file)",
     "otlp_endpoint": "push metrics and sampled spans to this OpenTelemetry collector (host:port; https:// for TLS)",
     "trace_sample_ratio": "share of requests without a sampled trace context that get a span (0-1; 0: none)",
+    "tls_cert_file": "serve TLS with this certificate chain (PEM); also this bookie's identity towards peers",
+    "tls_key_file": "the private key (PEM) of tls_cert_file",
+    "tls_ca_file": "CA bundle (PEM) that clients' and peers' certificates must chain to",
+    "tls_client_auth": "'require' (default: clients need a certificate of tls_ca_file) or 'none' (server TLS only)",
     "autorecovery_enabled": "audit the cluster for lost bookies and re-replicate their data (true/false)",
     "lost_bookie_delay_s": "a bookie unregistered this long is taken for lost and its ledgers re-replicated",
     "audit_interval_s": "how often the auditor checks every ledger's ensembles for bookies that are gone",
@@ -159,6 +163,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     import asyncio
 
     from octavo.meta.errors import CookieMismatchError, MetadataUnavailableError
+    from octavo.meta.tls import TlsError
     from octavo.node.errors import StorageError
     from octavo.node.server import serve
 
@@ -176,6 +181,9 @@ def cmd_node(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     except StorageError as e:
         print(f"octavo node: {e.message}", file=sys.stderr)
+        return EXIT_FAILED
+    except TlsError as e:
+        print(f"octavo node: {e}", file=sys.stderr)
         return EXIT_FAILED
     except (CookieMismatchError, MetadataUnavailableError) as e:
         print(f"octavo node: {e}", file=sys.stderr)

@@ -23,6 +23,7 @@ from opentelemetry import trace
 
 from octavo.meta.errors import BookieUnavailableError
 from octavo.meta.etcd import CHANNEL_OPTIONS
+from octavo.meta.tls import TlsFiles, aio_channel
 from octavo.telemetry.tracing import TRACEPARENT, current_traceparent
 from octavo.v1 import bookie_pb2 as pb
 from octavo.v1 import bookie_pb2_grpc as pb_grpc
@@ -120,11 +121,13 @@ class _Joined:
 
 
 class BookieClient:
-    def __init__(self, bookie_id: str, address: str, add_timeout_s: float = CALL_TIMEOUT_S) -> None:
+    def __init__(self, bookie_id: str, address: str, add_timeout_s: float = CALL_TIMEOUT_S,
+                 tls: TlsFiles | None = None) -> None:
         self.bookie_id = bookie_id
         self.address = address
         self.add_timeout_s = add_timeout_s
-        self._channel = grpc.aio.insecure_channel(address, options=[
+        self.tls = tls if tls is not None and tls.enabled else None
+        self._channel = aio_channel(address, self.tls, options=[
             ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
             ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
             *CHANNEL_OPTIONS,
@@ -351,7 +354,7 @@ class BookieClient:
                 task.cancel()
         self._sender = self._receiver = None
         err = error if isinstance(error, BookieUnavailableError) else BookieUnavailableError(
-            f"bookie {self.bookie_id} at {self.address}: {_describe(error)}")
+            f"bookie {self.bookie_id} at {self.address}: {_describe(error, self.tls)}")
         self._fail_all(err)
         self._window_open.set()
 
@@ -380,7 +383,8 @@ class BookieClient:
         try:
             return await self._stub.ReadEntries(request, timeout=timeout_s, metadata=_trace_metadata())
         except grpc.aio.AioRpcError as e:
-            raise BookieUnavailableError(f"bookie {self.bookie_id} at {self.address}: {_describe(e)}") from e
+            raise BookieUnavailableError(
+                f"bookie {self.bookie_id} at {self.address}: {_describe(e, self.tls)}") from e
 
     async def read_tail(self, ledger_id: int, previous_lac: int, wait_ms: int, max_entries: int,
                         timeout_s: float = CALL_TIMEOUT_S) -> Any:
@@ -390,7 +394,8 @@ class BookieClient:
                 ledger_id=ledger_id, previous_lac=previous_lac, wait_ms=wait_ms, max_entries=max_entries),
                 timeout=timeout_s, metadata=_trace_metadata())
         except grpc.aio.AioRpcError as e:
-            raise BookieUnavailableError(f"bookie {self.bookie_id} at {self.address}: {_describe(e)}") from e
+            raise BookieUnavailableError(
+                f"bookie {self.bookie_id} at {self.address}: {_describe(e, self.tls)}") from e
 
     async def read_lac(self, ledger_id: int, fence: bool = False, master_key: bytes = b"",
                        timeout_s: float = CALL_TIMEOUT_S) -> Any:
@@ -399,7 +404,8 @@ class BookieClient:
                 pb.ReadLacRequest(ledger_id=ledger_id, fence=fence, master_key=master_key), timeout=timeout_s,
                 metadata=_trace_metadata())
         except grpc.aio.AioRpcError as e:
-            raise BookieUnavailableError(f"bookie {self.bookie_id} at {self.address}: {_describe(e)}") from e
+            raise BookieUnavailableError(
+                f"bookie {self.bookie_id} at {self.address}: {_describe(e, self.tls)}") from e
 
     async def write_close(self, ledger_id: int, master_key: bytes, last_entry_id: int) -> None:
         try:
@@ -409,10 +415,16 @@ class BookieClient:
             if resp.code:
                 log.info("write-close of ledger %d on bookie %s: %s", ledger_id, self.bookie_id, resp.message)
         except grpc.aio.AioRpcError as e:
-            log.info("write-close of ledger %d on bookie %s failed: %s", ledger_id, self.bookie_id, _describe(e))
+            log.info("write-close of ledger %d on bookie %s failed: %s", ledger_id, self.bookie_id,
+                     _describe(e, self.tls))
 
 
-def _describe(error: BaseException) -> str:
+def _describe(error: BaseException, tls: TlsFiles | None = None) -> str:
     if isinstance(error, grpc.aio.AioRpcError):
-        return f"{error.code().name}: {error.details()}"
+        hint = ""
+        if tls is not None and error.code() == grpc.StatusCode.UNAVAILABLE:
+            # gRPC reports a refused handshake as UNAVAILABLE, like a bookie that is down.
+            hint = (" (TLS is on: a bookie that refuses this client's certificate, or presents one tls_ca_file "
+                    "does not trust, also shows as UNAVAILABLE)")
+        return f"{error.code().name}: {error.details()}{hint}"
     return f"{type(error).__name__}: {error}"

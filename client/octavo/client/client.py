@@ -152,7 +152,7 @@ class Client:
             if info is None:
                 raise BookieUnavailableError(f"bookie {bookie_id} is not registered (down, or unknown)")
             client = self._bookie_clients[bookie_id] = BookieClient(bookie_id, info.address,
-                                                                    self.options.add_timeout_s)
+                                                                    self.options.add_timeout_s, self.options.tls)
         return client
 
     # -- ledgers ---------------------------------------------------------------------------------------

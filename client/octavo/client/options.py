@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from octavo.meta.tls import TlsFiles
+
 
 @dataclass(frozen=True)
 class ClientOptions:
@@ -43,6 +45,16 @@ class ClientOptions:
     # one). 0, the default, makes no span at all; an operation inside a recording span of the application
     # always gets one. The spans' context reaches the bookies, whose request spans join the trace.
     trace_sample_ratio: float = 0.0
+    # TLS to the bookies (docs/security.md): the CA bundle the bookies' certificates must chain to, and this
+    # client's own certificate chain and key when the bookies require client certificates. Any of them set
+    # turns TLS on; empty (the default) connects in plaintext.
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+
+    @property
+    def tls(self) -> TlsFiles:
+        return TlsFiles(self.tls_cert_file, self.tls_key_file, self.tls_ca_file)
 
     def __post_init__(self) -> None:
         for name in ("entry_size_bytes_max", "inflight_bytes_max", "add_timeout_s", "read_timeout_s",
@@ -56,6 +68,8 @@ class ClientOptions:
                 raise ValueError(f"ClientOptions.{name} must be zero or more, got {getattr(self, name)!r}")
         if not 0.0 <= self.trace_sample_ratio <= 1.0:
             raise ValueError(f"ClientOptions.trace_sample_ratio must be in [0, 1], got {self.trace_sample_ratio!r}")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("ClientOptions.tls_cert_file and tls_key_file go together: set both or neither")
         if self.read_ahead_bytes_max < self.read_batch_bytes:
             raise ValueError(f"ClientOptions.read_ahead_bytes_max ({self.read_ahead_bytes_max}) must be at least "
                              f"read_batch_bytes ({self.read_batch_bytes})")

@@ -100,7 +100,8 @@ class AutoRecovery:
 
     async def run(self) -> None:
         cfg = self.config
-        options = ClientOptions(ensemble_change_wait_s=0.0)
+        options = ClientOptions(ensemble_change_wait_s=0.0, tls_cert_file=cfg.tls_cert_file,
+                                tls_key_file=cfg.tls_key_file, tls_ca_file=cfg.tls_ca_file)
         async with Client(cfg.etcd, cfg.cluster, options) as client:
             replicator = Replicator(client, cfg.replication_rate_bytes_per_s, cfg.replication_batch_bytes_max)
             marks = UnderReplication(client.etcd, client.metadata_store.layout)

@@ -115,6 +115,16 @@ class NodeConfig:
     otlp_endpoint: str = ""
     trace_sample_ratio: float = 0.0
 
+    # TLS on the gRPC port (both planes; docs/security.md): this bookie's certificate chain and key (PEM), and
+    # the CA bundle its peers' certificates must chain to. With a certificate the port serves TLS only;
+    # tls_client_auth "require" (the default) refuses clients without a certificate of tls_ca_file, "none"
+    # serves server-side TLS. The files are read again when they change (renewal without a restart). The same
+    # files are this bookie's identity when it calls other bookies (re-replication, tail repair).
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
+    tls_client_auth: str = "require"
+
     def validate(self) -> NodeConfig:
         def need(ok: bool, msg: str) -> None:
             if not ok:
@@ -175,6 +185,12 @@ class NodeConfig:
              f"metrics_port must be in [-1, 65535] (-1: off), got {self.metrics_port}")
         need(self.metrics_port <= 0 or self.metrics_port != self.port,
              f"metrics_port must differ from port ({self.port})")
+        need(bool(self.tls_cert_file) == bool(self.tls_key_file),
+             "tls_cert_file and tls_key_file go together: set both or neither")
+        need(self.tls_client_auth in ("require", "none"),
+             f"tls_client_auth must be require or none, got {self.tls_client_auth!r}")
+        need(not (self.tls_cert_file and self.tls_client_auth == "require" and not self.tls_ca_file),
+             "tls_client_auth=require needs tls_ca_file (the CA whose client certificates are accepted)")
         need(0.0 <= self.trace_sample_ratio <= 1.0,
              f"trace_sample_ratio must be in [0, 1], got {self.trace_sample_ratio}")
         return self

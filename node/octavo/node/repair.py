@@ -20,6 +20,7 @@ import logging
 from itertools import pairwise
 
 from octavo.client.client import Client
+from octavo.client.options import ClientOptions
 from octavo.client.reader import ReadHandle
 from octavo.meta.errors import OctavoError
 from octavo.meta.ledger_metadata import LedgerMetadata, write_set
@@ -54,7 +55,9 @@ class TailRepair:
 
     async def _run_once(self) -> None:
         cfg = self.storage.config
-        async with Client(cfg.etcd, cfg.cluster) as client:
+        options = ClientOptions(tls_cert_file=cfg.tls_cert_file, tls_key_file=cfg.tls_key_file,
+                                tls_ca_file=cfg.tls_ca_file)
+        async with Client(cfg.etcd, cfg.cluster, options) as client:
             await client.bookies(refresh=True)
             for ledger_id in await client.list_ledgers():
                 try:

@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace import TracerProvider
 
 from octavo.meta.errors import MetadataUnavailableError
+from octavo.meta.tls import ReloadingServerCredentials, TlsFiles
 from octavo.node.adminplane import BookieAdminService, admin_handler
 from octavo.node.autorecovery import AutoRecovery
 from octavo.node.compaction import Compactor
@@ -63,6 +64,7 @@ class BookieServer:
         self.metrics_address = ""
         self._tracer_provider = tracer_provider
         self._own_tracer_provider = False
+        self.tls_credentials: ReloadingServerCredentials | None = None
         self.storage: Storage | None = None
         self.server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
@@ -89,8 +91,13 @@ class BookieServer:
         # The port first: a port in use must fail the start before anything is created in the data directory.
         server = grpc.aio.server(options=grpc_options(self.config))
         address = f"{self.config.host}:{self.config.port}"
+        tls = self.config_tls()
         try:
-            self.port = server.add_insecure_port(address)
+            if tls.enabled:
+                self.tls_credentials = ReloadingServerCredentials(tls.check(), self.config.tls_client_auth)
+                self.port = server.add_secure_port(address, self.tls_credentials.credentials)
+            else:
+                self.port = server.add_insecure_port(address)
         except RuntimeError as e:
             raise StorageError(pb.INTERNAL, f"cannot listen on {address} (in use, or not an address of this "
                                             f"host): {e}") from e
@@ -132,9 +139,15 @@ class BookieServer:
                 self._repair_task = asyncio.create_task(self.repair.run(), name="octavo-tail-repair")
         self._space_task = asyncio.create_task(self._space_loop(), name="octavo-space")
         self._disk_task = asyncio.create_task(self._disk_loop(), name="octavo-disk")
-        log.info("bookie %s serving on %s:%d (data dir %s, recovery %.2fs, %d logs replayed)",
-                 self.bookie_id, self.config.host, self.port, self.storage.data_dir,
+        log.info("bookie %s serving on %s:%d%s (data dir %s, recovery %.2fs, %d logs replayed)",
+                 self.bookie_id, self.config.host, self.port,
+                 f" with TLS (client certificates: {self.config.tls_client_auth})" if self.tls_credentials else "",
+                 self.storage.data_dir,
                  time.monotonic() - t0, self.storage.recovery.logs_scanned)
+
+    def config_tls(self) -> TlsFiles:
+        cfg = self.config
+        return TlsFiles(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_ca_file)
 
     async def _start_telemetry(self, service: BookieService) -> None:
         """Metrics (with a /metrics endpoint when metrics_port is not -1, pushed when otlp_endpoint is set) and

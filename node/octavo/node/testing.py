@@ -122,13 +122,13 @@ class BookieProcess:
 class BookieConnection:
     """A plain synchronous gRPC connection to one bookie, for tests and tools (not the client library)."""
 
-    def __init__(self, address: str, max_message_bytes: int = 256 * 1024 * 1024) -> None:
-        import grpc
-
+    def __init__(self, address: str, max_message_bytes: int = 256 * 1024 * 1024, tls: Any = None) -> None:
+        """`tls`: an octavo.meta.tls.TlsFiles to connect over TLS (None: plaintext)."""
+        from octavo.meta.tls import sync_channel
         from octavo.v1 import bookie_pb2_grpc as pb_grpc
 
         self.address = address
-        self.channel = grpc.insecure_channel(address, options=[
+        self.channel = sync_channel(address, tls, options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
         ])

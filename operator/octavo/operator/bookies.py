@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import grpc
 
+from octavo.meta.tls import TlsFiles, aio_channel
 from octavo.operator.policy import CLOSE_WINDOW, FORCE_READ_ONLY, OPEN_WINDOW, RELEASE_READ_ONLY, Action, Observed
 from octavo.v1 import bookie_pb2 as pb
 from octavo.v1 import bookie_pb2_grpc as pb_grpc
@@ -33,7 +34,7 @@ async def observe_one(bookie_id: str, address: str, timeout_s: float = ADMIN_TIM
     if not address:
         return Observed(bookie_id, reachable=False)
     try:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with aio_channel(address, TlsFiles.from_env()) as channel:
             status = await pb_grpc.BookieAdminStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout_s)
     except grpc.RpcError:
         return Observed(bookie_id, reachable=False)
@@ -49,7 +50,7 @@ async def observe(addresses: Mapping[str, str], timeout_s: float = ADMIN_TIMEOUT
 async def apply_one(action: Action, address: str, timeout_s: float = ADMIN_TIMEOUT_S) -> str:
     """Carry out one action; the error in words, or "" when it was done."""
     try:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with aio_channel(address, TlsFiles.from_env()) as channel:
             admin = pb_grpc.BookieAdminStub(channel)
             if action.kind in (FORCE_READ_ONLY, RELEASE_READ_ONLY):
                 await admin.SetReadOnly(pb.SetReadOnlyRequest(read_only=action.kind == FORCE_READ_ONLY),

@@ -20,9 +20,11 @@ VERSION = "v1alpha1"
 BOOKIE_CLUSTER = ("bookieclusters", "BookieCluster")
 COMPACTION_POLICY = ("compactionpolicies", "CompactionPolicy")
 
-# Bookie settings the operator owns: a BookieCluster may not set them.
+# Bookie settings the operator owns: a BookieCluster may not set them. The TLS files are paths inside the pod:
+# they come with the chart's certificates (not yet: docs/security.md), never from a spec.
 OPERATOR_OWNED_SETTINGS = frozenset({"data_dir", "host", "port", "advertised_address", "etcd", "cluster",
-                                     "bookie_id", "metrics_port"})
+                                     "bookie_id", "metrics_port", "tls_cert_file", "tls_key_file", "tls_ca_file",
+                                     "tls_client_auth"})
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
 CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 REPLICAS_MAX = 1000

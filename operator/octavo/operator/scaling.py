@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from octavo.client import Client
+from octavo.client import Client, ClientOptions
 from octavo.client.replication import (
     Replicator,
     check_enough_bookies,
@@ -21,6 +21,7 @@ from octavo.client.replication import (
     ledgers_naming,
 )
 from octavo.meta.errors import OctavoError
+from octavo.meta.tls import TlsFiles, aio_channel
 from octavo.v1 import bookie_pb2 as pb
 from octavo.v1 import bookie_pb2_grpc as pb_grpc
 
@@ -37,7 +38,9 @@ class ScaleDownStep:
 async def decommission_step(etcd: str, cluster: str, bookie_id: str, rate_bytes_per_s: int, wait_s: float,
                             admin_timeout_s: float = 10.0) -> ScaleDownStep:
     try:
-        async with Client(etcd, cluster) as client:
+        tls = TlsFiles.from_env()
+        options = ClientOptions(tls_ca_file=tls.ca_file, tls_cert_file=tls.cert_file, tls_key_file=tls.key_file)
+        async with Client(etcd, cluster, options) as client:
             return await _step(client, bookie_id, rate_bytes_per_s, wait_s, admin_timeout_s)
     except OctavoError as e:
         return ScaleDownStep(bookie_id, False, True, f"decommission of {bookie_id} stopped: {e}")
@@ -59,7 +62,7 @@ async def _step(client: Client, bookie_id: str, rate_bytes_per_s: int, wait_s: f
     await check_enough_bookies(client, bookie_id, metas)
     address = registered[bookie_id].address
     try:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with aio_channel(address, TlsFiles.from_env()) as channel:
             await pb_grpc.BookieAdminStub(channel).SetReadOnly(pb.SetReadOnlyRequest(read_only=True),
                                                                timeout=admin_timeout_s)
     except grpc.RpcError as e:
