@@ -147,12 +147,15 @@ def test_dev_up_tls_runs_every_bookie_with_mutual_tls(tmp_path: Path) -> None:
         check = subprocess.run([*OCTAVO, "cluster", "check", "--data-dir", str(root)], capture_output=True,
                                text=True, timeout=60)
         assert check.returncode == 0 and check.stdout.startswith("ok:"), check.stderr
+        etcd_tls = {"etcd_tls_ca_file": tls["ca_file"], "etcd_tls_cert_file": tls["cert_file"],
+                    "etcd_tls_key_file": tls["key_file"]}
         options = ClientOptions(tls_ca_file=tls["ca_file"], tls_cert_file=tls["cert_file"],
-                                tls_key_file=tls["key_file"])
+                                tls_key_file=tls["key_file"], **etcd_tls)
         with SyncClient(state["etcd"], options=options) as client, \
                 client.create_ledger(3, 3, 2, password=b"p") as writer:
             writer.append_many([b"over tls"] * 10)
-        plain = ClientOptions(add_timeout_s=1.0, ensemble_change_wait_s=0.0)
+        # Plaintext to the bookies (etcd over TLS): the adds are refused.
+        plain = ClientOptions(add_timeout_s=1.0, ensemble_change_wait_s=0.0, **etcd_tls)
         with SyncClient(state["etcd"], options=plain) as client:
             try:
                 with client.create_ledger(3, 3, 2, password=b"p") as writer:
@@ -160,5 +163,13 @@ def test_dev_up_tls_runs_every_bookie_with_mutual_tls(tmp_path: Path) -> None:
                 raise AssertionError("a plaintext client wrote to TLS bookies")
             except OctavoError as e:
                 assert "UNAVAILABLE" in str(e)
+        # Without a client certificate, etcd itself refuses.
+        no_etcd_cert = ClientOptions(metadata_timeout_s=2.0, etcd_tls_ca_file=tls["ca_file"])
+        with SyncClient(state["etcd"], options=no_etcd_cert) as client:
+            try:
+                client.create_ledger(3, 3, 2, password=b"p")
+                raise AssertionError("etcd served a client without a certificate")
+            except OctavoError as e:
+                assert "etcd" in str(e)
     finally:
         subprocess.run([*OCTAVO, "dev", "down", "--data-dir", str(root)], capture_output=True, timeout=120)

@@ -36,6 +36,7 @@ from octavo.cli.common import (
     add_etcd_arguments,
     bookie_address,
     cli_tls,
+    etcd_auth,
     fmt_bytes,
     fmt_time,
     looks_like_bookie_id,
@@ -214,7 +215,7 @@ async def _registered_addresses(target: Target) -> dict[str, str]:
     from octavo.meta.layout import Layout
     from octavo.meta.metadata import MetadataStore
 
-    async with EtcdClient(target.etcd) as etcd:
+    async with EtcdClient(target.etcd, auth=etcd_auth(target)) as etcd:
         return {b: info.address for b, info in (await MetadataStore(etcd, Layout(target.cluster)).bookies()).items()}
 
 

@@ -313,11 +313,43 @@ def cli_tls(target: Target | None = None) -> Any:
         raise CliError(str(e), EXIT_USAGE) from None
 
 
+def etcd_settings(target: Target | None = None, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """How the commands reach etcd securely: $OCTAVO_ETCD_TLS_CA_FILE, $OCTAVO_ETCD_TLS_CERT_FILE,
+    $OCTAVO_ETCD_TLS_KEY_FILE, $OCTAVO_ETCD_USERNAME, $OCTAVO_ETCD_PASSWORD_FILE, else the dev cluster's
+    (`dev up --tls`); as ClientOptions field names."""
+    env = os.environ if environ is None else environ
+    names = {"etcd_tls_ca_file": "OCTAVO_ETCD_TLS_CA_FILE", "etcd_tls_cert_file": "OCTAVO_ETCD_TLS_CERT_FILE",
+             "etcd_tls_key_file": "OCTAVO_ETCD_TLS_KEY_FILE", "etcd_username": "OCTAVO_ETCD_USERNAME",
+             "etcd_password_file": "OCTAVO_ETCD_PASSWORD_FILE"}
+    settings = {field: env.get(var, "") for field, var in names.items()}
+    dev = (target.dev_state or {}).get("etcd_tls") if target is not None else None
+    if not any(settings.values()) and dev:
+        settings.update({"etcd_tls_ca_file": dev["ca_file"], "etcd_tls_cert_file": dev["cert_file"],
+                         "etcd_tls_key_file": dev["key_file"]})
+    return settings
+
+
+def etcd_auth(target: Target | None = None) -> Any:
+    from octavo.meta.etcd import EtcdAuth
+
+    s = etcd_settings(target)
+    try:
+        return EtcdAuth.from_settings(s["etcd_tls_ca_file"], s["etcd_tls_cert_file"], s["etcd_tls_key_file"],
+                                      s["etcd_username"], s["etcd_password_file"])
+    except ValueError as e:
+        raise CliError(f"{e} (from OCTAVO_ETCD_* or the dev cluster)", EXIT_USAGE) from None
+
+
 def client_options(target: Target | None = None) -> Any:
     from octavo.client import ClientOptions
 
     tls = cli_tls(target)
-    return ClientOptions(tls_ca_file=tls.ca_file, tls_cert_file=tls.cert_file, tls_key_file=tls.key_file)
+    etcd_auth(target)  # checked here: a bad file is a usage error with its name
+    etcd = etcd_settings(target)
+    return ClientOptions(tls_ca_file=tls.ca_file, tls_cert_file=tls.cert_file, tls_key_file=tls.key_file,
+                         etcd_tls_ca_file=etcd["etcd_tls_ca_file"], etcd_tls_cert_file=etcd["etcd_tls_cert_file"],
+                         etcd_tls_key_file=etcd["etcd_tls_key_file"], etcd_username=etcd["etcd_username"],
+                         etcd_password_file=etcd["etcd_password_file"])
 
 
 @contextlib.asynccontextmanager

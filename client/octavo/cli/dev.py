@@ -165,15 +165,22 @@ def _kept_ports(previous: dict[str, Any] | None, bookie_ids: list[str]) -> tuple
     return (etcd_ports[0], etcd_ports[1]) if len(etcd_ports) == 2 else (0, 0), bookie_ports, notes
 
 
-def _make_pki(directory: Path) -> tuple[dict[str, str], list[str]]:
-    """A fresh throwaway CA, the bookies' certificate (localhost, 127.0.0.1, ::1) and a client certificate."""
+def _make_pki(directory: Path) -> tuple[dict[str, str], list[str], Any]:
+    """A fresh throwaway CA; certificates for etcd, the bookies (localhost, 127.0.0.1, ::1) and the client.
+    Returns the client's files, the bookies' TLS flags (their certificate also authenticates them to etcd)
+    and etcd's TlsFiles."""
     from octavo.cli.certs import CertificateAuthority
+    from octavo.meta.tls import TlsFiles
 
     ca = CertificateAuthority("octavo-dev-ca")
+    etcd = ca.write(directory, "etcd", common_name="octavo-etcd")
     bookie = ca.write(directory, "bookie", common_name="octavo-bookie")
     client = ca.write(directory, "client", common_name="octavo-client", server=False)
     return ({"ca_file": client.ca_file, "cert_file": client.cert_file, "key_file": client.key_file},
-            ["--tls-cert-file", bookie.cert_file, "--tls-key-file", bookie.key_file, "--tls-ca-file", bookie.ca_file])
+            ["--tls-cert-file", bookie.cert_file, "--tls-key-file", bookie.key_file, "--tls-ca-file", bookie.ca_file,
+             "--etcd-tls-ca-file", bookie.ca_file, "--etcd-tls-cert-file", bookie.cert_file,
+             "--etcd-tls-key-file", bookie.key_file],
+            TlsFiles(etcd.cert_file, etcd.key_file, etcd.ca_file))
 
 
 def _state_of(cluster: Any, bookie_args: list[str]) -> dict[str, Any]:
@@ -214,12 +221,12 @@ def cmd_up(args: Namespace) -> int:
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     bookie_args = ["--log-size-bytes-max", str(args.log_size_bytes_max), *args.bookie_args]
-    tls_state = None
+    tls_state = etcd_tls = None
     if args.tls:
-        tls_state, tls_args = _make_pki(root / "tls")
+        tls_state, tls_args, etcd_tls = _make_pki(root / "tls")
         bookie_args += tls_args
     cluster = LocalCluster(str(root), bookies=args.bookies, cluster=args.cluster, bookie_args=bookie_args,
-                           etcd_ports=etcd_ports, new_session=True, bookie_ports=bookie_ports)
+                           etcd_ports=etcd_ports, new_session=True, bookie_ports=bookie_ports, etcd_tls=etcd_tls)
     try:
         cluster.start()
     except Exception as e:
@@ -228,7 +235,7 @@ def cmd_up(args: Namespace) -> int:
     assert cluster.etcd is not None
     state = _state_of(cluster, bookie_args)
     if tls_state:
-        state["tls"] = tls_state
+        state["tls"] = state["etcd_tls"] = tls_state
     _write_state(root, state)
     if args.json:
         print_json(cluster.describe())
@@ -239,9 +246,10 @@ def cmd_up(args: Namespace) -> int:
         print(f"cluster  {args.cluster}: `export OCTAVO_ETCD={cluster.etcd_endpoint}` (or --data-dir "
               f"{args.data_dir}) for the octavo commands; Client(etcd=\"{cluster.etcd_endpoint}\") in Python")
         if tls_state:
-            print(f"tls      mutual TLS; client certificate: export OCTAVO_TLS_CA_FILE={tls_state['ca_file']} "
-                  f"OCTAVO_TLS_CERT_FILE={tls_state['cert_file']} OCTAVO_TLS_KEY_FILE={tls_state['key_file']} "
-                  "(ClientOptions(tls_ca_file=..., tls_cert_file=..., tls_key_file=...) in Python)")
+            print(f"tls      mutual TLS to the bookies and to etcd; the client's files: CA {tls_state['ca_file']}, "
+                  f"certificate {tls_state['cert_file']}, key {tls_state['key_file']} (OCTAVO_TLS_* and "
+                  "OCTAVO_ETCD_TLS_*_FILE for the commands without --data-dir; ClientOptions(tls_*_file=..., "
+                  "etcd_tls_*_file=...) in Python)")
     sys.stdout.flush()
     if args.detach:
         if not args.json:

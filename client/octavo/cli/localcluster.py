@@ -9,6 +9,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 from octavo.node.testing import BookieProcess
 
@@ -53,7 +54,11 @@ class EtcdProcess:
     """One etcd member on 127.0.0.1 with its data in `data_dir`."""
 
     def __init__(self, data_dir: str, client_port: int = 0, peer_port: int = 0, name: str = "octavo-etcd",
-                 new_session: bool = False) -> None:
+                 new_session: bool = False, tls: Any = None, extra_args: list[str] | None = None) -> None:
+        """`tls`: an octavo.meta.tls.TlsFiles (etcd's server certificate, key and the CA of its clients): etcd
+        then serves clients over TLS only and requires a client certificate of that CA."""
+        self.tls = tls
+        self.extra_args = list(extra_args or [])
         self.data_dir = data_dir
         self.new_session = new_session
         self.client_port = client_port or free_port()
@@ -68,14 +73,18 @@ class EtcdProcess:
 
     def start(self, timeout_s: float = ETCD_START_TIMEOUT_S) -> str:
         os.makedirs(self.data_dir, exist_ok=True)
-        client_url = f"http://127.0.0.1:{self.client_port}"
+        scheme = "https" if self.tls is not None else "http"
+        client_url = f"{scheme}://127.0.0.1:{self.client_port}"
         peer_url = f"http://127.0.0.1:{self.peer_port}"
+        tls_args = ["--cert-file", self.tls.cert_file, "--key-file", self.tls.key_file, "--trusted-ca-file",
+                    self.tls.ca_file, "--client-cert-auth"] if self.tls is not None else []
         with open(self.log_path, "ab") as log_file:
             self.proc = subprocess.Popen(
                 [etcd_binary(), "--name", self.name, "--data-dir", self.data_dir,
                  "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
                  "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-                 "--initial-cluster", f"{self.name}={peer_url}", "--log-level", "warn"],
+                 "--initial-cluster", f"{self.name}={peer_url}", "--log-level", "warn", *tls_args,
+                 *self.extra_args],
                 stdout=log_file, stderr=subprocess.STDOUT, start_new_session=self.new_session)
         deadline = time.monotonic() + timeout_s
         while not self._serving():
@@ -91,8 +100,16 @@ class EtcdProcess:
         """etcd answers its health endpoint (it is up and has a leader)."""
         import urllib.request
 
+        context = None
+        if self.tls is not None:  # etcd's own certificate is also a client certificate of its CA
+            import ssl
+
+            context = ssl.create_default_context(cafile=self.tls.ca_file)
+            context.load_cert_chain(self.tls.cert_file, self.tls.key_file)
+        scheme = "https" if self.tls is not None else "http"
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.client_port}/health", timeout=0.5) as r:
+            with urllib.request.urlopen(f"{scheme}://127.0.0.1:{self.client_port}/health", timeout=0.5,
+                                        context=context) as r:
                 return b'"health":"true"' in r.read()
         except OSError:
             return False
@@ -115,12 +132,12 @@ class LocalCluster:
 
     def __init__(self, root: str, bookies: int = 4, cluster: str = "default", bookie_args: list[str] | None = None,
                  etcd_endpoint: str = "", etcd_ports: tuple[int, int] = (0, 0), new_session: bool = False,
-                 bookie_ports: dict[str, int] | None = None) -> None:
+                 bookie_ports: dict[str, int] | None = None, etcd_tls: Any = None) -> None:
         self.root = root
         self.cluster = cluster
         self.external_etcd = etcd_endpoint
         self.etcd = None if etcd_endpoint else EtcdProcess(os.path.join(root, "etcd"), *etcd_ports,
-                                                           new_session=new_session)
+                                                           new_session=new_session, tls=etcd_tls)
         self.bookie_args = list(bookie_args or [])
         self.bookies: dict[str, BookieProcess] = {}
         for i in range(bookies):

@@ -65,6 +65,11 @@ NODE_SETTING_HELP: dict[str, str] = {
     "tls_key_file": "the private key (PEM) of tls_cert_file",
     "tls_ca_file": "CA bundle (PEM) that clients' and peers' certificates must chain to",
     "tls_client_auth": "'require' (default: clients need a certificate of tls_ca_file) or 'none' (server TLS only)",
+    "etcd_tls_ca_file": "reach etcd over TLS: the CA bundle (PEM) etcd's certificate chains to",
+    "etcd_tls_cert_file": "client certificate (PEM) for etcd (with --client-cert-auth its CN is the etcd user)",
+    "etcd_tls_key_file": "the private key (PEM) of etcd_tls_cert_file",
+    "etcd_username": "etcd user to authenticate as (with etcd_password_file)",
+    "etcd_password_file": "file holding the etcd user's password (read at start; never logged)",
     "autorecovery_enabled": "audit the cluster for lost bookies and re-replicate their data (true/false)",
     "lost_bookie_delay_s": "a bookie unregistered this long is taken for lost and its ledgers re-replicated",
     "audit_interval_s": "how often the auditor checks every ledger's ensembles for bookies that are gone",
@@ -182,7 +187,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     except StorageError as e:
         print(f"octavo node: {e.message}", file=sys.stderr)
         return EXIT_FAILED
-    except TlsError as e:
+    except (TlsError, ValueError) as e:  # a TLS file or an etcd credential that cannot be used
         print(f"octavo node: {e}", file=sys.stderr)
         return EXIT_FAILED
     except (CookieMismatchError, MetadataUnavailableError) as e:

@@ -72,7 +72,7 @@ class Client:
         self.options = options or ClientOptions()
         self.metrics = client_metrics(meter_provider)
         self.tracing = ClientTracing(self.options.trace_sample_ratio, tracer_provider)
-        self.etcd = EtcdClient(etcd, timeout_s=self.options.metadata_timeout_s)
+        self.etcd = EtcdClient(etcd, timeout_s=self.options.metadata_timeout_s, auth=self.options.etcd_auth())
         self.metadata_store = MetadataStore(self.etcd, Layout(cluster))
         self.datasets = DatasetStore(self.etcd, self.metadata_store.layout, self.delete_ledger,
                                      self.metadata_store.iter_ledgers)

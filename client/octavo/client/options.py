@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from octavo.meta.etcd import EtcdAuth
 from octavo.meta.tls import TlsFiles
 
 
@@ -51,6 +52,19 @@ class ClientOptions:
     tls_ca_file: str = ""
     tls_cert_file: str = ""
     tls_key_file: str = ""
+    # etcd over TLS and with authentication (docs/security.md): the CA of etcd's certificate, this client's
+    # certificate and key (with etcd's --client-cert-auth its common name is the etcd user), and/or a user name
+    # with a file holding its password.
+    etcd_tls_ca_file: str = ""
+    etcd_tls_cert_file: str = ""
+    etcd_tls_key_file: str = ""
+    etcd_username: str = ""
+    etcd_password_file: str = ""
+
+    def etcd_auth(self) -> EtcdAuth:
+        """The etcd credentials (the password file read now); ValueError naming the option if unusable."""
+        return EtcdAuth.from_settings(self.etcd_tls_ca_file, self.etcd_tls_cert_file, self.etcd_tls_key_file,
+                                      self.etcd_username, self.etcd_password_file)
 
     @property
     def tls(self) -> TlsFiles:

@@ -18,13 +18,14 @@ import contextlib
 import logging
 import socket
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 from aetcd import rpc
 
 from octavo.meta.errors import MetadataUnavailableError
+from octavo.meta.tls import TlsFiles, aio_channel
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,47 @@ RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 PROBE_TIMEOUT_S = 1.0
 # Keys per etcd range response (get_prefix pages through larger ranges): ~1,000 ledgers' metadata is ~0.5 MB.
 RANGE_PAGE_KEYS = 1_000
+
+
+# Refusals that credentials would change: said as such, never retried.
+AUTH_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+AUTH_HINT = ("etcd refuses this client: give it credentials (etcd_username with etcd_password_file, or a client "
+             "certificate whose common name is an etcd user with a role on the cluster's prefix)")
+
+
+@dataclass(frozen=True)
+class EtcdAuth:
+    """How to reach etcd securely: TLS files (a client certificate also authenticates as the user named by its
+    CN when etcd runs --client-cert-auth) and/or a user name and password for etcd's own authentication. The
+    password is never logged."""
+
+    tls: TlsFiles = field(default_factory=TlsFiles)
+    username: str = ""
+    password: str = ""
+
+    def __repr__(self) -> str:  # the password must not reach a log through a repr
+        return f"EtcdAuth(tls={self.tls!r}, username={self.username!r}, password={'***' if self.password else ''!r})"
+
+    @staticmethod
+    def from_settings(ca_file: str = "", cert_file: str = "", key_file: str = "", username: str = "",
+                      password_file: str = "") -> EtcdAuth:
+        """From the settings' names (etcd_tls_*, etcd_username, etcd_password_file); ValueError naming the
+        setting when one cannot be used."""
+        tls = TlsFiles(cert_file, key_file, ca_file)
+        if tls.enabled:
+            tls.check("etcd_tls")
+        if bool(username) != bool(password_file):
+            raise ValueError("etcd_username and etcd_password_file go together: set both or neither")
+        password = ""
+        if password_file:
+            try:
+                with open(password_file, "rb") as f:
+                    password = f.read().strip().decode()
+            except (OSError, UnicodeDecodeError) as e:
+                raise ValueError(f"etcd_password_file: cannot read {password_file}: {e}") from e
+            if not password:
+                raise ValueError(f"etcd_password_file: {password_file} is empty")
+        return EtcdAuth(tls, username, password)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +160,10 @@ class EtcdClient:
     """Use as an async context manager, or call close()."""
 
     def __init__(self, endpoints: str | Sequence[str], timeout_s: float = CALL_TIMEOUT_S,
-                 range_page_keys: int = RANGE_PAGE_KEYS) -> None:
+                 range_page_keys: int = RANGE_PAGE_KEYS, auth: EtcdAuth | None = None) -> None:
+        self.auth = auth or EtcdAuth()
+        self._token = ""
+        self._auth_lock = asyncio.Lock()
         if range_page_keys < 1:
             raise ValueError(f"range_page_keys must be >= 1, got {range_page_keys}")
         self.range_page_keys = range_page_keys
@@ -150,7 +195,7 @@ class EtcdClient:
 
     def _stubs(self) -> tuple[Any, Any]:
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self.endpoint, options=CHANNEL_OPTIONS)
+            self._channel = aio_channel(self.endpoint, self.auth.tls, options=CHANNEL_OPTIONS)
             self._kv = rpc.KVStub(self._channel)
             self._lease = rpc.LeaseStub(self._channel)
         return self._kv, self._lease
@@ -192,23 +237,52 @@ class EtcdClient:
     async def _call(self, what: str, fn: Any, retry: bool) -> Any:
         if not self._contacted:
             await self._probe()
+        if self.auth.username and not self._token:
+            await self._authenticate()
         attempts = len(self.endpoints) if retry else 1
         last: grpc.aio.AioRpcError | None = None
-        for _ in range(attempts):
+        reauthenticated = False
+        attempt = 0
+        while attempt < attempts:
             kv, lease = self._stubs()
             try:
                 result = await fn(kv, lease)
                 self._contacted = True
                 return result
             except grpc.aio.AioRpcError as e:
+                if _refused_for_credentials(e):
+                    # etcd's simple tokens expire (after --auth-token-ttl idle): take a new one, once.
+                    if self.auth.username and not reauthenticated and "token" in (e.details() or ""):
+                        reauthenticated = True
+                        await self._authenticate()
+                        continue
+                    raise MetadataUnavailableError(
+                        f"etcd {what} refused: {e.code().name}: {e.details()}: {AUTH_HINT}") from e
                 if e.code() not in RETRYABLE:
                     raise MetadataUnavailableError(f"etcd {what} failed: {e.code().name}: {e.details()}") from e
                 last = e
+                attempt += 1
                 await self._fail_over()
         assert last is not None
         raise MetadataUnavailableError(
             f"etcd unavailable ({', '.join(self.endpoints)}) for {what}: {last.code().name}: {last.details()}"
         ) from last
+
+    async def _authenticate(self) -> None:
+        """Trade the user name and password for a token, sent as metadata with every later call."""
+        async with self._auth_lock:
+            self._stubs()
+            assert self._channel is not None
+            try:
+                resp = await rpc.AuthStub(self._channel).Authenticate(
+                    rpc.AuthenticateRequest(name=self.auth.username, password=self.auth.password),
+                    timeout=self.timeout_s, wait_for_ready=True)
+            except grpc.aio.AioRpcError as e:
+                raise MetadataUnavailableError(
+                    f"etcd authentication of user {self.auth.username!r} failed: {e.code().name}: "
+                    f"{e.details()}") from e
+            self._token = resp.token
+            self._opts["metadata"] = (("token", resp.token),)
 
     # -- key-value -----------------------------------------------------------------------------------
     async def get(self, key: bytes) -> KeyValue | None:
@@ -268,7 +342,9 @@ class EtcdClient:
             while True:
                 yield await requests.get()
 
-        call = watch.Watch(send(), wait_for_ready=True)
+        if self.auth.username and not self._token:
+            await self._authenticate()
+        call = watch.Watch(send(), wait_for_ready=True, metadata=self._opts.get("metadata"))
         try:
             async for resp in call:
                 if resp.canceled:
@@ -277,6 +353,8 @@ class EtcdClient:
                 if keys:
                     yield keys
         except grpc.aio.AioRpcError as e:
+            if _refused_for_credentials(e) and self.auth.username:
+                self._token = ""  # the next watch (or call) takes a new token
             raise MetadataUnavailableError(f"etcd watch failed: {e.code().name}: {e.details()}") from e
         finally:
             call.cancel()
@@ -337,6 +415,15 @@ class EtcdClient:
         except MetadataUnavailableError:
             return False
         return True
+
+
+def _refused_for_credentials(error: grpc.aio.AioRpcError) -> bool:
+    """etcd says a call needs (other) credentials: UNAUTHENTICATED / PERMISSION_DENIED, or INVALID_ARGUMENT
+    "user name is empty" (what etcd answers a call without a token once auth is enabled)."""
+    details = error.details() or ""
+    return error.code() in AUTH_CODES or (
+        error.code() == grpc.StatusCode.INVALID_ARGUMENT and ("user name is empty" in details
+                                                              or "invalid auth token" in details))
 
 
 async def _tcp_probe(endpoint: str, timeout_s: float) -> str | None:

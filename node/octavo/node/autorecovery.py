@@ -101,7 +101,10 @@ class AutoRecovery:
     async def run(self) -> None:
         cfg = self.config
         options = ClientOptions(ensemble_change_wait_s=0.0, tls_cert_file=cfg.tls_cert_file,
-                                tls_key_file=cfg.tls_key_file, tls_ca_file=cfg.tls_ca_file)
+                                tls_key_file=cfg.tls_key_file, tls_ca_file=cfg.tls_ca_file,
+                                etcd_tls_ca_file=cfg.etcd_tls_ca_file, etcd_tls_cert_file=cfg.etcd_tls_cert_file,
+                                etcd_tls_key_file=cfg.etcd_tls_key_file, etcd_username=cfg.etcd_username,
+                                etcd_password_file=cfg.etcd_password_file)
         async with Client(cfg.etcd, cfg.cluster, options) as client:
             replicator = Replicator(client, cfg.replication_rate_bytes_per_s, cfg.replication_batch_bytes_max)
             marks = UnderReplication(client.etcd, client.metadata_store.layout)

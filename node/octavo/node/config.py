@@ -124,6 +124,14 @@ class NodeConfig:
     tls_key_file: str = ""
     tls_ca_file: str = ""
     tls_client_auth: str = "require"
+    # etcd over TLS and with authentication (docs/security.md): the CA of etcd's certificate, a client
+    # certificate and key (with etcd's --client-cert-auth its common name is the etcd user), and/or a user
+    # name with a file holding its password (never a flag: it would show in the process list).
+    etcd_tls_ca_file: str = ""
+    etcd_tls_cert_file: str = ""
+    etcd_tls_key_file: str = ""
+    etcd_username: str = ""
+    etcd_password_file: str = ""
 
     def validate(self) -> NodeConfig:
         def need(ok: bool, msg: str) -> None:
@@ -191,6 +199,10 @@ class NodeConfig:
              f"tls_client_auth must be require or none, got {self.tls_client_auth!r}")
         need(not (self.tls_cert_file and self.tls_client_auth == "require" and not self.tls_ca_file),
              "tls_client_auth=require needs tls_ca_file (the CA whose client certificates are accepted)")
+        need(bool(self.etcd_tls_cert_file) == bool(self.etcd_tls_key_file),
+             "etcd_tls_cert_file and etcd_tls_key_file go together: set both or neither")
+        need(bool(self.etcd_username) == bool(self.etcd_password_file),
+             "etcd_username and etcd_password_file go together: set both or neither")
         need(0.0 <= self.trace_sample_ratio <= 1.0,
              f"trace_sample_ratio must be in [0, 1], got {self.trace_sample_ratio}")
         return self

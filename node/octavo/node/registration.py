@@ -17,7 +17,7 @@ import logging
 import time
 
 from octavo.meta.errors import CookieMismatchError, MetadataUnavailableError, NoSuchLedgerError
-from octavo.meta.etcd import EtcdClient
+from octavo.meta.etcd import EtcdAuth, EtcdClient
 from octavo.meta.layout import Layout
 from octavo.meta.ledger_metadata import LedgerMetadata
 from octavo.meta.metadata import DECOMMISSIONED_PREFIX, BookieInfo, Cookie, MetadataStore
@@ -35,7 +35,9 @@ class Registration:
         self.bookie_id = bookie_id
         self.address = address
         self.ttl_s = cfg.registration_ttl_s
-        self.etcd = EtcdClient(cfg.etcd)
+        self.etcd = EtcdClient(cfg.etcd, auth=EtcdAuth.from_settings(
+            cfg.etcd_tls_ca_file, cfg.etcd_tls_cert_file, cfg.etcd_tls_key_file, cfg.etcd_username,
+            cfg.etcd_password_file))
         self.store = MetadataStore(self.etcd, Layout(cfg.cluster))
         self.lease_id = 0
         self.retired = ""  # why this bookie may not register again (it was decommissioned), once it knows

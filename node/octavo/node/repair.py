@@ -56,7 +56,10 @@ class TailRepair:
     async def _run_once(self) -> None:
         cfg = self.storage.config
         options = ClientOptions(tls_cert_file=cfg.tls_cert_file, tls_key_file=cfg.tls_key_file,
-                                tls_ca_file=cfg.tls_ca_file)
+                                tls_ca_file=cfg.tls_ca_file,
+                                etcd_tls_ca_file=cfg.etcd_tls_ca_file, etcd_tls_cert_file=cfg.etcd_tls_cert_file,
+                                etcd_tls_key_file=cfg.etcd_tls_key_file, etcd_username=cfg.etcd_username,
+                                etcd_password_file=cfg.etcd_password_file)
         async with Client(cfg.etcd, cfg.cluster, options) as client:
             await client.bookies(refresh=True)
             for ledger_id in await client.list_ledgers():
