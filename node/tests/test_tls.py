@@ -147,3 +147,63 @@ def test_bad_tls_settings_are_refused_with_a_message(pki: Pki, tmp_path: Path) -
     mode = node(*tls_args(pki.server, client_auth="sometimes"))
     assert mode.returncode == 2 and "tls_client_auth must be require or none" in mode.stderr
     assert not os.path.exists(tmp_path / "d" / "logs"), "nothing is created before the settings are checked"
+
+
+def test_the_admin_plane_serves_only_admin_identities_and_the_admin_token(pki: Pki, tmp_path: Path) -> None:
+    admin = pki.ca.write(tmp_path / "admin", "admin", common_name="ops-admin", server=False)
+    token_file = tmp_path / "admin-token"
+    token_file.write_text("s3cret-admin-token\n")
+    proc = BookieProcess(str(tmp_path / "bookie"), args=[
+        *tls_args(pki.server), "--admin-identities", "ops-admin,other-admin", "--admin-token-file", str(token_file)])
+    proc.start()
+    try:
+        # A client certificate that is not an admin: the data plane serves it, the admin plane refuses it.
+        with BookieConnection(proc.address, tls=files(pki.client)) as conn:
+            assert not conn.add(5, KEY, [0], [b"x"]).results[0].message
+            with pytest.raises(grpc.RpcError) as e:
+                conn.status()
+            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "(CN client;" in (e.value.details() or "") and "admin_identities" in (e.value.details() or "")
+            with pytest.raises(grpc.RpcError) as e:
+                conn.admin.SetReadOnly(pb.SetReadOnlyRequest(read_only=True), timeout=10)
+            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        # An admin certificate: served.
+        with BookieConnection(proc.address, tls=files(admin)) as conn:
+            assert conn.status().mode == pb.MODE_WRITABLE
+            assert conn.admin.SetReadOnly(pb.SetReadOnlyRequest(read_only=False), timeout=10).mode == pb.MODE_WRITABLE
+        # The CLI with the admin token (and a non-admin certificate); a wrong token is refused and not echoed.
+        env = {**os.environ, "OCTAVO_TLS_CA_FILE": pki.server.ca_file, "OCTAVO_TLS_CERT_FILE": pki.client.cert_file,
+               "OCTAVO_TLS_KEY_FILE": pki.client.key_file}
+        octavo = [sys.executable, "-m", "octavo.cli.main", "bookie", "status", "--bookie", proc.address]
+        ok = subprocess.run(octavo, capture_output=True, text=True, timeout=60,
+                            env={**env, "OCTAVO_ADMIN_TOKEN_FILE": str(token_file)})
+        assert ok.returncode == 0 and "mode        writable" in ok.stdout, ok.stderr
+        wrong_file = tmp_path / "wrong-token"
+        wrong_file.write_text("guess\n")
+        wrong = subprocess.run(octavo, capture_output=True, text=True, timeout=60,
+                               env={**env, "OCTAVO_ADMIN_TOKEN_FILE": str(wrong_file)})
+        assert wrong.returncode == 1 and "PERMISSION_DENIED" in wrong.stderr and "guess" not in wrong.stderr
+        assert "s3cret" not in proc.log_tail(200)
+    finally:
+        proc.stop()
+
+
+def test_without_tls_the_admin_token_alone_guards_the_admin_plane(tmp_path: Path) -> None:
+    token_file = tmp_path / "admin-token"
+    token_file.write_text("plain-admin-token\n")
+    proc = BookieProcess(str(tmp_path / "bookie"), args=["--admin-token-file", str(token_file)])
+    proc.start()
+    try:
+        with BookieConnection(proc.address) as conn:
+            with pytest.raises(grpc.RpcError) as e:
+                conn.status()
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "needs a client certificate named in admin_identities or an admin token" in (e.value.details() or "")
+            assert not conn.add(1, KEY, [0], [b"x"]).results[0].message  # the data plane is not the admin plane
+        from octavo.meta.tls import sync_channel
+        from octavo.v1 import bookie_pb2_grpc as pb_grpc
+
+        with sync_channel(proc.address, None, metadata=[("authorization", "Bearer plain-admin-token")]) as channel:
+            assert pb_grpc.BookieAdminStub(channel).GetStatus(pb.GetStatusRequest(), timeout=10).bookie_id
+    finally:
+        proc.stop()

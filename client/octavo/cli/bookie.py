@@ -34,6 +34,7 @@ from octavo.cli.common import (
     CliError,
     Target,
     add_etcd_arguments,
+    admin_metadata,
     bookie_address,
     cli_tls,
     etcd_auth,
@@ -170,7 +171,7 @@ def run(args: Namespace) -> int:
     try:
         target = resolve_target(args, required=False)
         args.address = _resolve_bookie(args.bookie, target)
-        with sync_channel(args.address, cli_tls(target)) as channel:
+        with sync_channel(args.address, cli_tls(target), metadata=admin_metadata()) as channel:
             stub = pb_grpc.BookieAdminStub(channel)
             handler = {"status": _status, "readonly": _readonly, "writable": _writable, "gc": _gc,
                        "compact": _compact, "compaction": _compaction}[args.bookie_cmd]

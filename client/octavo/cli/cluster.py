@@ -36,6 +36,7 @@ from octavo.cli.common import (
     EXIT_USAGE,
     CliError,
     add_etcd_arguments,
+    admin_metadata,
     cli_tls,
     cluster_client,
     fmt_age,
@@ -309,7 +310,8 @@ async def _decommission(client: Any, args: Namespace) -> int:
                   f"new bookie now; {len(result.left_open)} open ledgers wait for their writers to move off it")
         return EXIT_OK
     address = registered[bookie_id].address
-    async with aio_channel(address, cli_tls(resolve_target(args, required=False))) as channel:
+    tls = cli_tls(resolve_target(args, required=False))
+    async with aio_channel(address, tls, metadata=admin_metadata()) as channel:
         try:
             mode = await pb_grpc.BookieAdminStub(channel).SetReadOnly(pb.SetReadOnlyRequest(read_only=True),
                                                                      timeout=10)
@@ -351,7 +353,7 @@ async def _bookie_status(address: str, timeout_s: float, tls: Any) -> tuple[Any,
     from octavo.v1 import bookie_pb2 as pb
     from octavo.v1 import bookie_pb2_grpc as pb_grpc
 
-    async with aio_channel(address, tls) as channel:
+    async with aio_channel(address, tls, metadata=admin_metadata()) as channel:
         try:
             return await pb_grpc.BookieAdminStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout_s), ""
         except grpc.aio.AioRpcError as e:

@@ -340,6 +340,17 @@ def etcd_auth(target: Target | None = None) -> Any:
         raise CliError(f"{e} (from OCTAVO_ETCD_* or the dev cluster)", EXIT_USAGE) from None
 
 
+def admin_metadata() -> Any:
+    """The admin token the commands send to bookies' admin planes: the file $OCTAVO_ADMIN_TOKEN_FILE names
+    (docs/security.md); none: no token."""
+    from octavo.meta.tls import TlsError, admin_token_metadata
+
+    try:
+        return admin_token_metadata(os.environ.get("OCTAVO_ADMIN_TOKEN_FILE", ""))
+    except TlsError as e:
+        raise CliError(f"{e} (OCTAVO_ADMIN_TOKEN_FILE)", EXIT_USAGE) from None
+
+
 def client_options(target: Target | None = None) -> Any:
     from octavo.client import ClientOptions
 

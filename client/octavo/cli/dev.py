@@ -179,7 +179,7 @@ def _make_pki(directory: Path) -> tuple[dict[str, str], list[str], Any]:
     return ({"ca_file": client.ca_file, "cert_file": client.cert_file, "key_file": client.key_file},
             ["--tls-cert-file", bookie.cert_file, "--tls-key-file", bookie.key_file, "--tls-ca-file", bookie.ca_file,
              "--etcd-tls-ca-file", bookie.ca_file, "--etcd-tls-cert-file", bookie.cert_file,
-             "--etcd-tls-key-file", bookie.key_file],
+             "--etcd-tls-key-file", bookie.key_file, "--admin-identities", "octavo-client"],
             TlsFiles(etcd.cert_file, etcd.key_file, etcd.ca_file))
 
 

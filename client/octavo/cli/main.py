@@ -70,6 +70,8 @@ NODE_SETTING_HELP: dict[str, str] = {
     "etcd_tls_key_file": "the private key (PEM) of etcd_tls_cert_file",
     "etcd_username": "etcd user to authenticate as (with etcd_password_file)",
     "etcd_password_file": "file holding the etcd user's password (read at start; never logged)",
+    "admin_identities": "comma-separated certificate CNs or SANs allowed on the admin plane (empty: any client)",
+    "admin_token_file": "file holding a bearer token that also grants the admin plane (for the CLI)",
     "autorecovery_enabled": "audit the cluster for lost bookies and re-replicate their data (true/false)",
     "lost_bookie_delay_s": "a bookie unregistered this long is taken for lost and its ledgers re-replicated",
     "audit_interval_s": "how often the auditor checks every ledger's ensembles for bookies that are gone",

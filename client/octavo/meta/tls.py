@@ -128,15 +128,79 @@ def channel_credentials(tls: TlsFiles) -> grpc.ChannelCredentials:
     return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=chain)
 
 
-def aio_channel(address: str, tls: TlsFiles | None, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
-    """An asyncio channel to `address`: over TLS when `tls` is enabled, else plaintext."""
+def aio_channel(address: str, tls: TlsFiles | None, options: Sequence[tuple[str, Any]] = (),
+                metadata: Sequence[tuple[str, str]] = ()) -> grpc.aio.Channel:
+    """An asyncio channel to `address`: over TLS when `tls` is enabled, else plaintext; `metadata` (an admin
+    token) goes with every call."""
+    interceptors = [_AioMetadata(metadata)] if metadata else None
     if tls is not None and tls.enabled:
-        return grpc.aio.secure_channel(address, channel_credentials(tls), options=list(options))
-    return grpc.aio.insecure_channel(address, options=list(options))
+        return grpc.aio.secure_channel(address, channel_credentials(tls), options=list(options),
+                                       interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)
 
 
-def sync_channel(address: str, tls: TlsFiles | None, options: Sequence[tuple[str, Any]] = ()) -> grpc.Channel:
-    """A blocking channel to `address`: over TLS when `tls` is enabled, else plaintext."""
+def sync_channel(address: str, tls: TlsFiles | None, options: Sequence[tuple[str, Any]] = (),
+                 metadata: Sequence[tuple[str, str]] = ()) -> grpc.Channel:
+    """A blocking channel to `address`: over TLS when `tls` is enabled, else plaintext; `metadata` (an admin
+    token) goes with every call."""
     if tls is not None and tls.enabled:
-        return grpc.secure_channel(address, channel_credentials(tls), options=list(options))
-    return grpc.insecure_channel(address, options=list(options))
+        channel = grpc.secure_channel(address, channel_credentials(tls), options=list(options))
+    else:
+        channel = grpc.insecure_channel(address, options=list(options))
+    return grpc.intercept_channel(channel, _SyncMetadata(metadata)) if metadata else channel
+
+
+def admin_token_metadata(token_file: str) -> tuple[tuple[str, str], ...]:
+    """`authorization: Bearer <token>` from a token file (empty name: no metadata)."""
+    if not token_file:
+        return ()
+    token = _read_token(token_file)
+    return (("authorization", f"Bearer {token}"),)
+
+
+def _read_token(path: str) -> str:
+    try:
+        with open(path) as f:
+            token = f.read().strip()
+    except OSError as e:
+        raise TlsError(f"admin token file {path}: cannot read it: {e.strerror or e}") from e
+    if not token:
+        raise TlsError(f"admin token file {path} is empty")
+    return token
+
+
+class _CallDetails(grpc.ClientCallDetails):  # type: ignore[misc]
+    def __init__(self, base: Any, metadata: Sequence[tuple[str, str]]) -> None:
+        self.method = base.method
+        self.timeout = base.timeout
+        self.metadata = [*(base.metadata or ()), *metadata]
+        self.credentials = base.credentials
+        self.wait_for_ready = getattr(base, "wait_for_ready", None)
+        self.compression = getattr(base, "compression", None)
+
+
+class _SyncMetadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    def __init__(self, metadata: Sequence[tuple[str, str]]) -> None:
+        self.metadata = list(metadata)
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(_CallDetails(details, self.metadata), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(_CallDetails(details, self.metadata), request)
+
+
+class _AioMetadata(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    def __init__(self, metadata: Sequence[tuple[str, str]]) -> None:
+        self.metadata = list(metadata)
+
+    def _details(self, details: Any) -> Any:
+        return grpc.aio.ClientCallDetails(details.method, details.timeout,
+                                          grpc.aio.Metadata(*(details.metadata or ()), *self.metadata),
+                                          details.credentials, details.wait_for_ready)
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from octavo.meta.errors import MetadataUnavailableError
+from octavo.node.adminauth import AdminAuthorizer
 from octavo.node.compaction import CompactionProgress, CompactionReport
 from octavo.node.compaction_plan import MAJOR, MINOR
 from octavo.node.rpc import unary, unary_stream
@@ -227,12 +228,38 @@ class BookieAdminService(pb_grpc.BookieAdminServicer):
         return status
 
 
-def admin_handler(service: BookieAdminService) -> Any:
+def admin_handler(service: BookieAdminService, authorizer: AdminAuthorizer | None = None) -> Any:
+    """Every admin method, behind `authorizer` when it is enforced (adminauth.py)."""
+    def guarded(behavior: Any, streaming: bool = False) -> Any:
+        if authorizer is None or not authorizer.enforced:
+            return behavior
+
+        async def check(context: grpc.aio.ServicerContext) -> None:
+            refused = authorizer.check(context)
+            if refused is not None:
+                log.warning("admin call refused: %s", refused[1], extra={"event": "admin_refused"})
+                await context.abort(*refused)
+
+        if streaming:
+            async def stream_call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                await check(context)
+                async for item in behavior(request, context):
+                    yield item
+            return stream_call
+
+        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await check(context)
+            return await behavior(request, context)
+        return call
+
     return grpc.method_handlers_generic_handler("octavo.v1.BookieAdmin", {
-        "GetStatus": unary(service.GetStatus, pb.GetStatusRequest, pb.BookieStatus),
-        "RunGc": unary(service.RunGc, pb.RunGcRequest, pb.RunGcResponse),
-        "SetReadOnly": unary(service.SetReadOnly, pb.SetReadOnlyRequest, pb.ModeStatus),
-        "RunCompaction": unary_stream(service.RunCompaction, pb.RunCompactionRequest, pb.CompactionUpdate),
-        "SetCompactionWindow": unary(service.SetCompactionWindow, pb.SetCompactionWindowRequest, pb.CompactionState),
-        "SuspendCompaction": unary(service.SuspendCompaction, pb.SuspendCompactionRequest, pb.CompactionState),
+        "GetStatus": unary(guarded(service.GetStatus), pb.GetStatusRequest, pb.BookieStatus),
+        "RunGc": unary(guarded(service.RunGc), pb.RunGcRequest, pb.RunGcResponse),
+        "SetReadOnly": unary(guarded(service.SetReadOnly), pb.SetReadOnlyRequest, pb.ModeStatus),
+        "RunCompaction": unary_stream(guarded(service.RunCompaction, streaming=True), pb.RunCompactionRequest,
+                                      pb.CompactionUpdate),
+        "SetCompactionWindow": unary(guarded(service.SetCompactionWindow), pb.SetCompactionWindowRequest,
+                                     pb.CompactionState),
+        "SuspendCompaction": unary(guarded(service.SuspendCompaction), pb.SuspendCompactionRequest,
+                                   pb.CompactionState),
     })

@@ -132,6 +132,11 @@ class NodeConfig:
     etcd_tls_key_file: str = ""
     etcd_username: str = ""
     etcd_password_file: str = ""
+    # Who may call the admin plane (status, read-only, GC, compaction): client certificates whose common name
+    # or a subject alternative name is in admin_identities (comma-separated), and callers with the bearer token
+    # of admin_token_file. Both empty: any client the transport accepts (adminauth.py, docs/security.md).
+    admin_identities: str = ""
+    admin_token_file: str = ""
 
     def validate(self) -> NodeConfig:
         def need(ok: bool, msg: str) -> None:

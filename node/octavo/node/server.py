@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from octavo.meta.errors import MetadataUnavailableError
 from octavo.meta.tls import ReloadingServerCredentials, TlsFiles
+from octavo.node.adminauth import AdminAuthorizer
 from octavo.node.adminplane import BookieAdminService, admin_handler
 from octavo.node.autorecovery import AutoRecovery
 from octavo.node.compaction import Compactor
@@ -121,7 +122,8 @@ class BookieServer:
         self.service = BookieService(self.storage, self.registration)
         await self._start_telemetry(self.service)
         server.add_generic_rpc_handlers((bookie_handler(self.service),))
-        server.add_generic_rpc_handlers((admin_handler(BookieAdminService(self)),))
+        authorizer = AdminAuthorizer(self.config.admin_identities.split(","), self.config.admin_token_file)
+        server.add_generic_rpc_handlers((admin_handler(BookieAdminService(self), authorizer),))
         await server.start()
         self.server = server
         for name in ["", *names]:

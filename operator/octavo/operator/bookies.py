@@ -8,17 +8,23 @@ an action that fails comes back as a message for the BookieCluster's events, nev
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import grpc
 
-from octavo.meta.tls import TlsFiles, aio_channel
+from octavo.meta.tls import TlsFiles, admin_token_metadata, aio_channel
 from octavo.operator.policy import CLOSE_WINDOW, FORCE_READ_ONLY, OPEN_WINDOW, RELEASE_READ_ONLY, Action, Observed
 from octavo.v1 import bookie_pb2 as pb
 from octavo.v1 import bookie_pb2_grpc as pb_grpc
 
 ADMIN_TIMEOUT_S = 5.0
+
+
+def _admin_metadata() -> tuple[tuple[str, str], ...]:
+    """The operator's admin token for bookies that require one: the file $OCTAVO_ADMIN_TOKEN_FILE names."""
+    return admin_token_metadata(os.environ.get("OCTAVO_ADMIN_TOKEN_FILE", ""))
 
 
 def observed_from_status(bookie_id: str, status: pb.BookieStatus) -> Observed:
@@ -34,7 +40,7 @@ async def observe_one(bookie_id: str, address: str, timeout_s: float = ADMIN_TIM
     if not address:
         return Observed(bookie_id, reachable=False)
     try:
-        async with aio_channel(address, TlsFiles.from_env()) as channel:
+        async with aio_channel(address, TlsFiles.from_env(), metadata=_admin_metadata()) as channel:
             status = await pb_grpc.BookieAdminStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout_s)
     except grpc.RpcError:
         return Observed(bookie_id, reachable=False)
@@ -50,7 +56,7 @@ async def observe(addresses: Mapping[str, str], timeout_s: float = ADMIN_TIMEOUT
 async def apply_one(action: Action, address: str, timeout_s: float = ADMIN_TIMEOUT_S) -> str:
     """Carry out one action; the error in words, or "" when it was done."""
     try:
-        async with aio_channel(address, TlsFiles.from_env()) as channel:
+        async with aio_channel(address, TlsFiles.from_env(), metadata=_admin_metadata()) as channel:
             admin = pb_grpc.BookieAdminStub(channel)
             if action.kind in (FORCE_READ_ONLY, RELEASE_READ_ONLY):
                 await admin.SetReadOnly(pb.SetReadOnlyRequest(read_only=action.kind == FORCE_READ_ONLY),

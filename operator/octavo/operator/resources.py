@@ -25,7 +25,7 @@ COMPACTION_POLICY = ("compactionpolicies", "CompactionPolicy")
 OPERATOR_OWNED_SETTINGS = frozenset({"data_dir", "host", "port", "advertised_address", "etcd", "cluster",
                                      "bookie_id", "metrics_port", "tls_cert_file", "tls_key_file", "tls_ca_file",
                                      "tls_client_auth", "etcd_tls_ca_file", "etcd_tls_cert_file", "etcd_tls_key_file",
-                                     "etcd_username", "etcd_password_file"})
+                                     "etcd_username", "etcd_password_file", "admin_identities", "admin_token_file"})
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
 CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 REPLICAS_MAX = 1000

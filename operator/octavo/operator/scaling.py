@@ -9,6 +9,7 @@ lost.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import grpc
@@ -21,9 +22,14 @@ from octavo.client.replication import (
     ledgers_naming,
 )
 from octavo.meta.errors import OctavoError
-from octavo.meta.tls import TlsFiles, aio_channel
+from octavo.meta.tls import TlsFiles, admin_token_metadata, aio_channel
 from octavo.v1 import bookie_pb2 as pb
 from octavo.v1 import bookie_pb2_grpc as pb_grpc
+
+
+def _admin_metadata() -> tuple[tuple[str, str], ...]:
+    """The operator's admin token for bookies that require one: the file $OCTAVO_ADMIN_TOKEN_FILE names."""
+    return admin_token_metadata(os.environ.get("OCTAVO_ADMIN_TOKEN_FILE", ""))
 
 
 @dataclass(frozen=True)
@@ -62,7 +68,7 @@ async def _step(client: Client, bookie_id: str, rate_bytes_per_s: int, wait_s: f
     await check_enough_bookies(client, bookie_id, metas)
     address = registered[bookie_id].address
     try:
-        async with aio_channel(address, TlsFiles.from_env()) as channel:
+        async with aio_channel(address, TlsFiles.from_env(), metadata=_admin_metadata()) as channel:
             await pb_grpc.BookieAdminStub(channel).SetReadOnly(pb.SetReadOnlyRequest(read_only=True),
                                                                timeout=admin_timeout_s)
     except grpc.RpcError as e:
