@@ -18,6 +18,7 @@ BENCHES = [
     ["operator_bench.py"],
     ["read_bench.py"],
     ["observability_bench.py"],
+    ["tls_bench.py"],
     ["producer_bench.py"],  # needs Debian's nats-server and the bench extra (nats-py)
     ["cluster_bench.py"],  # needs Debian's nats-server and the bench extra (nats-py)
 ]

@@ -378,3 +378,18 @@ def test_tasks_push_their_metrics_over_otlp(spark, cluster: LocalCluster) -> Non
     assert receiver.total("octavo.spark.rows_read") == 10_000
     assert receiver.total("octavo.spark.commits", kind="batch") == 1
     assert receiver.histogram_count("octavo.client.add.latency") >= 4
+
+
+def test_a_write_and_read_over_mutual_tls(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The TLS options reach every task's client: a cluster whose bookies require client certificates."""
+    from octavo.cli.certs import CertificateAuthority
+
+    ca = CertificateAuthority()
+    bookie = ca.write(tmp_path / "pki", "bookie")
+    client = ca.write(tmp_path / "pki", "client", server=False)
+    args = ["--tls-cert-file", bookie.cert_file, "--tls-key-file", bookie.key_file, "--tls-ca-file", bookie.ca_file]
+    with LocalCluster(str(tmp_path / "c"), bookies=3, bookie_args=args) as tls_cluster:
+        tls = {"tls_ca_file": client.ca_file, "tls_cert_file": client.cert_file, "tls_key_file": client.key_file}
+        df = frame(spark, 5_000, parts=2)
+        write(df, tls_cluster, "secured", **tls)
+        assert checksum(read(spark, tls_cluster, "secured", **tls)) == checksum(df)

@@ -50,6 +50,8 @@ class Options:
     columns: tuple[str, ...] = ()  # reads: project to these columns (empty: all)
     if_exists: str = "append"  # batch writes with Spark's mode append: append | error | ignore
     otlp_endpoint: str = ""  # push the tasks' and the client's metrics to this OpenTelemetry collector
+    # TLS to the bookies and to etcd, etcd credentials (docs/security.md): the ClientOptions of the same names.
+    tls: tuple[tuple[str, str], ...] = ()
 
     @staticmethod
     def parse(options: Any) -> Options:
@@ -104,7 +106,8 @@ class Options:
                        key_column=o.get("key_column", ""), orphan_grace_s=grace,
                        stream_id=o.get("stream_id", "default"),
                        entries_per_partition=integer("entries_per_partition", 0, 0, 1 << 40), columns=columns,
-                       if_exists=if_exists, otlp_endpoint=o.get("otlp_endpoint", ""))
+                       if_exists=if_exists, otlp_endpoint=o.get("otlp_endpoint", ""),
+                       tls=tuple((name, o[name]) for name in TLS_OPTIONS if o.get(name)))
 
 
 def encode_entries(batch: pa.RecordBatch, rows_per_entry: int, compression: str,
@@ -139,8 +142,14 @@ def decode_entry(data: bytes, columns: tuple[str, ...] = ()) -> list[pa.RecordBa
     return batches
 
 
-def client_options() -> ClientOptions:
-    return ClientOptions(add_timeout_s=30.0, read_timeout_s=30.0, metadata_timeout_s=10.0)
+# Options passed as they are to ClientOptions: files every executor must be able to read (mount them).
+TLS_OPTIONS = ("tls_ca_file", "tls_cert_file", "tls_key_file", "etcd_tls_ca_file", "etcd_tls_cert_file",
+               "etcd_tls_key_file", "etcd_username", "etcd_password_file")
+
+
+def client_options(opts: Options | None = None) -> ClientOptions:
+    tls: dict[str, Any] = dict(opts.tls) if opts is not None else {}
+    return ClientOptions(add_timeout_s=30.0, read_timeout_s=30.0, metadata_timeout_s=10.0, **tls)
 
 
 async def write_ledger(opts: Options, batches: Iterable[pa.RecordBatch] | AsyncIterable[pa.RecordBatch],
@@ -161,7 +170,7 @@ async def write_ledger(opts: Options, batches: Iterable[pa.RecordBatch] | AsyncI
 
 async def _write_ledger(opts: Options, batches: Iterable[pa.RecordBatch] | AsyncIterable[pa.RecordBatch],
                         write_id: str, in_flight_max: int, meter_provider: Any) -> DatasetLedger:
-    async with Client(opts.etcd, opts.cluster, client_options(), meter_provider=meter_provider) as client:
+    async with Client(opts.etcd, opts.cluster, client_options(opts), meter_provider=meter_provider) as client:
         handle = await client.create_ledger(opts.ensemble_size, opts.write_quorum, opts.ack_quorum,
                                             password=opts.password,
                                             metadata={META_DATASET: opts.dataset, META_WRITE: write_id})

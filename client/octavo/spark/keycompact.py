@@ -177,7 +177,7 @@ async def compact_dataset(opts: Options, slots: int = KEY_MAP_SLOTS_DEFAULT, tom
     """Compact a keyed dataset in this process (bounded memory: the offset map plus one entry at a time)."""
     t0 = time.monotonic()
     seed = seed or os.urandom(16)
-    async with Client(opts.etcd, opts.cluster, client_options()) as client:
+    async with Client(opts.etcd, opts.cluster, client_options(opts)) as client:
         manifest: Manifest = await client.datasets.get(opts.dataset)
         key = manifest.key_column or opts.key_column
         if not key:
@@ -222,7 +222,7 @@ def _ledger_rows(opts: Options, ledger: DatasetLedger) -> Any:
 
     if ledger.entries <= 0:
         return
-    with SyncClient(opts.etcd, opts.cluster, client_options()) as client:
+    with SyncClient(opts.etcd, opts.cluster, client_options(opts)) as client:
         handle = client.open_ledger(ledger.ledger_id, password=opts.password, recovery=False)
         for entry in handle.read(0, ledger.entries - 1):
             yield from decode_entry(entry.data)
@@ -259,7 +259,7 @@ def compact_with_spark(spark: Any, opts: Options, slots: int = KEY_MAP_SLOTS_DEF
     seed = seed or os.urandom(16)
 
     async def snapshot() -> Manifest:
-        async with Client(opts.etcd, opts.cluster, client_options()) as client:
+        async with Client(opts.etcd, opts.cluster, client_options(opts)) as client:
             return await client.datasets.get(opts.dataset)
 
     manifest = asyncio.run(snapshot())
@@ -306,7 +306,7 @@ def compact_with_spark(spark: Any, opts: Options, slots: int = KEY_MAP_SLOTS_DEF
     empty = [x.ledger_id for x, _ in results if x.rows == 0]
 
     async def swap() -> None:
-        async with Client(opts.etcd, opts.cluster, client_options()) as client:
+        async with Client(opts.etcd, opts.cluster, client_options(opts)) as client:
             for lid in empty:
                 await client.delete_ledger(lid)
             await client.datasets.commit(opts.dataset, manifest.schema, new, replace=[x.ledger_id for x in ledgers])

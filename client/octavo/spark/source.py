@@ -57,7 +57,7 @@ def _run(coro: Any) -> Any:
 
 
 async def _manifest(opts: Options) -> Any:
-    async with Client(opts.etcd, opts.cluster, client_options()) as client:
+    async with Client(opts.etcd, opts.cluster, client_options(opts)) as client:
         return await client.datasets.get(opts.dataset)
 
 
@@ -65,7 +65,7 @@ async def _preflight(opts: Options, mode: str) -> None:
     """On the driver, while Spark plans the write, before any task runs: etcd must answer (an unreachable one
     fails here at once, not after every task has failed), enough bookies must be writable for the ensemble,
     and error-if-exists fails here when the dataset exists (the commit checks it again, atomically)."""
-    async with Client(opts.etcd, opts.cluster, client_options()) as client:
+    async with Client(opts.etcd, opts.cluster, client_options(opts)) as client:
         manifest, _ = await client.datasets.read(opts.dataset)
         if manifest is not None and mode == "error":
             raise DatasetExistsError(f"dataset {opts.dataset!r} already exists (if_exists error); use append or "
@@ -84,7 +84,7 @@ ORPHAN_SCAN_EVERY_STREAM_BATCHES = 50
 
 async def _commit(opts: Options, schema: str, ledgers: list[DatasetLedger], mode: str,
                   stream: tuple[str, int] | None = None) -> None:
-    async with Client(opts.etcd, opts.cluster, client_options()) as client:
+    async with Client(opts.etcd, opts.cluster, client_options(opts)) as client:
         await client.datasets.commit(opts.dataset, schema, ledgers, mode=mode, key_column=opts.key_column,
                                      stream=stream)
         if stream is None or stream[1] % ORPHAN_SCAN_EVERY_STREAM_BATCHES == 0:
@@ -95,7 +95,7 @@ async def _commit(opts: Options, schema: str, ledgers: list[DatasetLedger], mode
 
 
 async def _delete(opts: Options, ledger_ids: list[int]) -> None:
-    async with Client(opts.etcd, opts.cluster, client_options()) as client:
+    async with Client(opts.etcd, opts.cluster, client_options(opts)) as client:
         for lid in ledger_ids:
             with contextlib.suppress(Exception):  # else an orphan: collected after the grace period
                 await client.delete_ledger(lid)
@@ -167,7 +167,7 @@ def _read_slice(opts: Options, target: pa.Schema, part: LedgerSlice) -> Iterator
     measured = spark_metrics(opts.otlp_endpoint)
     rows = 0
     try:
-        with SyncClient(opts.etcd, opts.cluster, client_options(), meter_provider=measured.provider) as client:
+        with SyncClient(opts.etcd, opts.cluster, client_options(opts), meter_provider=measured.provider) as client:
             handle = client.open_ledger(part.ledger_id, password=opts.password, recovery=False)
             for entry in handle.read(part.first, part.last):
                 for batch in decode_entry(entry.data, opts.columns):
