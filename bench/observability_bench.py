@@ -127,15 +127,14 @@ async def measured_run(cluster: LocalCluster, ledgers: int, seconds: float, trac
 
 async def run_octavo_cleanup(client: Client) -> None:
     """Delete what the run wrote and have every bookie collect it (as the cluster benchmark does)."""
-    import grpc
-
+    from octavo.meta.tls import aio_channel
     from octavo.v1 import bookie_pb2 as pb
     from octavo.v1 import bookie_pb2_grpc as pb_grpc
 
     for ledger_id in await client.list_ledgers():
         await client.delete_ledger(ledger_id)
     for bookie in (await client.bookies(refresh=True)).values():
-        async with grpc.aio.insecure_channel(bookie.address) as channel:
+        async with aio_channel(bookie.address, client.options.tls) as channel:
             await pb_grpc.BookieAdminStub(channel).RunGc(pb.RunGcRequest(), timeout=60)
 
 
