@@ -215,3 +215,58 @@ def test_monitoring_objects_are_off_by_default_and_the_dashboard_is_shipped_whol
                       if c["metadata"]["name"].endswith("-dashboard"))
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(config_map["data"]["octavo-overview.json"]) == json.loads(DASHBOARD.read_text())
+
+
+def test_network_policies_select_the_pods_they_guard_and_admit_who_needs_each_port(helm: str) -> None:
+    values = str(Path(__file__).resolve().parent / "values" / "good" / "network-policy.yaml")
+    docs = render(helm, "-f", values)
+    policies = {p["metadata"]["name"]: p["spec"] for p in by_kind(docs, "NetworkPolicy")}
+    assert set(policies) == {"octavo-bookies", "octavo-etcd", "octavo-operator"}
+    spec = parse_cluster("octavo", by_kind(docs, "BookieCluster")[0]["spec"])
+    bookie_pod = builders.stateful_set("octavo", "octavo", spec, "h")["spec"]["template"]["metadata"]["labels"]
+    operator_pod = by_kind(docs, "Deployment")[0]["spec"]["template"]["metadata"]["labels"]
+    etcd_pod = by_kind(docs, "StatefulSet")[0]["spec"]["template"]["metadata"]["labels"]
+    test_pod = by_kind(docs, "Pod")[0]["metadata"]["labels"]
+
+    def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+        return selector["matchLabels"].items() <= labels.items()
+
+    def admitted(rule: dict[str, Any], labels: dict[str, str]) -> bool:
+        return any("namespaceSelector" not in peer and "podSelector" in peer and selects(peer["podSelector"], labels)
+                   for peer in rule.get("from", []))
+
+    bookies = policies["octavo-bookies"]
+    assert selects(bookies["podSelector"], bookie_pod) and not selects(bookies["podSelector"], operator_pod)
+    grpc_rule = next(r for r in bookies["ingress"] if r["ports"][0]["port"] == 3181)
+    for who in (bookie_pod, operator_pod, test_pod):
+        assert admitted(grpc_rule, who)
+    assert not admitted(grpc_rule, etcd_pod)
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "pipelines"}},
+            "podSelector": {"matchLabels": {"app": "spark"}}} in grpc_rule["from"]
+    metrics_rule = next(r for r in bookies["ingress"] if r["ports"][0]["port"] == builders.METRICS_PORT)
+    assert metrics_rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name":
+                                                                            "monitoring"}}}]
+    etcd = policies["octavo-etcd"]
+    assert selects(etcd["podSelector"], etcd_pod)
+    client_rule = next(r for r in etcd["ingress"] if r["ports"][0]["port"] == 2379)
+    assert all(admitted(client_rule, who) for who in (bookie_pod, operator_pod, test_pod))
+    peer_rule = next(r for r in etcd["ingress"] if r["ports"][0]["port"] == 2380)
+    assert admitted(peer_rule, etcd_pod) and not admitted(peer_rule, bookie_pod)
+    assert selects(policies["octavo-operator"]["podSelector"], operator_pod)
+    # Off by default; without metricsFrom nobody reaches the metrics ports.
+    assert not by_kind(render(helm), "NetworkPolicy")
+    bare = {p["metadata"]["name"]: p["spec"] for p in by_kind(render(helm, "--set", "networkPolicy.enabled=true"),
+                                                                "NetworkPolicy")}
+    assert [r["ports"][0]["port"] for r in bare["octavo-bookies"]["ingress"]] == [3181]
+
+
+def test_bookie_pods_run_locked_down() -> None:
+    spec = parse_cluster("octavo", {"replicas": 3, "image": "octavo:dev", "storage": {"size": "1Gi"},
+                                    "etcd": {"endpoints": "e:2379"}})
+    pod = builders.stateful_set("octavo", "octavo", spec, "h")["spec"]["template"]["spec"]
+    container = pod["containers"][0]["securityContext"]
+    assert container == {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "readOnlyRootFilesystem": True,
+                         "capabilities": {"drop": ["ALL"]}}
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert {"name": "tmp", "mountPath": "/tmp"} in pod["containers"][0]["volumeMounts"]

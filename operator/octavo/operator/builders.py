@@ -101,7 +101,8 @@ def stateful_set(name: str, namespace: str, spec: ClusterSpec, config_hash: str)
                    "prometheus.io/path": "/metrics", **dict(template.get("annotations", {})),
                    "octavo.io/config-hash": config_hash}
     headless = headless_service_name(name)
-    mounts = [{"name": "data", "mountPath": DATA_DIR}, {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
+    mounts = [{"name": "data", "mountPath": DATA_DIR}, {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+              {"name": "tmp", "mountPath": "/tmp"}]  # the root filesystem is read-only
     claims = [_claim("data", spec.storage.size, spec.storage.storage_class, name)]
     if spec.storage.logs_size:
         mounts.append({"name": "logs", "mountPath": LOGS_DIR})
@@ -127,7 +128,7 @@ def stateful_set(name: str, namespace: str, spec: ClusterSpec, config_hash: str)
         # Recovery replays unflushed logs at start: a generous start-up window before liveness counts.
         "startupProbe": {"grpc": {"port": BOOKIE_PORT}, "periodSeconds": 5, "failureThreshold": 120},
         "volumeMounts": mounts,
-        "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
+        "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}},
     }
     if spec.resources:
@@ -135,9 +136,11 @@ def stateful_set(name: str, namespace: str, spec: ClusterSpec, config_hash: str)
     pod_spec: dict[str, Any] = {
         "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
         "containers": [container],
-        "volumes": [{"name": "config", "configMap": {"name": config_map_name(name)}}],
+        "volumes": [{"name": "config", "configMap": {"name": config_map_name(name)}},
+                    {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
         "securityContext": {"fsGroup": 1000, "runAsUser": 1000, "runAsGroup": 1000,
-                            "fsGroupChangePolicy": "OnRootMismatch"},
+                            "fsGroupChangePolicy": "OnRootMismatch", "runAsNonRoot": True,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
     }
     for key in ("nodeSelector", "priorityClassName", "affinity", "tolerations", "topologySpreadConstraints"):
         if key in template:
