@@ -201,3 +201,31 @@ def test_json_logs_carry_fields_and_the_trace_id() -> None:
 def test_a_bad_sampling_ratio_is_refused(ratio: float) -> None:
     with pytest.raises(ValueError, match=r"trace_sample_ratio must be in \[0, 1\]"):
         ClientOptions(trace_sample_ratio=ratio)
+
+
+async def test_healthz_follows_the_health_callback() -> None:
+    """/healthz: 200 while the process serves, 503 once it does not (a bookie stopping); absent without one."""
+    from octavo.telemetry import MetricsEndpoint
+
+    serving = [True]
+    endpoint = MetricsEndpoint(lambda: b"", lambda: serving[0])
+    port = await endpoint.start("127.0.0.1", 0)
+    plain = MetricsEndpoint(lambda: b"")
+    plain_port = await plain.start("127.0.0.1", 0)
+
+    async def get(at: int) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", at)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = await reader.read()
+        writer.close()
+        return data
+
+    try:
+        assert (await get(port)).startswith(b"HTTP/1.1 200")
+        serving[0] = False
+        answer = await get(port)
+        assert answer.startswith(b"HTTP/1.1 503") and answer.endswith(b"not serving\n")
+        assert (await get(plain_port)).startswith(b"HTTP/1.1 404")
+    finally:
+        await endpoint.stop()
+        await plain.stop()

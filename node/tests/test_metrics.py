@@ -1,6 +1,7 @@
 """A real bookie process's /metrics: parses as Prometheus text; its counters equal what was written and read
 under load from several streams (entries, bytes, refusals by code, one latency observation per request); its
-mode gauge follows a read-only switch; the endpoint answers only GET/HEAD /metrics; bad settings are refused."""
+mode gauge follows a read-only switch; the endpoint answers only GET/HEAD /metrics and /healthz; bad settings
+are refused."""
 
 from __future__ import annotations
 
@@ -155,6 +156,9 @@ def test_the_endpoint_answers_only_get_and_head_on_metrics(bookie: BookieProcess
     assert e.value.code == 405
     with urllib.request.urlopen(urllib.request.Request(f"{base}/metrics", method="HEAD"), timeout=10) as r:
         assert r.status == 200 and int(r.headers["Content-Length"]) > 0 and r.read() == b""
+    # /healthz answers what the gRPC health service does (Kubernetes probes it when the gRPC port needs TLS).
+    with urllib.request.urlopen(f"{base}/healthz", timeout=10) as r:
+        assert r.status == 200 and r.read() == b"serving\n"
     # A client that sends garbage and hangs up does not stop the endpoint.
     host, port = bookie.metrics_address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=5) as s:

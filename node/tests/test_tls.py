@@ -144,6 +144,8 @@ def test_bad_tls_settings_are_refused_with_a_message(pki: Pki, tmp_path: Path) -
     garbage.write_bytes(b"not a certificate\n")
     bad = node(*tls_args(Issued(str(garbage), pki.server.key_file, pki.server.ca_file)))
     assert bad.returncode == 1 and "holds no PEM block" in bad.stderr, bad.stderr
+    metrics = node("--metrics-port", "0", "--metrics-tls", "true")
+    assert metrics.returncode == 2 and "metrics_tls needs tls_cert_file" in metrics.stderr
     mode = node(*tls_args(pki.server, client_auth="sometimes"))
     assert mode.returncode == 2 and "tls_client_auth must be require or none" in mode.stderr
     assert not os.path.exists(tmp_path / "d" / "logs"), "nothing is created before the settings are checked"
@@ -205,5 +207,48 @@ def test_without_tls_the_admin_token_alone_guards_the_admin_plane(tmp_path: Path
 
         with sync_channel(proc.address, None, metadata=[("authorization", "Bearer plain-admin-token")]) as channel:
             assert pb_grpc.BookieAdminStub(channel).GetStatus(pb.GetStatusRequest(), timeout=10).bookie_id
+    finally:
+        proc.stop()
+
+
+def https_get(address: str, path: str, ca_file: str) -> tuple[int, str, str]:
+    """(status, body, the server certificate's CN) of one HTTPS GET, checking the certificate."""
+    host, port = address.rsplit(":", 1)
+    context = ssl.create_default_context(cafile=ca_file)
+    with socket.create_connection((host, int(port)), timeout=10) as raw, \
+            context.wrap_socket(raw, server_hostname=host) as tls:
+        cert = tls.getpeercert()
+        tls.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        data = b""
+        while chunk := tls.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    subject = dict(item[0] for item in cert["subject"])  # type: ignore[index, misc]
+    return int(head.split()[1]), body.decode(), str(subject.get("commonName", ""))
+
+
+def test_metrics_and_healthz_over_tls_pick_up_a_renewed_certificate(pki: Pki, tmp_path: Path) -> None:
+    """metrics_tls: /metrics and /healthz (what Kubernetes probes when the gRPC port needs TLS) served over TLS
+    with the bookie's certificate, nothing in plaintext; renewed files are served from the next connection."""
+    issued = pki.ca.write(tmp_path / "renewing", "bookie", common_name="metrics-first")
+    proc = BookieProcess(str(tmp_path / "bookie"), args=[*tls_args(issued), "--metrics-port", "0",
+                                                          "--metrics-tls", "true"])
+    proc.start()
+    try:
+        status, body, cn = https_get(proc.metrics_address, "/healthz", issued.ca_file)
+        assert (status, body, cn) == (200, "serving\n", "metrics-first")
+        status, body, _ = https_get(proc.metrics_address, "/metrics", issued.ca_file)
+        assert status == 200 and "octavo_bookie_mode" in body
+        host, port = proc.metrics_address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as plain:
+            plain.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            try:
+                answer = plain.recv(65536)
+            except ConnectionError:
+                answer = b""
+            assert b"octavo_bookie" not in answer  # a TLS server answers no plaintext
+        pki.ca.write(tmp_path / "renewing", "bookie", common_name="metrics-renewed")
+        https_get(proc.metrics_address, "/healthz", issued.ca_file)  # the connection after which it reloads
+        assert https_get(proc.metrics_address, "/healthz", issued.ca_file)[2] == "metrics-renewed"
     finally:
         proc.stop()

@@ -88,3 +88,50 @@ def test_a_settings_change_rolls_the_pods_and_nothing_else_does() -> None:
     assert config_hash({**SPEC, "bookie": {"lost_bookie_delay_s": 30}}) != base
     assert config_hash(SPEC, CompactionSettings(rate_bytes_per_s=1)) != base
     assert CONFIG_FILE in objects()["ConfigMap/logs-bookie-config"]["data"]
+
+
+TLS_SPEC = {**SPEC, "tls": {"secretName": "logs-tls", "adminIdentities": ["octavo-operator"], "metrics": True},
+            "etcd": {"endpoints": "etcd:2379", "tls": {"secretName": "etcd-client"},
+                     "credentials": {"secretName": "etcd-user"}}}
+
+
+def test_tls_and_etcd_secrets_are_mounted_and_named_in_the_settings(tmp_path: Path) -> None:
+    """spec.tls and spec.etcd.tls/credentials: each Secret mounted read-only as a directory (so renewals reach the
+    files), the settings point into them, the etcd user comes from the Secret, and the probes leave gRPC (which
+    the kubelet cannot probe over TLS) for /healthz on the metrics port over HTTPS."""
+    objs = objects(TLS_SPEC)
+    pod = objs["StatefulSet/logs"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "logs-tls"
+    assert volumes["etcd-tls"]["secret"]["secretName"] == "etcd-client"
+    assert volumes["etcd-credentials"]["secret"] == {"secretName": "etcd-user", "defaultMode": 0o440,
+                                                     "items": [{"key": "password", "path": "password"}]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert all(mounts[n]["readOnly"] and "subPath" not in mounts[n] for n in ("tls", "etcd-tls", "etcd-credentials"))
+    env = {e["name"]: e for e in container["env"]}
+    assert env["OCTAVO_NODE_ETCD_USERNAME"]["valueFrom"] == {"secretKeyRef": {"name": "etcd-user", "key": "username"}}
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}
+    # The settings file, through the real configuration path, names files under the mounts.
+    path = tmp_path / CONFIG_FILE
+    path.write_text(objs["ConfigMap/logs-bookie-config"]["data"][CONFIG_FILE])
+    config = resolve_node_config(argparse.Namespace(config=str(path)),
+                                 environ={"OCTAVO_NODE_ETCD_USERNAME": "bookies", "OCTAVO_NODE_ETCD": "etcd:2379"})
+    where = {m["mountPath"] for m in container["volumeMounts"]}
+    for value in (config.tls_cert_file, config.tls_key_file, config.tls_ca_file, config.etcd_tls_ca_file,
+                  config.etcd_tls_cert_file, config.etcd_tls_key_file, config.etcd_password_file):
+        assert value.rsplit("/", 1)[0] in where, value
+    assert (config.tls_client_auth, config.admin_identities, config.metrics_tls) == ("require", "octavo-operator",
+                                                                                      True)
+    assert config.etcd_username == "bookies"
+
+
+def test_without_tls_nothing_changes() -> None:
+    """A cluster without spec.tls keeps plaintext, gRPC probes and no Secret volumes."""
+    container = objects()["StatefulSet/logs"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["grpc"] == {"port": BOOKIE_PORT}
+    assert "tls" not in objects()["ConfigMap/logs-bookie-config"]["data"][CONFIG_FILE]
+    server_ca_only = {**SPEC, "etcd": {"endpoints": "e:2379", "tls": {"secretName": "ca", "clientCertificate": False}}}
+    text = objects(server_ca_only)["ConfigMap/logs-bookie-config"]["data"][CONFIG_FILE]
+    assert "etcd_tls_ca_file" in text and "etcd_tls_cert_file" not in text

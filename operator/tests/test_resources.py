@@ -110,6 +110,20 @@ def test_a_cluster_spec_parses_with_its_defaults() -> None:
     ({"replicaz": 3}, "unknown field replicaz"),
     ({"podTemplate": {"hostNetwork": True}}, "spec.podTemplate.unknown field hostNetwork"),
     ({"clusterName": "Logs_1"}, "must be a DNS label"),
+    ({"bookie": {"tls_cert_file": "/x"}}, "spec.bookie.tls_cert_file is set by the operator"),
+    ({"bookie": {"etcd_password_file": "/x"}}, "spec.bookie.etcd_password_file is set by the operator"),
+    ({"tls": {}}, "spec.tls.secretName must name a Secret"),
+    ({"tls": {"secretName": "Bad_Name"}}, "spec.tls.secretName must name a Secret"),
+    ({"tls": {"secretName": "t", "clientAuth": "optional"}}, "spec.tls.clientAuth must be require or none"),
+    ({"tls": {"secretName": "t", "adminIdentities": ["a,b"]}}, "spec.tls.adminIdentities must be a list"),
+    ({"tls": {"secretName": "t", "clientAuth": "none", "adminIdentities": ["ops"]}},
+     "adminIdentities needs clientAuth require"),
+    ({"tls": {"secretName": "t", "metrics": "yes"}}, "spec.tls.metrics must be true or false"),
+    ({"tls": {"secretName": "t", "ciphers": "all"}}, "spec.tls.unknown field ciphers"),
+    ({"etcd": {"endpoints": "e:2379", "tls": {"secretName": ""}}}, "spec.etcd.tls.secretName must name a Secret"),
+    ({"etcd": {"endpoints": "e:2379", "tls": {"secretName": "e", "clientCertificate": 1}}},
+     "clientCertificate must be true or false"),
+    ({"etcd": {"endpoints": "e:2379", "credentials": {"name": "e"}}}, "spec.etcd.credentials.unknown field name"),
 ])
 def test_bad_cluster_specs_are_refused_naming_the_field(change: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError, match=message):

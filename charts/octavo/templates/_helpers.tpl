@@ -78,6 +78,10 @@ one clear line at `helm install` / `helm template` time.
 {{- if and .Values.etcd.enabled .Values.externalEtcd.endpoints -}}
 {{- fail "values: set either etcd.enabled or externalEtcd.endpoints, not both" -}}
 {{- end -}}
+{{- include "octavo.validateTls" . -}}
+{{- if and .Values.etcd.enabled (or .Values.externalEtcd.tls.secretName .Values.externalEtcd.credentialsSecret) -}}
+{{- fail "values: externalEtcd.tls and externalEtcd.credentialsSecret apply to an external etcd only (etcd.enabled is true: with tls.enabled the release's etcd uses the chart's certificates)" -}}
+{{- end -}}
 {{- $c := .Values.bookieCluster -}}
 {{- if and $c.create (lt (int $c.replicas) (int $c.minWritableBookies)) -}}
 {{- fail (printf "values: bookieCluster.replicas (%d) is below bookieCluster.minWritableBookies (%d): new ledgers could not find their ensemble" (int $c.replicas) (int $c.minWritableBookies)) -}}
@@ -120,4 +124,103 @@ one clear line at `helm install` / `helm template` time.
 {{/* The operator's peering name (only with more than one replica). */}}
 {{- define "octavo.peeringName" -}}
 {{- include "octavo.fullname" . -}}
+{{- end -}}
+
+{{/* -- TLS (docs/security.md) ----------------------------------------------------------------------------- */}}
+
+{{/* A role's certificate Secret: the chart's cert-manager Certificate writes it, else the one given in values.
+Pass (dict "ctx" $ "role" "bookie"|"operator"|"client"|"etcd"). */}}
+{{- define "octavo.tlsSecret" -}}
+{{- $t := .ctx.Values.tls -}}
+{{- if $t.certManager.enabled -}}
+{{- printf "%s-%s-tls" (include "octavo.fullname" .ctx) .role -}}
+{{- else -}}
+{{- include "octavo.validateTls" .ctx -}}
+{{- $given := get $t (printf "%sSecret" .role) -}}
+{{- required (printf "tls.%sSecret is required when tls.enabled is true and tls.certManager.enabled is false: a kubernetes.io/tls Secret with ca.crt" .role) $given -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret a process uses to reach etcd over TLS: its own certificate with the in-release etcd (one CA),
+externalEtcd.tls.secretName with an external etcd; empty: plaintext. Pass (dict "ctx" $ "role" ...). */}}
+{{- define "octavo.etcdTlsSecret" -}}
+{{- if .ctx.Values.etcd.enabled -}}
+{{- if .ctx.Values.tls.enabled -}}{{- include "octavo.tlsSecret" . -}}{{- end -}}
+{{- else -}}
+{{- .ctx.Values.externalEtcd.tls.secretName -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "octavo.etcdClientCertificate" -}}
+{{- if .Values.etcd.enabled -}}true{{- else -}}{{- .Values.externalEtcd.tls.clientCertificate -}}{{- end -}}
+{{- end -}}
+
+{{/* The etcd credentials Secret (username, password): only for an external etcd with authentication. */}}
+{{- define "octavo.etcdCredentialsSecret" -}}
+{{- if not .Values.etcd.enabled -}}{{- .Values.externalEtcd.credentialsSecret -}}{{- end -}}
+{{- end -}}
+
+{{/* Environment of a process of the release that talks to bookies and etcd (the operator, the test pod):
+OCTAVO_TLS_* and OCTAVO_ETCD_* naming files in the volumes of octavo.security.volumes. */}}
+{{- define "octavo.security.env" -}}
+{{- if .ctx.Values.tls.enabled }}
+- {name: OCTAVO_TLS_CA_FILE, value: /etc/octavo-tls/ca.crt}
+- {name: OCTAVO_TLS_CERT_FILE, value: /etc/octavo-tls/tls.crt}
+- {name: OCTAVO_TLS_KEY_FILE, value: /etc/octavo-tls/tls.key}
+{{- end }}
+{{- if include "octavo.etcdTlsSecret" . }}
+- {name: OCTAVO_ETCD_TLS_CA_FILE, value: /etc/octavo-etcd-tls/ca.crt}
+{{- if eq (include "octavo.etcdClientCertificate" .ctx) "true" }}
+- {name: OCTAVO_ETCD_TLS_CERT_FILE, value: /etc/octavo-etcd-tls/tls.crt}
+- {name: OCTAVO_ETCD_TLS_KEY_FILE, value: /etc/octavo-etcd-tls/tls.key}
+{{- end }}
+{{- end }}
+{{- with include "octavo.etcdCredentialsSecret" .ctx }}
+- name: OCTAVO_ETCD_USERNAME
+  valueFrom: {secretKeyRef: {name: {{ . }}, key: username}}
+- {name: OCTAVO_ETCD_PASSWORD_FILE, value: /etc/octavo-etcd-credentials/password}
+{{- end }}
+{{- end -}}
+
+{{- define "octavo.security.mounts" -}}
+{{- if .ctx.Values.tls.enabled }}
+- {name: tls, mountPath: /etc/octavo-tls, readOnly: true}
+{{- end }}
+{{- if include "octavo.etcdTlsSecret" . }}
+- {name: etcd-tls, mountPath: /etc/octavo-etcd-tls, readOnly: true}
+{{- end }}
+{{- if include "octavo.etcdCredentialsSecret" .ctx }}
+- {name: etcd-credentials, mountPath: /etc/octavo-etcd-credentials, readOnly: true}
+{{- end }}
+{{- end -}}
+
+{{/* Mounted as directories (no subPath): the kubelet updates renewed certificates in place. */}}
+{{- define "octavo.security.volumes" -}}
+{{- if .ctx.Values.tls.enabled }}
+- name: tls
+  secret: {secretName: {{ include "octavo.tlsSecret" . }}, defaultMode: 0440}
+{{- end }}
+{{- with include "octavo.etcdTlsSecret" . }}
+- name: etcd-tls
+  secret: {secretName: {{ . }}, defaultMode: 0440}
+{{- end }}
+{{- with include "octavo.etcdCredentialsSecret" .ctx }}
+- name: etcd-credentials
+  secret: {secretName: {{ . }}, defaultMode: 0440, items: [{key: password, path: password}]}
+{{- end }}
+{{- end -}}
+
+{{/* Without cert-manager every Secret the release mounts must be named (one message listing them all). */}}
+{{- define "octavo.validateTls" -}}
+{{- $t := .Values.tls -}}
+{{- if and $t.enabled (not $t.certManager.enabled) -}}
+{{- $missing := list -}}
+{{- if and .Values.bookieCluster.create (not $t.bookieSecret) -}}{{- $missing = append $missing "tls.bookieSecret" -}}{{- end -}}
+{{- if not $t.operatorSecret -}}{{- $missing = append $missing "tls.operatorSecret" -}}{{- end -}}
+{{- if and (or .Values.tests.enabled $t.metrics) (not $t.clientSecret) -}}{{- $missing = append $missing "tls.clientSecret" -}}{{- end -}}
+{{- if and .Values.etcd.enabled (not $t.etcdSecret) -}}{{- $missing = append $missing "tls.etcdSecret" -}}{{- end -}}
+{{- if $missing -}}
+{{- fail (printf "values: tls.enabled without tls.certManager.enabled needs your certificate Secrets (kubernetes.io/tls with ca.crt): %s not set" (join ", " $missing)) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}

@@ -7,7 +7,7 @@ docs list; Prometheus shows it with dots as underscores and its unit as a suffix
 """
 
 from octavo.telemetry.logs import JsonFormatter, configure_logging
-from octavo.telemetry.metrics import LATENCY_BUCKETS_S, MetricsEndpoint, Telemetry, prometheus_name
+from octavo.telemetry.metrics import LATENCY_BUCKETS_S, MetricsEndpoint, ServerTls, Telemetry, prometheus_name
 from octavo.telemetry.tracing import (
     TRACEPARENT,
     Sampling,
@@ -22,6 +22,7 @@ __all__ = [
     "JsonFormatter",
     "MetricsEndpoint",
     "Sampling",
+    "ServerTls",
     "Telemetry",
     "configure_logging",
     "context_from_traceparent",

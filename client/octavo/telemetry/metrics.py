@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
+import ssl
 from collections.abc import Callable, Mapping
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -79,9 +81,11 @@ class Telemetry:
             hook()
         return generate_latest(self.registry)  # type: ignore[no-any-return]
 
-    async def serve(self, host: str, port: int) -> int:
-        """Serve /metrics on host:port (0: a free port); returns the port."""
-        self.endpoint = MetricsEndpoint(self.text)
+    async def serve(self, host: str, port: int, health: Callable[[], bool] | None = None,
+                    tls: ServerTls | None = None) -> int:
+        """Serve /metrics on host:port (0: a free port), and /healthz when `health` is given; over TLS with
+        `tls`. Returns the port."""
+        self.endpoint = MetricsEndpoint(self.text, health, tls)
         return await self.endpoint.start(host, port)
 
     async def shutdown(self) -> None:
@@ -92,20 +96,60 @@ class Telemetry:
         await asyncio.get_running_loop().run_in_executor(None, self.provider.shutdown)
 
 
+class ServerTls:
+    """Server-side TLS for the endpoint: the certificate and key are loaded again when their files change,
+    checked after each connection (a renewal serves from the next one; a half-written pair keeps the old)."""
+
+    def __init__(self, cert_file: str, key_file: str) -> None:
+        self.cert_file, self.key_file = cert_file, key_file
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self._stamp = self._stamps()
+        self.context.load_cert_chain(cert_file, key_file)
+        self.reloads = 0
+
+    def _stamps(self) -> tuple[tuple[int, int], ...]:
+        out = []
+        for path in (self.cert_file, self.key_file):
+            try:
+                st = os.stat(path)
+                out.append((st.st_mtime_ns, st.st_size))
+            except OSError:
+                out.append((0, 0))
+        return tuple(out)
+
+    def refresh(self) -> None:
+        stamp = self._stamps()
+        if stamp == self._stamp:
+            return
+        try:
+            self.context.load_cert_chain(self.cert_file, self.key_file)
+        except (OSError, ssl.SSLError):
+            return  # try again after the next connection
+        self._stamp = stamp
+        self.reloads += 1
+
+
 class MetricsEndpoint:
     """A small HTTP/1.1 server on the event loop for Prometheus scrapes: GET /metrics answers the text format;
-    other paths 404, other methods 405. No thread: the observable instruments' callbacks run on the loop, so
-    they may read the bookie's state without locks."""
+    GET /healthz 200 while `health()` is true and 503 otherwise (for Kubernetes probes: the kubelet cannot probe
+    a gRPC port that needs TLS); other paths 404, other methods 405. No thread: the observable instruments'
+    callbacks run on the loop, so they may read the bookie's state without locks."""
 
-    def __init__(self, collect: object) -> None:
+    def __init__(self, collect: object, health: Callable[[], bool] | None = None,
+                 tls: ServerTls | None = None) -> None:
         self._collect = collect
+        self._health = health
+        self._tls = tls
         self._server: asyncio.Server | None = None
         self.port = 0
         self.scrapes = 0
 
     async def start(self, host: str, port: int) -> int:
         try:
-            self._server = await asyncio.start_server(self._handle, host, port, limit=REQUEST_HEAD_BYTES_MAX)
+            self._server = await asyncio.start_server(
+                self._handle, host, port, limit=REQUEST_HEAD_BYTES_MAX,
+                ssl=self._tls.context if self._tls is not None else None,
+                ssl_handshake_timeout=REQUEST_READ_TIMEOUT_S if self._tls is not None else None)
         except OSError as e:
             raise OSError(e.errno, f"cannot serve metrics on {host}:{port} (metrics_port): {e.strerror}") from e
         self.port = self._server.sockets[0].getsockname()[1]
@@ -119,6 +163,8 @@ class MetricsEndpoint:
             self._server = None
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._tls is not None:
+            self._tls.refresh()
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_READ_TIMEOUT_S)
         except asyncio.LimitOverrunError:
@@ -138,6 +184,11 @@ class MetricsEndpoint:
         if method not in (b"GET", b"HEAD"):
             await self._answer(writer, 405, b"only GET and HEAD\n", extra=b"Allow: GET, HEAD\r\n")
             return
+        if target == b"/healthz" and self._health is not None:
+            serving = self._health()
+            await self._answer(writer, 200 if serving else 503, b"serving\n" if serving else b"not serving\n",
+                               head_only=method == b"HEAD")
+            return
         if target != b"/metrics":
             await self._answer(writer, 404, b"metrics are at /metrics\n")
             return
@@ -154,7 +205,8 @@ class MetricsEndpoint:
     async def _answer(writer: asyncio.StreamWriter, status: int, body: bytes, content_type: bytes = b"text/plain",
                       extra: bytes = b"", head_only: bool = False) -> None:
         reason = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed",
-                  431: b"Request Header Fields Too Large", 500: b"Internal Server Error"}[status]
+                  431: b"Request Header Fields Too Large", 500: b"Internal Server Error",
+                  503: b"Service Unavailable"}[status]
         writer.write(b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n%s\r\n"
                      % (status, reason, content_type, len(body), extra))
         if not head_only:

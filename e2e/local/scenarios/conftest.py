@@ -190,3 +190,27 @@ def local_kube(tmp_path: Path, etcd: str, monkeypatch: pytest.MonkeyPatch) -> It
             runner.stop()
             runner.check()
             handlers.CONFIG.clock_offset_s = 0.0
+
+
+@pytest.fixture
+def tls_kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[LocalKube, Any]]:
+    """The same with an etcd that requires client certificates, and the CA that issued its certificate (for the
+    Secrets and clients a test makes)."""
+    from octavo.cli.certs import CertificateAuthority
+    from octavo.meta.tls import TlsFiles
+
+    ca = CertificateAuthority("octavo-e2e-ca")
+    server = ca.write(tmp_path / "pki", "etcd", common_name="etcd", sans=["127.0.0.1", "localhost"])
+    etcd = EtcdProcess(str(tmp_path / "etcd"), tls=TlsFiles(server.cert_file, server.key_file, server.ca_file))
+    endpoint = etcd.start()
+    try:
+        with ApiServer() as api:
+            monkeypatch.setenv("KUBECONFIG", api.kubeconfig)
+            runner = PodRunner(api.url, str(tmp_path / "kube")).start()
+            try:
+                yield LocalKube(api, runner, endpoint), ca
+            finally:
+                runner.stop()
+                runner.check()
+    finally:
+        etcd.stop(kill=True)

@@ -4,13 +4,15 @@ API, for the scenarios that run everywhere.
 The chart is rendered by the real helm (`helm template`, with the values schema and the chart's own checks);
 its objects are applied in Helm's install order; what a Deployment, a test Pod or a hook Job runs is started as
 a local process from the rendered container itself (its command, its arguments, its environment resolved as the
-kubelet does, from fieldRefs and ConfigMaps in the emulated API), with two changes a pod would not need: the
+kubelet does, from fieldRefs, ConfigMaps and Secrets in the emulated API; Secret volumes written to files whose
+paths replace the mount paths in the environment), with two changes a pod would not need: the
 process reaches the API through a kubeconfig instead of a service account, and the operator's liveness port is a
 free one on 127.0.0.1. StatefulSets are the pod runner's (octavo.localk8s.podrunner): real bookies.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
@@ -206,13 +208,44 @@ class LocalRelease:
             raise RuntimeError(f"container {container['name']} does not run octavo: {argv}")
         return [*OCTAVO, *argv[1:]]
 
-    def _env(self, container: dict[str, Any], pod_name: str) -> dict[str, str]:
+    def _mounts(self, pod_spec: dict[str, Any], container: dict[str, Any], pod_name: str) -> dict[str, str]:
+        """The container's Secret and emptyDir volumes as directories of the work dir: mount path -> directory (a
+        Secret that does not exist stops the pod, as the kubelet would)."""
+        volumes = {v["name"]: v for v in pod_spec.get("volumes") or []}
+        mounts: dict[str, str] = {}
+        for mount in container.get("volumeMounts") or []:
+            volume = volumes.get(mount["name"]) or {}
+            where = self.workdir / "pods" / pod_name / mount["name"]
+            where.mkdir(parents=True, exist_ok=True)
+            mounts[mount["mountPath"]] = str(where)
+            if "secret" in volume:
+                secret = self.api.get("v1", "Secret", self.namespace, volume["secret"]["secretName"])
+                if secret is None:
+                    raise RuntimeError(f"{pod_name}: Secret {volume['secret']['secretName']} not found")
+                items = volume["secret"].get("items")
+                for key, value in (secret.get("data") or {}).items():
+                    path = next((i["path"] for i in items if i["key"] == key), None) if items else key
+                    if path is not None:
+                        (where / path).write_bytes(base64.b64decode(value))
+        return mounts
+
+    @staticmethod
+    def _translate(value: str, mounts: dict[str, str]) -> str:
+        for mount in sorted(mounts, key=len, reverse=True):
+            if value == mount or value.startswith(mount + "/"):
+                return mounts[mount] + value[len(mount):]
+        return value
+
+    def _env(self, container: dict[str, Any], pod_name: str,
+             mounts: dict[str, str] | None = None) -> dict[str, str]:
+        mounts = mounts or {}
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OCTAVO_", "KUBERNETES_"))}
         env["KUBECONFIG"] = self.kubeconfig
         for item in container.get("env") or []:
             source = item.get("valueFrom")
             if source is None:
-                env[item["name"]] = VAR.sub(lambda m: env.get(m.group(1), m.group(0)), str(item.get("value", "")))
+                value = VAR.sub(lambda m: env.get(m.group(1), m.group(0)), str(item.get("value", "")))
+                env[item["name"]] = self._translate(value, mounts)
             elif "fieldRef" in source:
                 env[item["name"]] = {"metadata.name": pod_name, "metadata.namespace": self.namespace}[
                     source["fieldRef"]["fieldPath"]]
@@ -222,18 +255,26 @@ class LocalRelease:
                 if config_map is None or ref["key"] not in (config_map.get("data") or {}):
                     raise RuntimeError(f"{pod_name}: ConfigMap {ref['name']} (key {ref['key']}) not found")
                 env[item["name"]] = config_map["data"][ref["key"]]
+            elif "secretKeyRef" in source:
+                ref = source["secretKeyRef"]
+                secret = self.api.get("v1", "Secret", self.namespace, ref["name"])
+                if secret is None or ref["key"] not in (secret.get("data") or {}):
+                    raise RuntimeError(f"{pod_name}: Secret {ref['name']} (key {ref['key']}) not found")
+                env[item["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
             else:
                 raise RuntimeError(f"{pod_name}: unsupported env source {source}")
         return env
 
     def _start_deployment(self, deployment: dict[str, Any]) -> None:
         name = deployment["metadata"]["name"]
-        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        pod_spec = deployment["spec"]["template"]["spec"]
+        container = pod_spec["containers"][0]
         argv = [re.sub(r"^--liveness=.*", f"--liveness=127.0.0.1:{free_port()}", a) for a in self._argv(container)]
         log = self.workdir / f"{name}-{len(self.logs)}.log"
         self.logs.append(log)
+        mounts = self._mounts(pod_spec, container, f"{name}-0")
         with open(log, "wb") as out:
-            self.operators[name] = subprocess.Popen(argv, env=self._env(container, f"{name}-0"), stdout=out,
+            self.operators[name] = subprocess.Popen(argv, env=self._env(container, f"{name}-0", mounts), stdout=out,
                                                     stderr=subprocess.STDOUT)
 
     def _stop_deployment(self, name: str) -> None:
@@ -248,8 +289,9 @@ class LocalRelease:
 
     def _run_pod(self, pod_spec: dict[str, Any], name: str) -> subprocess.CompletedProcess[str]:
         container = pod_spec["containers"][0]
-        return subprocess.run(self._argv(container), env=self._env(container, name), capture_output=True, text=True,
-                              timeout=300)
+        mounts = self._mounts(pod_spec, container, name)
+        return subprocess.run(self._argv(container), env=self._env(container, name, mounts), capture_output=True,
+                              text=True, timeout=300)
 
 
 def _merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -245,3 +245,65 @@ def test_a_spark_job_writes_and_reads_a_dataset_through_the_installed_cluster(lo
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "read them back identical" in done.stdout
+
+
+def test_a_tls_release_with_its_own_secrets_and_an_external_etcd_over_tls(tls_kube: Any, tmp_path: Path) -> None:
+    """tls.enabled with the user's Secrets (as cert-manager would write them) and externalEtcd.tls: the operator
+    from the rendered Deployment reaches the bookies with its mounted certificate, the bookies reach etcd over
+    TLS, `helm test` writes and reads with the client certificate; a client without a certificate is refused."""
+    import base64
+
+    kube, ca = tls_kube
+    k = kube.k
+
+    def secret(name: str, common_name: str, sans: list[str]) -> None:
+        cert, key = ca.issue(common_name, sans=sans)
+        data = {"tls.crt": cert, "tls.key": key, "ca.crt": ca.pem}
+        k.create("v1", "secrets", {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+                                   "metadata": {"name": name, "namespace": NAMESPACE},
+                                   "data": {key_: base64.b64encode(v).decode() for key_, v in data.items()}})
+
+    ips = [f"{kube.runner.ip_prefix}.{i}" for i in range(1, 10)]
+    secret("bookie-tls", CLUSTER, [f"*.{CLUSTER}-bookies.{NAMESPACE}.svc", f"{CLUSTER}.{NAMESPACE}.svc", *ips])
+    secret("operator-tls", "octavo-operator", [])
+    secret("client-tls", "octavo-client", [])
+    secret("etcd-client-tls", "octavo-etcd-user", [])
+    rel = LocalRelease(kube.api.url, kube.api.kubeconfig, tmp_path / "release", values(
+        kube.etcd, externalEtcd={"endpoints": kube.etcd, "tls": {"secretName": "etcd-client-tls"}},
+        tls={"enabled": True, "certManager": {"enabled": False}, "bookieSecret": "bookie-tls",
+             "operatorSecret": "operator-tls", "clientSecret": "client-tls", "metrics": True}), namespace=NAMESPACE)
+    try:
+        _tls_release(kube, ca, rel, tmp_path)
+    finally:
+        rel.stop()
+
+
+def _tls_release(kube: Any, ca: Any, rel: LocalRelease, tmp_path: Path) -> None:
+    import grpc
+
+    from octavo.meta.tls import TlsFiles
+    from octavo.node.testing import BookieConnection
+
+    k = kube.k
+    rel.install()
+
+    def tls_ready() -> bool:
+        return (k.condition(CLUSTER, "Ready").get("status") == "True"
+                and ((k.cluster(CLUSTER) or {}).get("status") or {}).get("readyReplicas") == 3)
+    try:
+        kube.eventually(tls_ready, 90, "a TLS cluster Ready through the operator's certificate")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\noperator log:\n{rel.operator_log()}") from None
+    [tested] = rel.test()
+    assert tested.returncode == 0 and tested.stdout.startswith("ok: ledger "), tested.stdout + tested.stderr
+    address = kube.runner.address(NAMESPACE, f"{CLUSTER}-0")
+    client = ca.write(tmp_path / "pki", "c", common_name="someone", sans=[])
+    with BookieConnection(address, tls=TlsFiles(ca_file=client.ca_file)) as conn, \
+            pytest.raises(grpc.RpcError) as refused:
+        conn.status()
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    with BookieConnection(address, tls=TlsFiles(client.cert_file, client.key_file, client.ca_file)) as conn, \
+            pytest.raises(grpc.RpcError) as denied:
+        conn.status()  # a certificate of the CA, but not the operator's: no admin
+    assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    rel.uninstall()

@@ -124,6 +124,9 @@ class NodeConfig:
     tls_key_file: str = ""
     tls_ca_file: str = ""
     tls_client_auth: str = "require"
+    # Serve the metrics endpoint (/metrics, /healthz) over TLS with the same certificate (server-side only:
+    # Prometheus checks the bookie, the bookie does not ask Prometheus for a certificate).
+    metrics_tls: bool = False
     # etcd over TLS and with authentication (docs/security.md): the CA of etcd's certificate, a client
     # certificate and key (with etcd's --client-cert-auth its common name is the etcd user), and/or a user
     # name with a file holding its password (never a flag: it would show in the process list).
@@ -204,6 +207,8 @@ class NodeConfig:
              f"tls_client_auth must be require or none, got {self.tls_client_auth!r}")
         need(not (self.tls_cert_file and self.tls_client_auth == "require" and not self.tls_ca_file),
              "tls_client_auth=require needs tls_ca_file (the CA whose client certificates are accepted)")
+        need(not self.metrics_tls or bool(self.tls_cert_file),
+             "metrics_tls needs tls_cert_file and tls_key_file (the endpoint serves that certificate)")
         need(bool(self.etcd_tls_cert_file) == bool(self.etcd_tls_key_file),
              "etcd_tls_cert_file and etcd_tls_key_file go together: set both or neither")
         need(bool(self.etcd_username) == bool(self.etcd_password_file),

@@ -34,7 +34,7 @@ from octavo.node.metrics import BookieMetrics
 from octavo.node.registration import Registration
 from octavo.node.repair import TailRepair
 from octavo.node.storage import GcReport, Storage
-from octavo.telemetry import Sampling, Telemetry, make_tracer_provider
+from octavo.telemetry import Sampling, ServerTls, Telemetry, make_tracer_provider
 from octavo.v1 import bookie_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ class BookieServer:
         self.service: BookieService | None = None
         self.telemetry: Telemetry | None = None
         self.metrics_port = -1
+        self.serving = False  # what the gRPC health service says for "" (and /healthz on the metrics port)
         self.metrics_address = ""
         self._tracer_provider = tracer_provider
         self._own_tracer_provider = False
@@ -128,6 +129,7 @@ class BookieServer:
         self.server = server
         for name in ["", *names]:
             await self._set_health(name, health_pb2.HealthCheckResponse.SERVING)
+        self.serving = True
         if self.registration is not None:
             await self.registration.start()
             self._watch_task = asyncio.create_task(self._watch_deletions(), name="octavo-watch")
@@ -161,7 +163,8 @@ class BookieServer:
             metrics = BookieMetrics(self, self.telemetry.meter("octavo.bookie"), service.stats)
             self.telemetry.before_collect.append(metrics.fresh)
             if cfg.metrics_port >= 0:
-                self.metrics_port = await self.telemetry.serve(cfg.host, cfg.metrics_port)
+                tls = ServerTls(cfg.tls_cert_file, cfg.tls_key_file) if cfg.metrics_tls else None
+                self.metrics_port = await self.telemetry.serve(cfg.host, cfg.metrics_port, lambda: self.serving, tls)
                 host = self.advertised.rsplit(":", 1)[0] if cfg.host in ("0.0.0.0", "::", "") else cfg.host
                 self.metrics_address = f"{host}:{self.metrics_port}"
         if self._tracer_provider is None and cfg.otlp_endpoint:
@@ -306,6 +309,7 @@ class BookieServer:
         if self.registration is not None:
             await self.registration.stop()
             self.registration = None
+        self.serving = False
         if self.server is not None:
             await self._set_health("", health_pb2.HealthCheckResponse.NOT_SERVING)
             await self.server.stop(SHUTDOWN_GRACE_S)

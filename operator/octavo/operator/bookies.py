@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import grpc
 
@@ -36,27 +36,49 @@ def observed_from_status(bookie_id: str, status: pb.BookieStatus) -> Observed:
                     last_compaction_unix_ms=status.compaction.last_run.finished_unix_ms)
 
 
-async def observe_one(bookie_id: str, address: str, timeout_s: float = ADMIN_TIMEOUT_S) -> Observed:
+@dataclass(frozen=True)
+class Reach:
+    """How the operator reaches one cluster's bookies: plaintext (tls None), or TLS with the operator's own
+    certificate ($OCTAVO_TLS_*), checking each bookie's certificate against its DNS name (the operator dials
+    the pod IP, which the certificate does not name)."""
+
+    tls: TlsFiles | None = None
+    server_names: Mapping[str, str] = field(default_factory=dict)
+
+    def channel_options(self, bookie_id: str) -> tuple[tuple[str, str], ...]:
+        name = self.server_names.get(bookie_id, "") if self.tls is not None else ""
+        return (("grpc.ssl_target_name_override", name),) if name else ()
+
+
+PLAINTEXT = Reach()
+
+
+async def observe_one(bookie_id: str, address: str, timeout_s: float = ADMIN_TIMEOUT_S,
+                      reach: Reach = PLAINTEXT) -> Observed:
     if not address:
         return Observed(bookie_id, reachable=False)
     try:
-        async with aio_channel(address, TlsFiles.from_env(), metadata=_admin_metadata()) as channel:
+        async with aio_channel(address, reach.tls, reach.channel_options(bookie_id),
+                               metadata=_admin_metadata()) as channel:
             status = await pb_grpc.BookieAdminStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout_s)
     except grpc.RpcError:
         return Observed(bookie_id, reachable=False)
     return observed_from_status(bookie_id, status)
 
 
-async def observe(addresses: Mapping[str, str], timeout_s: float = ADMIN_TIMEOUT_S) -> list[Observed]:
+async def observe(addresses: Mapping[str, str], timeout_s: float = ADMIN_TIMEOUT_S,
+                  reach: Reach = PLAINTEXT) -> list[Observed]:
     """Every bookie of the cluster at once (bookie id -> address; an empty address: no pod IP yet)."""
     ids = sorted(addresses)
-    return list(await asyncio.gather(*(observe_one(b, addresses[b], timeout_s) for b in ids)))
+    return list(await asyncio.gather(*(observe_one(b, addresses[b], timeout_s, reach) for b in ids)))
 
 
-async def apply_one(action: Action, address: str, timeout_s: float = ADMIN_TIMEOUT_S) -> str:
+async def apply_one(action: Action, address: str, timeout_s: float = ADMIN_TIMEOUT_S,
+                    reach: Reach = PLAINTEXT) -> str:
     """Carry out one action; the error in words, or "" when it was done."""
     try:
-        async with aio_channel(address, TlsFiles.from_env(), metadata=_admin_metadata()) as channel:
+        async with aio_channel(address, reach.tls, reach.channel_options(action.bookie_id),
+                               metadata=_admin_metadata()) as channel:
             admin = pb_grpc.BookieAdminStub(channel)
             if action.kind in (FORCE_READ_ONLY, RELEASE_READ_ONLY):
                 await admin.SetReadOnly(pb.SetReadOnlyRequest(read_only=action.kind == FORCE_READ_ONLY),
@@ -72,12 +94,12 @@ async def apply_one(action: Action, address: str, timeout_s: float = ADMIN_TIMEO
 
 
 async def apply(actions: Sequence[Action], addresses: Mapping[str, str],
-                timeout_s: float = ADMIN_TIMEOUT_S) -> list[tuple[Action, str]]:
+                timeout_s: float = ADMIN_TIMEOUT_S, reach: Reach = PLAINTEXT) -> list[tuple[Action, str]]:
     """Every action, in order per bookie; returns each with its error ("" when done)."""
     results = []
     for action in actions:
         address = addresses.get(action.bookie_id, "")
-        error = await apply_one(action, address, timeout_s) if address else (
+        error = await apply_one(action, address, timeout_s, reach) if address else (
             f"{action.kind} on bookie {action.bookie_id}: no address (its pod has no IP)")
         results.append((action, error))
     return results

@@ -27,6 +27,11 @@ DATA_DIR = "/data"
 LOGS_DIR = "/data/logs"
 CONFIG_DIR = "/etc/octavo"
 CONFIG_FILE = "bookie.toml"
+# Secrets mounted into the bookie pods (cert-manager's keys: tls.crt, tls.key, ca.crt), beside the config
+# volume rather than inside it (a mount point inside a read-only ConfigMap volume cannot be made).
+TLS_DIR = "/etc/octavo-tls"
+ETCD_TLS_DIR = "/etc/octavo-etcd-tls"
+ETCD_CREDENTIALS_DIR = "/etc/octavo-etcd-credentials"
 # The bookie syncs its logs and the recovery point on SIGTERM: give it time for a full write cache.
 TERMINATION_GRACE_S = 120
 MANAGED_BY = "octavo-operator"
@@ -71,8 +76,49 @@ def bookie_toml(spec: ClusterSpec, compaction: CompactionSettings | None) -> str
     settings["metrics_port"] = METRICS_PORT
     settings["host"] = "0.0.0.0"
     settings["cluster"] = spec.cluster_name
+    settings.update(security_settings(spec))
     head = "# Written by the Octavo operator from the BookieCluster and its CompactionPolicy: edit those instead.\n"
     return head + "".join(f"{k} = {toml_value(v)}\n" for k, v in sorted(settings.items()))
+
+
+def security_settings(spec: ClusterSpec) -> dict[str, Any]:
+    """The TLS and etcd credential settings: paths of the mounted Secrets (docs/security.md)."""
+    out: dict[str, Any] = {}
+    if spec.tls is not None:
+        out.update(tls_cert_file=f"{TLS_DIR}/tls.crt", tls_key_file=f"{TLS_DIR}/tls.key",
+                   tls_ca_file=f"{TLS_DIR}/ca.crt", tls_client_auth=spec.tls.client_auth,
+                   metrics_tls=spec.tls.metrics)
+        if spec.tls.admin_identities:
+            out["admin_identities"] = ",".join(spec.tls.admin_identities)
+    if spec.etcd.tls_secret:
+        out["etcd_tls_ca_file"] = f"{ETCD_TLS_DIR}/ca.crt"
+        if spec.etcd.tls_client_certificate:
+            out.update(etcd_tls_cert_file=f"{ETCD_TLS_DIR}/tls.crt", etcd_tls_key_file=f"{ETCD_TLS_DIR}/tls.key")
+    if spec.etcd.credentials_secret:
+        out["etcd_password_file"] = f"{ETCD_CREDENTIALS_DIR}/password"  # the user name comes in the environment
+    return out
+
+
+def bookie_server_name(name: str, pod: str, namespace: str) -> str:
+    """The DNS name a bookie pod's certificate is checked against: its advertised address's host."""
+    return f"{pod}.{headless_service_name(name)}.{namespace}.svc"
+
+
+def _probes(spec: ClusterSpec) -> dict[str, Any]:
+    """Readiness, liveness and start-up from the bookie's health. The kubelet's gRPC probe speaks plaintext
+    only: with TLS the probes ask /healthz on the metrics port (HTTPS with tls.metrics; the kubelet does not
+    check the certificate of an HTTPS probe), which answers what the gRPC health service does."""
+    if spec.tls is None:
+        check: dict[str, Any] = {"grpc": {"port": BOOKIE_PORT}}
+    else:
+        check = {"httpGet": {"path": "/healthz", "port": "metrics",
+                             "scheme": "HTTPS" if spec.tls.metrics else "HTTP"}}
+    return {
+        "readinessProbe": {**check, "periodSeconds": 5, "failureThreshold": 2},
+        "livenessProbe": {**check, "periodSeconds": 10, "failureThreshold": 6, "initialDelaySeconds": 30},
+        # Recovery replays unflushed logs at start: a generous start-up window before liveness counts.
+        "startupProbe": {**check, "periodSeconds": 5, "failureThreshold": 120},
+    }
 
 
 def config_map(name: str, namespace: str, spec: ClusterSpec, compaction: CompactionSettings | None) -> dict[str, Any]:
@@ -103,6 +149,8 @@ def stateful_set(name: str, namespace: str, spec: ClusterSpec, config_hash: str)
     headless = headless_service_name(name)
     mounts = [{"name": "data", "mountPath": DATA_DIR}, {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
               {"name": "tmp", "mountPath": "/tmp"}]  # the root filesystem is read-only
+    secret_volumes = _secret_volumes(spec)
+    mounts += [{"name": v["name"], "mountPath": path, "readOnly": True} for v, path in secret_volumes]
     claims = [_claim("data", spec.storage.size, spec.storage.storage_class, name)]
     if spec.storage.logs_size:
         mounts.append({"name": "logs", "mountPath": LOGS_DIR})
@@ -119,14 +167,13 @@ def stateful_set(name: str, namespace: str, spec: ClusterSpec, config_hash: str)
             {"name": "OCTAVO_NODE_ADVERTISED_ADDRESS",
              "value": f"$(POD_NAME).{headless}.$(POD_NAMESPACE).svc:{BOOKIE_PORT}"},
             _etcd_env(spec),
+            *([{"name": "OCTAVO_NODE_ETCD_USERNAME",
+                "valueFrom": {"secretKeyRef": {"name": spec.etcd.credentials_secret, "key": "username"}}}]
+              if spec.etcd.credentials_secret else []),
         ],
         "ports": [{"name": "bookie", "containerPort": BOOKIE_PORT, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
-        "readinessProbe": {"grpc": {"port": BOOKIE_PORT}, "periodSeconds": 5, "failureThreshold": 2},
-        "livenessProbe": {"grpc": {"port": BOOKIE_PORT}, "periodSeconds": 10, "failureThreshold": 6,
-                          "initialDelaySeconds": 30},
-        # Recovery replays unflushed logs at start: a generous start-up window before liveness counts.
-        "startupProbe": {"grpc": {"port": BOOKIE_PORT}, "periodSeconds": 5, "failureThreshold": 120},
+        **_probes(spec),
         "volumeMounts": mounts,
         "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}},
@@ -137,7 +184,7 @@ def stateful_set(name: str, namespace: str, spec: ClusterSpec, config_hash: str)
         "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
         "containers": [container],
         "volumes": [{"name": "config", "configMap": {"name": config_map_name(name)}},
-                    {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+                    {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}, *(v for v, _ in secret_volumes)],
         "securityContext": {"fsGroup": 1000, "runAsUser": 1000, "runAsGroup": 1000,
                             "fsGroupChangePolicy": "OnRootMismatch", "runAsNonRoot": True,
                             "seccompProfile": {"type": "RuntimeDefault"}},
@@ -162,6 +209,23 @@ def stateful_set(name: str, namespace: str, spec: ClusterSpec, config_hash: str)
             "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
         },
     }
+
+
+def _secret_volumes(spec: ClusterSpec) -> list[tuple[dict[str, Any], str]]:
+    """(volume, mount path) for each Secret the settings point into. Mounted as directories, never with
+    subPath: the kubelet then updates renewed files in place and the bookie reads them at the next handshake."""
+    out = []
+    mode = 0o440  # readable by the bookie's group (fsGroup), by no one else
+    if spec.tls is not None:
+        out.append(({"name": "tls", "secret": {"secretName": spec.tls.secret_name, "defaultMode": mode}}, TLS_DIR))
+    if spec.etcd.tls_secret:
+        out.append(({"name": "etcd-tls", "secret": {"secretName": spec.etcd.tls_secret, "defaultMode": mode}},
+                    ETCD_TLS_DIR))
+    if spec.etcd.credentials_secret:
+        out.append(({"name": "etcd-credentials",
+                     "secret": {"secretName": spec.etcd.credentials_secret, "defaultMode": mode,
+                                "items": [{"key": "password", "path": "password"}]}}, ETCD_CREDENTIALS_DIR))
+    return out
 
 
 def _claim(volume: str, size: str, storage_class: str, name: str) -> dict[str, Any]:

@@ -22,15 +22,16 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kopf
 
+from octavo.meta.tls import TlsError, TlsFiles
 from octavo.operator import builders
-from octavo.operator.bookies import ADMIN_TIMEOUT_S, after, apply, observe
+from octavo.operator.bookies import ADMIN_TIMEOUT_S, PLAINTEXT, Reach, after, apply, observe
 from octavo.operator.kube import Kube, KubeError, load_api_client
 from octavo.operator.metrics import OperatorMetrics
 from octavo.operator.policy import Policy, Shape, decide
@@ -289,6 +290,25 @@ async def _reconcile(name: str, namespace: str, body: Mapping[str, Any], status:
         return True
 
 
+def cluster_reach(name: str, namespace: str, spec: ClusterSpec, ids: Sequence[str]) -> tuple[Reach, str]:
+    """How to reach this cluster's bookies, and what stops the operator from it ("" if nothing): a cluster with
+    spec.tls needs the operator's own certificate ($OCTAVO_TLS_*; the chart mounts it with tls.enabled)."""
+    if spec.tls is None:
+        return PLAINTEXT, ""
+    names = {b: builders.bookie_server_name(name, b, namespace) for b in ids}
+    tls = TlsFiles.from_env()
+    if not tls.ca_file or (spec.tls.client_auth == "require" and not tls.cert_file):
+        return Reach(tls, names), (
+            "spec.tls is set but the operator has no certificate to reach TLS bookies: give it "
+            "OCTAVO_TLS_CA_FILE" + (", OCTAVO_TLS_CERT_FILE and OCTAVO_TLS_KEY_FILE" if spec.tls.client_auth ==
+                                    "require" else "") + " (the chart does with tls.enabled)")
+    try:
+        tls.check("OCTAVO_TLS")
+    except TlsError as e:
+        return Reach(tls, names), f"the operator's TLS files cannot be used: {e}"
+    return Reach(tls, names), ""
+
+
 async def _poll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], status: Mapping[str, Any],
                 patch: kopf.Patch, spec: ClusterSpec, policy: PolicySpec | None,
                 statefulset: Mapping[str, Any] | None, target: int, now: datetime) -> None:
@@ -296,10 +316,11 @@ async def _poll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], 
     ids = builders.bookie_ids(name, target)
     addresses = {b: (f"{pods[b]['status']['podIP']}:{builders.BOOKIE_PORT}"
                      if b in pods and (pods[b].get("status") or {}).get("podIP") else "") for b in ids}
-    observed = await observe(addresses, CONFIG.admin_timeout_s)
+    reach, reach_problem = cluster_reach(name, namespace, spec, ids)
+    observed = await observe(addresses, CONFIG.admin_timeout_s, reach)
     decision = decide(now, policy.policy if policy else Policy(), Shape(target, spec.min_writable), observed,
                       memory_from_status(status))
-    results = await apply(decision.actions, addresses, CONFIG.admin_timeout_s)
+    results = await apply(decision.actions, addresses, CONFIG.admin_timeout_s, reach)
     observed = after(observed, results)
     for action, error in results:
         CONFIG.metrics.actions.add(1, {"kind": action.kind, "result": "failed" if error else "ok"})
@@ -317,6 +338,10 @@ async def _poll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], 
                          replicas=spec.replicas, ready_replicas=ready, selector=builders.selector_string(name),
                          bookies=observed, pods={b: b for b in ids if b in pods}, decision=decision,
                          spec_error="", old=status)
+    if reach_problem:
+        for c in new["conditions"]:
+            if c["type"] == "Degraded":
+                c.update(status="True", reason="OperatorCannotReachBookies", message=reach_problem)
     if scale_message:
         new[SCALE_DOWN_FIELD] = scale_message
         for c in new["conditions"]:
@@ -348,7 +373,7 @@ async def _scale_down(kube: Kube, name: str, namespace: str, body: Mapping[str, 
                   message=f"decommissioning {victim} before its pod is removed ({target} -> {spec.replicas})")
         CONFIG.scale_downs[key] = asyncio.create_task(decommission_step(
             etcd, spec.cluster_name, victim, CONFIG.decommission_rate_bytes_per_s, DECOMMISSION_WAIT_S,
-            CONFIG.admin_timeout_s))
+            CONFIG.admin_timeout_s, tls=TlsFiles.from_env() if spec.tls is not None else None))
         return f"decommissioning {victim} ({target} -> {spec.replicas} bookies)"
     if not task.done():
         return f"decommissioning {victim} ({target} -> {spec.replicas} bookies)"

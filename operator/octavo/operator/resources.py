@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
 from octavo.node.config import NodeConfig
@@ -20,12 +20,13 @@ VERSION = "v1alpha1"
 BOOKIE_CLUSTER = ("bookieclusters", "BookieCluster")
 COMPACTION_POLICY = ("compactionpolicies", "CompactionPolicy")
 
-# Bookie settings the operator owns: a BookieCluster may not set them. The TLS files are paths inside the pod:
-# they come with the chart's certificates (not yet: docs/security.md), never from a spec.
+# Bookie settings the operator owns: a BookieCluster may not set them. The TLS and etcd credential files are paths
+# inside the pod, mounted from the Secrets that spec.tls and spec.etcd.tls / spec.etcd.credentials name.
 OPERATOR_OWNED_SETTINGS = frozenset({"data_dir", "host", "port", "advertised_address", "etcd", "cluster",
                                      "bookie_id", "metrics_port", "tls_cert_file", "tls_key_file", "tls_ca_file",
                                      "tls_client_auth", "etcd_tls_ca_file", "etcd_tls_cert_file", "etcd_tls_key_file",
-                                     "etcd_username", "etcd_password_file", "admin_identities", "admin_token_file"})
+                                     "etcd_username", "etcd_password_file", "admin_identities", "admin_token_file",
+                                     "metrics_tls"})
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
 CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 REPLICAS_MAX = 1000
@@ -146,6 +147,22 @@ class EtcdSpec:
     endpoints: str = ""
     config_map: tuple[str, str] | None = None   # (name, key)
     secret: tuple[str, str] | None = None
+    # etcd over TLS: a Secret with ca.crt, and tls.crt + tls.key when etcd checks client certificates.
+    tls_secret: str = ""
+    tls_client_certificate: bool = True
+    # etcd authentication: a Secret with the keys `username` and `password`.
+    credentials_secret: str = ""
+
+
+@dataclass(frozen=True)
+class TlsSpec:
+    """Mutual TLS on the bookies' port: a Secret of type kubernetes.io/tls with ca.crt (cert-manager's layout)
+    whose certificate names the pods' DNS names (`*.<name>-bookies.<namespace>.svc`) and the client Service."""
+
+    secret_name: str
+    client_auth: str = "require"
+    admin_identities: tuple[str, ...] = ()
+    metrics: bool = False  # /metrics over TLS (the same certificate) too
 
 
 @dataclass(frozen=True)
@@ -162,10 +179,13 @@ class ClusterSpec:
     pod_template: Mapping[str, Any] = field(default_factory=dict)
     max_unavailable: int = 1
     policy_name: str = ""
+    tls: TlsSpec | None = None
 
 
 CLUSTER_FIELDS = {"replicas", "minWritableBookies", "image", "imagePullPolicy", "resources", "storage", "etcd",
-                  "clusterName", "bookie", "podTemplate", "podDisruptionBudget", "compactionPolicyRef"}
+                  "clusterName", "bookie", "podTemplate", "podDisruptionBudget", "compactionPolicyRef", "tls"}
+SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+IDENTITY = re.compile(r"^[^,\s]+$")
 POD_TEMPLATE_FIELDS = {"annotations", "labels", "nodeSelector", "priorityClassName", "affinity", "tolerations",
                        "topologySpreadConstraints"}
 
@@ -229,7 +249,7 @@ def parse_cluster(name: str, spec: Mapping[str, Any]) -> ClusterSpec:
     etcd = spec.get("etcd")
     if not isinstance(etcd, Mapping) or ("endpoints" in etcd) == ("endpointsFrom" in etcd):
         raise SpecError("spec.etcd: set exactly one of endpoints and endpointsFrom")
-    _refuse_unknown(etcd, {"endpoints", "endpointsFrom"}, "spec.etcd.")
+    _refuse_unknown(etcd, {"endpoints", "endpointsFrom", "tls", "credentials"}, "spec.etcd.")
     if "endpoints" in etcd:
         endpoints = str(etcd["endpoints"]).strip()
         if not endpoints or any(":" not in e for e in endpoints.split(",")):
@@ -245,6 +265,7 @@ def parse_cluster(name: str, spec: Mapping[str, Any]) -> ClusterSpec:
             raise SpecError(f"spec.etcd.endpointsFrom.{kind} needs a name and a key")
         pair = (str(key_ref["name"]), str(key_ref["key"]))
         etcd_spec = EtcdSpec(config_map=pair) if kind == "configMapKeyRef" else EtcdSpec(secret=pair)
+    etcd_spec = _etcd_security(etcd, etcd_spec)
     cluster_name = str(spec.get("clusterName") or name)
     if not CLUSTER_NAME.match(cluster_name) or len(cluster_name) > 63:
         raise SpecError(f"spec.clusterName {cluster_name!r} must be a DNS label (lower case, digits, '-')")
@@ -266,4 +287,54 @@ def parse_cluster(name: str, spec: Mapping[str, Any]) -> ClusterSpec:
                        resources=dict(spec.get("resources") or {}), bookie=check_bookie_settings(bookie),
                        pod_template=dict(template),
                        max_unavailable=_integer(pdb, "maxUnavailable", 1, "spec.podDisruptionBudget."),
-                       policy_name=str(ref.get("name", "")))
+                       policy_name=str(ref.get("name", "")), tls=_tls(spec.get("tls")))
+
+
+def _secret_name(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not SECRET_NAME.match(value) or len(value) > 253:
+        raise SpecError(f"{where} must name a Secret in the cluster's namespace, got {value!r}")
+    return value
+
+
+def _etcd_security(etcd: Mapping[str, Any], spec: EtcdSpec) -> EtcdSpec:
+    tls = etcd.get("tls")
+    if tls is not None:
+        if not isinstance(tls, Mapping):
+            raise SpecError("spec.etcd.tls must be an object with secretName")
+        _refuse_unknown(tls, {"secretName", "clientCertificate"}, "spec.etcd.tls.")
+        client_cert = tls.get("clientCertificate", True)
+        if not isinstance(client_cert, bool):
+            raise SpecError(f"spec.etcd.tls.clientCertificate must be true or false, got {client_cert!r}")
+        spec = replace(spec, tls_secret=_secret_name(tls.get("secretName"), "spec.etcd.tls.secretName"),
+                       tls_client_certificate=client_cert)
+    credentials = etcd.get("credentials")
+    if credentials is not None:
+        if not isinstance(credentials, Mapping):
+            raise SpecError("spec.etcd.credentials must be an object with secretName")
+        _refuse_unknown(credentials, {"secretName"}, "spec.etcd.credentials.")
+        spec = replace(spec, credentials_secret=_secret_name(credentials.get("secretName"),
+                                                             "spec.etcd.credentials.secretName"))
+    return spec
+
+
+def _tls(tls: Any) -> TlsSpec | None:
+    if tls is None:
+        return None
+    if not isinstance(tls, Mapping):
+        raise SpecError("spec.tls must be an object with secretName")
+    _refuse_unknown(tls, {"secretName", "clientAuth", "adminIdentities", "metrics"}, "spec.tls.")
+    client_auth = tls.get("clientAuth", "require")
+    if client_auth not in ("require", "none"):
+        raise SpecError(f"spec.tls.clientAuth must be require or none, got {client_auth!r}")
+    identities = tls.get("adminIdentities", []) or []
+    if not isinstance(identities, list) or not all(isinstance(i, str) and IDENTITY.match(i) for i in identities):
+        raise SpecError("spec.tls.adminIdentities must be a list of certificate names (CN or SAN), without commas "
+                        f"or spaces, got {identities!r}")
+    if identities and client_auth == "none":
+        raise SpecError("spec.tls.adminIdentities needs clientAuth require: without client certificates no caller "
+                        "has an identity to check")
+    metrics = tls.get("metrics", False)
+    if not isinstance(metrics, bool):
+        raise SpecError(f"spec.tls.metrics must be true or false, got {metrics!r}")
+    return TlsSpec(_secret_name(tls.get("secretName"), "spec.tls.secretName"), client_auth, tuple(identities),
+                   metrics)

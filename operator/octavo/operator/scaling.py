@@ -42,18 +42,34 @@ class ScaleDownStep:
 
 
 async def decommission_step(etcd: str, cluster: str, bookie_id: str, rate_bytes_per_s: int, wait_s: float,
-                            admin_timeout_s: float = 10.0) -> ScaleDownStep:
+                            admin_timeout_s: float = 10.0, tls: TlsFiles | None = None) -> ScaleDownStep:
+    """`tls`: the operator's certificate when the cluster's bookies serve TLS (None: plaintext). etcd is reached
+    with the operator's own etcd settings ($OCTAVO_ETCD_*)."""
+    tls = tls or TlsFiles()
     try:
-        tls = TlsFiles.from_env()
-        options = ClientOptions(tls_ca_file=tls.ca_file, tls_cert_file=tls.cert_file, tls_key_file=tls.key_file)
+        secure = operator_etcd_settings()
+        options = ClientOptions(tls_ca_file=tls.ca_file, tls_cert_file=tls.cert_file, tls_key_file=tls.key_file,
+                                etcd_tls_ca_file=secure["etcd_tls_ca_file"],
+                                etcd_tls_cert_file=secure["etcd_tls_cert_file"],
+                                etcd_tls_key_file=secure["etcd_tls_key_file"], etcd_username=secure["etcd_username"],
+                                etcd_password_file=secure["etcd_password_file"])
         async with Client(etcd, cluster, options) as client:
-            return await _step(client, bookie_id, rate_bytes_per_s, wait_s, admin_timeout_s)
+            return await _step(client, bookie_id, rate_bytes_per_s, wait_s, admin_timeout_s, tls)
     except OctavoError as e:
         return ScaleDownStep(bookie_id, False, True, f"decommission of {bookie_id} stopped: {e}")
 
 
+def operator_etcd_settings() -> dict[str, str]:
+    """etcd over TLS and with authentication for the operator: $OCTAVO_ETCD_TLS_CA_FILE,
+    $OCTAVO_ETCD_TLS_CERT_FILE, $OCTAVO_ETCD_TLS_KEY_FILE, $OCTAVO_ETCD_USERNAME, $OCTAVO_ETCD_PASSWORD_FILE."""
+    names = {"etcd_tls_ca_file": "OCTAVO_ETCD_TLS_CA_FILE", "etcd_tls_cert_file": "OCTAVO_ETCD_TLS_CERT_FILE",
+             "etcd_tls_key_file": "OCTAVO_ETCD_TLS_KEY_FILE", "etcd_username": "OCTAVO_ETCD_USERNAME",
+             "etcd_password_file": "OCTAVO_ETCD_PASSWORD_FILE"}
+    return {field: os.environ.get(var, "") for field, var in names.items()}
+
+
 async def _step(client: Client, bookie_id: str, rate_bytes_per_s: int, wait_s: float,
-                admin_timeout_s: float) -> ScaleDownStep:
+                admin_timeout_s: float, tls: TlsFiles) -> ScaleDownStep:
     registered = await client.bookies(refresh=True)
     metas = await ledgers_naming(client, bookie_id)
     if bookie_id not in registered:
@@ -68,7 +84,7 @@ async def _step(client: Client, bookie_id: str, rate_bytes_per_s: int, wait_s: f
     await check_enough_bookies(client, bookie_id, metas)
     address = registered[bookie_id].address
     try:
-        async with aio_channel(address, TlsFiles.from_env(), metadata=_admin_metadata()) as channel:
+        async with aio_channel(address, tls if tls.enabled else None, metadata=_admin_metadata()) as channel:
             await pb_grpc.BookieAdminStub(channel).SetReadOnly(pb.SetReadOnlyRequest(read_only=True),
                                                                timeout=admin_timeout_s)
     except grpc.RpcError as e:

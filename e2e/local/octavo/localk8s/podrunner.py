@@ -20,6 +20,7 @@ A test can SIGKILL a pod's process (`kill`) to simulate a crash; the runner rest
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import contextlib
 import hashlib
@@ -322,18 +323,37 @@ class PodRunner:
         home = self.root / namespace / "pods" / name
         home.mkdir(parents=True, exist_ok=True)
         mounts: dict[str, Path] = {}
+        files: dict[Path, bytes] = {}
         volumes = {v["name"]: v for v in spec.get("volumes") or []}
         for mount in c.get("volumeMounts") or []:
             volume = volumes.get(mount["name"])
-            if volume is not None and "configMap" in volume:
-                cm = await api.get("v1", "configmaps", namespace, volume["configMap"]["name"])
+            if volume is not None and ("configMap" in volume or "secret" in volume):
                 where = home / "volumes" / mount["name"]
-                where.mkdir(parents=True, exist_ok=True)
-                for key, value in ((cm or {}).get("data") or {}).items():
-                    (where / key).write_text(value)
                 mounts[mount["mountPath"]] = where
+                if "configMap" in volume:
+                    cm = await api.get("v1", "configmaps", namespace, volume["configMap"]["name"])
+                    contents = {k: v.encode() for k, v in ((cm or {}).get("data") or {}).items()}
+                    items = volume["configMap"].get("items")
+                else:  # a Secret's data is base64; a missing Secret keeps the pod from starting, as the kubelet does
+                    secret = await api.get("v1", "secrets", namespace, volume["secret"]["secretName"])
+                    if secret is None:
+                        raise ApiError(404, f"pod {name}: secret {volume['secret']['secretName']} does not exist")
+                    contents = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+                    items = volume["secret"].get("items")
+                for key, value in contents.items():
+                    path = next((i["path"] for i in items if i["key"] == key), None) if items else key
+                    if path is not None:
+                        files[where / path] = value
+            elif volume is not None and "emptyDir" in volume:
+                mounts[mount["mountPath"]] = home / "volumes" / mount["name"]
             else:  # a claim from the volumeClaimTemplates
                 mounts[mount["mountPath"]] = self.root / namespace / "volumes" / f"{mount['name']}-{name}"
+        for path, value in files.items():
+            # The process sees the pod's paths as this host's: paths inside a mounted file (a settings file
+            # naming a certificate under another mount) are translated too, as a container's namespace would.
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(self._translate(value, mounts))
+            path.chmod(0o600)
         env = await self._env(api, pod, c.get("env") or [], ip)
         args = [self._real_path(a, mounts) for a in [*(c.get("command") or [])[1:], *(c.get("args") or [])]]
         data = next((path for mount, path in mounts.items() if mount == "/data"), home / "data")
@@ -349,6 +369,15 @@ class PodRunner:
                          log_path=home / "container.log", ready_file=home / "ready",
                          grace_s=min(float(spec.get("terminationGracePeriodSeconds") or 30), STOP_GRACE_S_MAX),
                          claims=claims)
+
+    @staticmethod
+    def _translate(data: bytes, mounts: dict[str, Path]) -> bytes:
+        """Quoted paths under a mount, in one pass (a translated path is never translated again)."""
+        if not mounts:
+            return data
+        longest_first = sorted(mounts, key=len, reverse=True)
+        pattern = rb'(?<=")(' + b"|".join(re.escape(m.encode()) for m in longest_first) + rb')(?=[/"])'
+        return re.sub(pattern, lambda m: str(mounts[m.group(1).decode()]).encode(), data)
 
     @staticmethod
     def _real_path(arg: str, mounts: dict[str, Path]) -> str:
@@ -374,7 +403,6 @@ class PodRunner:
                     obj = await api.get("v1", kind, pod["metadata"]["namespace"], ref["name"])
                     value = ((obj or {}).get("data") or {}).get(ref["key"], "")
                     if kind == "secrets" and value:
-                        import base64
                         value = base64.b64decode(value).decode()
             env[item["name"]] = value
         return env
