@@ -91,6 +91,7 @@ def test_a_settings_change_rolls_the_pods_and_nothing_else_does() -> None:
 
 
 TLS_SPEC = {**SPEC, "tls": {"secretName": "logs-tls", "adminIdentities": ["octavo-operator"], "metrics": True},
+            "bookie": {"tenant_prefixes": "spark-sales=sales."},
             "etcd": {"endpoints": "etcd:2379", "tls": {"secretName": "etcd-client"},
                      "credentials": {"secretName": "etcd-user"}}}
 
@@ -125,6 +126,7 @@ def test_tls_and_etcd_secrets_are_mounted_and_named_in_the_settings(tmp_path: Pa
     assert (config.tls_client_auth, config.admin_identities, config.metrics_tls) == ("require", "octavo-operator",
                                                                                       True)
     assert config.etcd_username == "bookies"
+    assert config.tenant_prefixes == "spark-sales=sales."  # a tenant needs the operator's TLS: accepted with it
 
 
 def test_without_tls_nothing_changes() -> None:

@@ -113,6 +113,8 @@ def test_a_cluster_spec_parses_with_its_defaults() -> None:
     ({"bookie": {"tls_cert_file": "/x"}}, "spec.bookie.tls_cert_file is set by the operator"),
     ({"bookie": {"etcd_password_file": "/x"}}, "spec.bookie.etcd_password_file is set by the operator"),
     ({"tls": {}}, "spec.tls.secretName must name a Secret"),
+    ({"bookie": {"tenant_prefixes": "spark=sales."}}, "tenant_prefixes needs client certificates"),
+    ({"tls": {"secretName": "t"}, "bookie": {"tenant_prefixes": "spark"}}, "is not IDENTITY=PREFIX"),
     ({"tls": {"secretName": "Bad_Name"}}, "spec.tls.secretName must name a Secret"),
     ({"tls": {"secretName": "t", "clientAuth": "optional"}}, "spec.tls.clientAuth must be require or none"),
     ({"tls": {"secretName": "t", "adminIdentities": ["a,b"]}}, "spec.tls.adminIdentities must be a list"),

@@ -65,6 +65,7 @@ NODE_SETTING_HELP: dict[str, str] = {
     "tls_key_file": "the private key (PEM) of tls_cert_file",
     "tls_ca_file": "CA bundle (PEM) that clients' and peers' certificates must chain to",
     "tls_client_auth": "'require' (default: clients need a certificate of tls_ca_file) or 'none' (server TLS only)",
+    "tenant_prefixes": "limit client identities to datasets: 'ID=PREFIX[,PREFIX...][;ID=...]' (needs mTLS, etcd)",
     "metrics_tls": "serve the metrics endpoint over TLS with tls_cert_file (true/false)",
     "etcd_tls_ca_file": "reach etcd over TLS: the CA bundle (PEM) etcd's certificate chains to",
     "etcd_tls_cert_file": "client certificate (PEM) for etcd (with --client-cert-auth its CN is the etcd user)",

@@ -44,7 +44,7 @@ REQUESTS_IN_FLIGHT_MAX = 8
 CALL_TIMEOUT_S = 10.0
 # Request-level answers that are about what the request carried (a limit, a malformed field), not about the
 # bookie's health: the entries are refused, and the bookie is no reason to change the ensemble.
-REQUEST_REFUSALS = frozenset((pb.TOO_LARGE, pb.INVALID, pb.UNAUTHORIZED))
+REQUEST_REFUSALS = frozenset((pb.TOO_LARGE, pb.INVALID, pb.UNAUTHORIZED, pb.PERMISSION_DENIED))
 MESSAGE_BYTES_MAX = 128 * 1024 * 1024
 
 

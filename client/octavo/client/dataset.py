@@ -28,13 +28,13 @@ from typing import Any
 from octavo.meta.errors import NoSuchLedgerError, OctavoError
 from octavo.meta.etcd import EtcdClient
 from octavo.meta.layout import Layout
+from octavo.meta.ledger_metadata import META_DATASET as META_DATASET
 from octavo.meta.ledger_metadata import LedgerMetadata
 
 log = logging.getLogger(__name__)
 
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
-# The custom-metadata keys of a dataset's ledgers.
-META_DATASET = "octavo.dataset"
+# The custom-metadata keys of a dataset's ledgers: META_DATASET (octavo.meta.ledger_metadata) and this.
 META_WRITE = "octavo.write"
 MODES = ("append", "overwrite", "error", "ignore")
 # A manifest is one etcd value: etcd's default request limit is 1.5 MiB.

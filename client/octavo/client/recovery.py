@@ -24,7 +24,7 @@ from typing import Any
 
 from octavo.client.context import ClientContext
 from octavo.client.quorums import Answer, EntryAnswers, Verdict, fence_coverage_ok, recovery_verdict
-from octavo.meta.errors import BookieUnavailableError, RecoveryError, WrongPasswordError
+from octavo.meta.errors import BookieUnavailableError, PermissionDeniedError, RecoveryError, WrongPasswordError
 from octavo.meta.ledger_metadata import CLOSED, IN_RECOVERY, LENGTH_UNKNOWN, LedgerMetadata
 from octavo.v1 import bookie_pb2 as pb
 
@@ -81,6 +81,9 @@ async def _fence(client: ClientContext, meta: LedgerMetadata, master_key: bytes)
             continue
         if answer.code == pb.UNAUTHORIZED:
             raise WrongPasswordError(f"bookie {bookie} refused the master key of ledger {meta.ledger_id}")
+        if answer.code == pb.PERMISSION_DENIED:
+            raise PermissionDeniedError(f"bookie {bookie} refused ledger {meta.ledger_id} to this client: "
+                                        f"{answer.message}")
         if answer.code != pb.OK:
             continue
         fenced.add(bookie)

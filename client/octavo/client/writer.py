@@ -54,6 +54,7 @@ from octavo.meta.errors import (
     NoSuchLedgerError,
     NotEnoughBookiesError,
     OctavoError,
+    PermissionDeniedError,
     WrongPasswordError,
 )
 from octavo.meta.ledger_metadata import CLOSED, OPEN, LedgerMetadata, write_set
@@ -440,6 +441,9 @@ class WriteHandle:
         one about the bookie's own state (READ_ONLY, INTERNAL, ...), which an ensemble change answers."""
         if code == pb.UNAUTHORIZED:
             return WrongPasswordError(f"bookie {bookie_id} refused the master key of ledger {self.ledger_id}")
+        if code == pb.PERMISSION_DENIED:
+            return PermissionDeniedError(f"bookie {bookie_id} refused ledger {self.ledger_id} to this client: "
+                                         f"{message}")
         if code == pb.NO_SUCH_LEDGER:
             return NoSuchLedgerError(f"ledger {self.ledger_id} was deleted: bookie {bookie_id} refuses adds to it "
                                      f"({message})")

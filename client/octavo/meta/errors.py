@@ -19,6 +19,11 @@ class WrongPasswordError(OctavoError):
     pass
 
 
+class PermissionDeniedError(OctavoError):
+    """This client's identity may not use the ledger (the bookies' tenant_prefixes): the message says what its
+    certificate is limited to."""
+
+
 class LedgerFencedError(OctavoError):
     """A recovery open took the ledger over: this writer can never get another entry acknowledged."""
 

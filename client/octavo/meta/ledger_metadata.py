@@ -20,6 +20,8 @@ METADATA_FORMAT_VERSION = 1
 ENSEMBLE_SIZE_MAX = 64
 CUSTOM_METADATA_BYTES_MAX = 64 * 1024
 PASSWORD_BYTES_MAX = 1024
+# The custom-metadata key naming a ledger's dataset (octavo.client.dataset writes it; tenant_prefixes reads it).
+META_DATASET = "octavo.dataset"
 
 _TRANSITIONS = {(OPEN, IN_RECOVERY), (OPEN, CLOSED), (IN_RECOVERY, CLOSED), (IN_RECOVERY, IN_RECOVERY)}
 

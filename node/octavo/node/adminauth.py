@@ -51,7 +51,7 @@ class AdminAuthorizer:
         """None if the caller is an admin, else the status and message to refuse it with."""
         if not self.enforced:
             return None
-        names = _peer_identities(context.auth_context())
+        names = peer_identities(context.auth_context())
         token = next((value for key, value in context.invocation_metadata() or ()
                       if key == "authorization"), None)
         if token is not None and self.token_file:
@@ -81,5 +81,5 @@ def _values(auth: Any, key: str) -> list[str]:
     return sorted(v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in (auth or {}).get(key, ()))
 
 
-def _peer_identities(auth: Any) -> frozenset[str]:
+def peer_identities(auth: Any) -> frozenset[str]:
     return frozenset(_values(auth, "x509_common_name") + _values(auth, "x509_subject_alternative_name"))

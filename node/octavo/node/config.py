@@ -124,6 +124,10 @@ class NodeConfig:
     tls_key_file: str = ""
     tls_ca_file: str = ""
     tls_client_auth: str = "require"
+    # Tenants (docs/security.md, node/octavo/node/tenants.py): "IDENTITY=PREFIX[,PREFIX...][;...]" limits each
+    # listed client certificate (CN or SAN) to ledgers whose dataset starts with one of its prefixes. Needs
+    # client certificates (TLS with tls_client_auth require) and etcd.
+    tenant_prefixes: str = ""
     # Serve the metrics endpoint (/metrics, /healthz) over TLS with the same certificate (server-side only:
     # Prometheus checks the bookie, the bookie does not ask Prometheus for a certificate).
     metrics_tls: bool = False
@@ -207,6 +211,17 @@ class NodeConfig:
              f"tls_client_auth must be require or none, got {self.tls_client_auth!r}")
         need(not (self.tls_cert_file and self.tls_client_auth == "require" and not self.tls_ca_file),
              "tls_client_auth=require needs tls_ca_file (the CA whose client certificates are accepted)")
+        if self.tenant_prefixes:
+            from octavo.node.tenants import TenantSettingError, parse_tenants
+
+            try:
+                parse_tenants(self.tenant_prefixes)
+            except TenantSettingError as e:
+                need(False, str(e))
+            need(bool(self.tls_cert_file) and self.tls_client_auth == "require",
+                 "tenant_prefixes needs client certificates: tls_cert_file, tls_key_file, tls_ca_file with "
+                 "tls_client_auth require (a tenant is the identity of its certificate)")
+            need(bool(self.etcd), "tenant_prefixes needs etcd (a ledger's dataset is in its metadata there)")
         need(not self.metrics_tls or bool(self.tls_cert_file),
              "metrics_tls needs tls_cert_file and tls_key_file (the endpoint serves that certificate)")
         need(bool(self.etcd_tls_cert_file) == bool(self.etcd_tls_key_file),

@@ -18,11 +18,13 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 
 from octavo.meta.errors import MetadataUnavailableError
+from octavo.meta.ledger_metadata import META_DATASET
 from octavo.node.errors import Code, StorageError, WriteCacheFull
 from octavo.node.metrics import RequestStats
 from octavo.node.registration import Registration
 from octavo.node.rpc import stream, unary
 from octavo.node.storage import LedgerBatch, Storage
+from octavo.node.tenants import Tenant, TenantPolicy
 from octavo.telemetry.tracing import Sampling, context_from_metadata, context_from_traceparent
 from octavo.v1 import bookie_pb2 as pb
 from octavo.v1 import bookie_pb2_grpc as pb_grpc
@@ -86,28 +88,45 @@ class BookieService(pb_grpc.BookieServicer):
         self.tracer: Tracer | None = None
         self.sampling = Sampling(0.0)
         self.bookie_id = registration.bookie_id if registration is not None else ""
+        # Client identities limited to some datasets (tenant_prefixes); None: nobody is.
+        self.tenants: TenantPolicy | None = None
+        if self.config.tenant_prefixes and registration is not None:
+            self.tenants = TenantPolicy(self.config.tenant_prefixes, self._dataset_of)
+
+    async def _dataset_of(self, ledger_id: int) -> str | None:
+        assert self.registration is not None
+        meta = await self.registration.ledger_metadata(ledger_id)
+        return None if meta is None else meta.custom_metadata.get(META_DATASET, "")
+
+    async def _denied(self, context: grpc.aio.ServicerContext, ledger_id: int) -> str:
+        """"" unless the caller is a tenant that may not touch this ledger (then the message)."""
+        if self.tenants is None:
+            return ""
+        tenant = self.tenants.tenant(context)
+        return "" if tenant is None else await self.tenants.refusal(tenant, ledger_id)
 
     async def AddEntries(self, request_iterator: AsyncIterator[pb.AddRequest],
                          context: grpc.aio.ServicerContext) -> AsyncIterator[pb.AddResponse]:
         stats = self.stats
+        tenant = self.tenants.tenant(context) if self.tenants is not None else None  # one identity per stream
         async for request in request_iterator:
             t0 = time.perf_counter()
             if self.tracer is not None and (request.trace_parent or self.sampling.enabled):
-                response = await self._traced_add(request)
+                response = await self._traced_add(request, tenant)
             else:
-                response = await self._add(request)
+                response = await self._add(request, tenant)
             stats.add_requests += 1
             if stats.add_latency is not None:
                 stats.add_latency.record(time.perf_counter() - t0)
             yield response
 
-    async def _traced_add(self, request: pb.AddRequest) -> pb.AddResponse:
+    async def _traced_add(self, request: pb.AddRequest, tenant: Tenant | None) -> pb.AddResponse:
         span = self._span("octavo.bookie.add", request.trace_parent)
         if span is None:
-            return await self._add(request)
+            return await self._add(request, tenant)
         with trace.use_span(span, end_on_exit=True):
             span.set_attribute("octavo.request_id", request.request_id)
-            response = await self._add(request)
+            response = await self._add(request, tenant)
             span.set_attribute("octavo.entries", len(request.entry_ids) or sum(len(a.entry_ids)
                                                                                for a in request.ledgers))
             if response.error:
@@ -123,7 +142,7 @@ class BookieService(pb_grpc.BookieServicer):
         return self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER,
                                       attributes={"octavo.bookie_id": self.bookie_id})
 
-    async def _add(self, request: pb.AddRequest) -> pb.AddResponse:
+    async def _add(self, request: pb.AddRequest, tenant: Tenant | None = None) -> pb.AddResponse:
         flat = bool(request.group_ledger_ids or request.entry_ids or request.payloads)
         if flat and request.ledgers:
             return _refused(request, pb.INVALID, "a request carries either ledgers or group columns, not both")
@@ -146,7 +165,13 @@ class BookieService(pb_grpc.BookieServicer):
             return _refused(request, pb.TOO_LARGE, f"request carries {total_bytes} payload bytes, over "
                                                    f"batch_bytes_max={cfg.batch_bytes_max}")
         results: list[tuple[list[Code], str] | None] = [None] * len(batches)
-        unknown = self._needing_lookup(batches)
+        if tenant is not None:
+            assert self.tenants is not None
+            for i, batch in enumerate(batches):
+                message = await self.tenants.refusal(tenant, batch.ledger_id)
+                if message:
+                    results[i] = ([pb.PERMISSION_DENIED] * len(batch.entry_ids), message)
+        unknown = [i for i in self._needing_lookup(batches) if results[i] is None]
         if unknown:  # looked up concurrently: a request may open many ledgers at once
             refusals = await asyncio.gather(*(self._check_unknown_ledger(batches[i].ledger_id, batches[i].recovery)
                                               for i in unknown))
@@ -279,6 +304,10 @@ class BookieService(pb_grpc.BookieServicer):
 
     async def ReadEntries(self, request: pb.ReadRequest, context: grpc.aio.ServicerContext) -> pb.ReadResponse:
         t0 = time.perf_counter()
+        if self.tenants is not None and (denied := await self._denied(context, request.ledger_id)):
+            response = pb.ReadResponse(ledger_id=request.ledger_id, error=pb.PERMISSION_DENIED, error_message=denied)
+            self._count_read(response, t0)
+            return response
         span = self._span("octavo.bookie.read", metadata=context.invocation_metadata()) \
             if self.tracer is not None else None
         if span is None:
@@ -340,6 +369,8 @@ class BookieService(pb_grpc.BookieServicer):
         return encode_read_response(head, entries)
 
     async def ReadTail(self, request: pb.ReadTailRequest, context: grpc.aio.ServicerContext) -> pb.ReadResponse:
+        if self.tenants is not None and (denied := await self._denied(context, request.ledger_id)):
+            return pb.ReadResponse(ledger_id=request.ledger_id, error=pb.PERMISSION_DENIED, error_message=denied)
         response = await self._read_tail(request)
         self.stats.tail_requests += 1
         return response  # type: ignore[no-any-return]
@@ -394,6 +425,9 @@ class BookieService(pb_grpc.BookieServicer):
 
     async def ReadLastAddConfirmed(self, request: pb.ReadLacRequest,
                                    context: grpc.aio.ServicerContext) -> pb.ReadLacResponse:
+        if self.tenants is not None and (denied := await self._denied(context, request.ledger_id)):
+            return pb.ReadLacResponse(code=pb.PERMISSION_DENIED, message=denied, last_add_confirmed=-1,
+                                      last_entry_id=-1)
         try:
             if request.fence:
                 self.stats.fences += 1
@@ -419,6 +453,8 @@ class BookieService(pb_grpc.BookieServicer):
 
     async def WriteClose(self, request: pb.WriteCloseRequest,
                          context: grpc.aio.ServicerContext) -> pb.WriteCloseResponse:
+        if self.tenants is not None and (denied := await self._denied(context, request.ledger_id)):
+            return pb.WriteCloseResponse(code=pb.PERMISSION_DENIED, message=denied)
         try:
             self.storage.write_close(request.ledger_id, request.master_key)
         except StorageError as e:

@@ -197,8 +197,9 @@ def _quantity(value: Any, where: str) -> str:
     return text
 
 
-def check_bookie_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """The `bookie` settings, checked by the bookie's own rules (NodeConfig), unknown and owned names refused."""
+def check_bookie_settings(settings: Mapping[str, Any], tls: TlsSpec | None = None) -> dict[str, Any]:
+    """The `bookie` settings, checked by the bookie's own rules (NodeConfig) together with what the operator
+    sets (etcd, and TLS from spec.tls), unknown and owned names refused."""
     known = bookie_settings()
     owned = sorted(set(settings) & OPERATOR_OWNED_SETTINGS)
     if owned:
@@ -217,7 +218,11 @@ def check_bookie_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
             raise SpecError(f"spec.bookie.{name} must be a {type(default).__name__}, got {value!r}")
     try:
         values: dict[str, Any] = {k: (float(v) if isinstance(known[k], float) else v) for k, v in settings.items()}
-        NodeConfig(data_dir="/data", **values).validate()
+        operator_set: dict[str, Any] = {"etcd": "etcd:2379"}
+        if tls is not None:  # the files are the operator's mounts; only their presence matters here
+            operator_set.update(tls_cert_file="/tls/tls.crt", tls_key_file="/tls/tls.key", tls_ca_file="/tls/ca.crt",
+                         tls_client_auth=tls.client_auth)
+        NodeConfig(data_dir="/data", **operator_set, **values).validate()
     except ValueError as e:
         raise SpecError(f"spec.bookie: {e}") from e
     return dict(settings)
@@ -282,12 +287,13 @@ def parse_cluster(name: str, spec: Mapping[str, Any]) -> ClusterSpec:
     pull = str(spec.get("imagePullPolicy", "IfNotPresent"))
     if pull not in ("Always", "IfNotPresent", "Never"):
         raise SpecError(f"spec.imagePullPolicy must be Always, IfNotPresent or Never, got {pull!r}")
+    tls = _tls(spec.get("tls"))
     return ClusterSpec(replicas=replicas, min_writable=min_writable, image=image, storage=storage_spec,
                        etcd=etcd_spec, cluster_name=cluster_name, image_pull_policy=pull,
-                       resources=dict(spec.get("resources") or {}), bookie=check_bookie_settings(bookie),
+                       resources=dict(spec.get("resources") or {}), bookie=check_bookie_settings(bookie, tls),
                        pod_template=dict(template),
                        max_unavailable=_integer(pdb, "maxUnavailable", 1, "spec.podDisruptionBudget."),
-                       policy_name=str(ref.get("name", "")), tls=_tls(spec.get("tls")))
+                       policy_name=str(ref.get("name", "")), tls=tls)
 
 
 def _secret_name(value: Any, where: str) -> str:

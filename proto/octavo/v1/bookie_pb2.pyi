@@ -58,6 +58,8 @@ class _ResultCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ResultCode
     """an unexpected failure on the bookie; see the message"""
     BUSY: _ResultCode.ValueType  # 12
     """a named limit on concurrent requests was reached (see the message): retry later"""
+    PERMISSION_DENIED: _ResultCode.ValueType  # 13
+    """this client's identity may not touch this ledger (tenant_prefixes; see the message)"""
 
 class ResultCode(_ResultCode, metaclass=_ResultCodeEnumTypeWrapper):
     """The outcome of one entry (or one ledger operation). Stable numbers: clients switch on them."""
@@ -87,6 +89,8 @@ INTERNAL: ResultCode.ValueType  # 11
 """an unexpected failure on the bookie; see the message"""
 BUSY: ResultCode.ValueType  # 12
 """a named limit on concurrent requests was reached (see the message): retry later"""
+PERMISSION_DENIED: ResultCode.ValueType  # 13
+"""this client's identity may not touch this ledger (tenant_prefixes; see the message)"""
 Global___ResultCode: _TypeAlias = ResultCode  # noqa: Y015
 
 class _BookieMode:
