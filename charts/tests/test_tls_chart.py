@@ -114,6 +114,10 @@ def test_cert_manager_certificates_are_what_every_pod_mounts(helm: str) -> None:
     # /metrics over TLS: the ServiceMonitor scrapes HTTPS against the CA and a name the certificate carries.
     monitor = kinds(docs, "ServiceMonitor")["octavo-bookies"]["spec"]["endpoints"][0]
     assert monitor["scheme"] == "https" and monitor["tlsConfig"]["serverName"] in bookie_cert["dnsNames"]
+    operator_monitor = kinds(docs, "ServiceMonitor")["octavo-operator"]["spec"]["endpoints"][0]
+    assert operator_monitor["scheme"] == "https"
+    assert operator_monitor["tlsConfig"]["serverName"] in by_secret["octavo-operator-tls"]["dnsNames"]
+    assert "--metrics-tls" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
 def test_own_secrets_and_an_external_etcd_with_tls_and_a_password(helm: str) -> None:

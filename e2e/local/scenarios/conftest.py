@@ -123,7 +123,7 @@ class LocalKube:
         self.k = K(api.url)
 
     @contextlib.contextmanager
-    def operator(self) -> Iterator[KopfRunner]:
+    def operator(self, metrics_tls: bool = False) -> Iterator[KopfRunner]:
         """The operator, as `octavo operator run` runs it (its handlers in a registry of their own)."""
         handlers.CONFIG.kubeconfig = self.api.kubeconfig
         handlers.CONFIG.kube = None
@@ -134,6 +134,7 @@ class LocalKube:
         handlers.CONFIG._metrics = None
         handlers.CONFIG.metrics_port = 0
         handlers.CONFIG.metrics_host = "127.0.0.1"
+        handlers.CONFIG.metrics_tls = metrics_tls
         registry = kopf.OperatorRegistry()
         handlers.register(registry, POLL_INTERVAL_S)
         with KopfRunner(["run", "--standalone", "-A", f"--liveness=http://127.0.0.1:{free_port()}/healthz"],

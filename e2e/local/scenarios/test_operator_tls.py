@@ -6,6 +6,8 @@ client with a certificate of the CA writes and reads."""
 from __future__ import annotations
 
 import base64
+import ssl
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import pytest
 
 from octavo.cli.certs import CertificateAuthority
 from octavo.meta.tls import TlsFiles
+from octavo.operator import handlers
 
 LocalKube = Any  # the tls_kube fixture (conftest.py)
 NAMESPACE = "default"
@@ -74,10 +77,18 @@ def test_a_tls_cluster_serves_mutual_tls_and_reaches_etcd_over_tls(tls_kube: tup
     monkeypatch.setenv("OCTAVO_TLS_CA_FILE", operator.ca_file)
     monkeypatch.setenv("OCTAVO_TLS_CERT_FILE", operator.cert_file)
     monkeypatch.setenv("OCTAVO_TLS_KEY_FILE", operator.key_file)
-    with kube.operator():
+    with kube.operator(metrics_tls=True):
         ready = kube.eventually(lambda: k.condition("logs", "Ready").get("status") == "True" and k.cluster("logs"),
                                 60, "Ready with the operator's certificate")
         assert all(b["reachable"] and b["mode"] == "writable" for b in ready["status"]["bookies"])
+        # --metrics-tls: the operator's /metrics over TLS with its own certificate.
+        telemetry = handlers.CONFIG.telemetry
+        assert telemetry is not None and telemetry.endpoint is not None
+        context = ssl.create_default_context(cafile=operator.ca_file)
+        context.check_hostname = False  # the operator's test certificate names no host
+        with urllib.request.urlopen(f"https://127.0.0.1:{telemetry.endpoint.port}/metrics", context=context,
+                                    timeout=10) as r:
+            assert "octavo_operator" in r.read().decode()
 
         with SyncClient(kube.etcd, cluster="logs", options=options) as c:
             handle = c.create_ledger(3, 3, 2, password=b"pw")

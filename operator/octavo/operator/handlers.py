@@ -54,7 +54,7 @@ from octavo.operator.status import (
     timestamp,
 )
 from octavo.operator.windows import next_window, open_until
-from octavo.telemetry import Telemetry
+from octavo.telemetry import ServerTls, Telemetry
 
 log = logging.getLogger("octavo.operator")
 
@@ -90,6 +90,8 @@ class OperatorConfig:
     # Metrics: served on /metrics at metrics_host:metrics_port (-1: no endpoint; 0: a free port).
     metrics_port: int = -1
     metrics_host: str = "0.0.0.0"
+    # Serve /metrics over TLS with the operator's own certificate ($OCTAVO_TLS_CERT_FILE, $OCTAVO_TLS_KEY_FILE).
+    metrics_tls: bool = False
     # Also push the metrics to this OpenTelemetry collector (host:port; https:// for TLS); empty: none.
     otlp_endpoint: str = ""
     telemetry: Telemetry | None = None
@@ -114,6 +116,15 @@ class OperatorConfig:
             raise ValueError("decommission_rate_bytes_per_s must be >= 0 (0: unlimited)")
         if not -1 <= self.metrics_port <= 65535:
             raise ValueError(f"--metrics-port must be in [-1, 65535] (-1: off), got {self.metrics_port}")
+        if self.metrics_tls:
+            tls = TlsFiles.from_env()
+            if not tls.cert_file or not tls.key_file:
+                raise ValueError("--metrics-tls serves the operator's certificate: set OCTAVO_TLS_CERT_FILE and "
+                                 "OCTAVO_TLS_KEY_FILE")
+            try:
+                tls.check("OCTAVO_TLS")
+            except TlsError as e:
+                raise ValueError(str(e)) from None
         return self
 
 
@@ -143,8 +154,12 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     _kube()
     metrics = CONFIG.metrics
     if CONFIG.metrics_port >= 0 and CONFIG.telemetry is not None and CONFIG.telemetry.endpoint is None:
-        port = await CONFIG.telemetry.serve(CONFIG.metrics_host, CONFIG.metrics_port)
-        log.info("operator metrics on http://%s:%d/metrics", CONFIG.metrics_host, port)
+        tls = None
+        if CONFIG.metrics_tls:
+            files = TlsFiles.from_env()
+            tls = ServerTls(files.cert_file, files.key_file)
+        port = await CONFIG.telemetry.serve(CONFIG.metrics_host, CONFIG.metrics_port, tls=tls)
+        log.info("operator metrics on %s://%s:%d/metrics", "https" if tls else "http", CONFIG.metrics_host, port)
     del metrics
 
 

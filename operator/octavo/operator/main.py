@@ -49,6 +49,9 @@ def add_parser(sub: Any) -> None:
                      help="serve Prometheus metrics on http://HOST:PORT/metrics (-1: off, the default; 0: a free "
                           "port)")
     run.add_argument("--metrics-host", default="0.0.0.0", help="address of the metrics endpoint (default: 0.0.0.0)")
+    run.add_argument("--metrics-tls", action="store_true",
+                     help="serve /metrics over TLS with the operator's certificate ($OCTAVO_TLS_CERT_FILE, "
+                          "$OCTAVO_TLS_KEY_FILE)")
     run.add_argument("--otlp-endpoint", default="",
                      help="also push the metrics to this OpenTelemetry collector (host:port; https:// for TLS)")
     from octavo.telemetry.logs import add_log_format_argument
@@ -80,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     config.kubeconfig = args.kubeconfig
     config.metrics_port = args.metrics_port
     config.metrics_host = args.metrics_host
+    config.metrics_tls = args.metrics_tls
     config.otlp_endpoint = args.otlp_endpoint
     try:
         config.validate()
