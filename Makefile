@@ -9,7 +9,7 @@ HELM   := $(TOOLS)/helm
 # promtool (Debian's prometheus package), for the chart's alert rules (tools/get-promtool.sh).
 PROMTOOL := $(TOOLS)/promtool
 
-.PHONY: setup demo demo-cluster demo-bookie test lint typecheck pytest bench proto clean helm promtool chart e2e e2e-kind image image-smoke
+.PHONY: setup demo demo-cluster demo-bookie test lint typecheck pytest bench proto clean helm promtool chart e2e e2e-kind image image-smoke chaos netfaults
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -68,6 +68,16 @@ e2e: setup helm
 
 e2e-kind: setup helm
 	OCTAVO_E2E_KIND=1 $(BIN)/pytest -m kind -rs e2e/kind
+
+# Network faults between real processes in network namespaces (needs root; e2e/netfaults/). `make test` runs
+# the explicit scenarios and a short seeded nemesis run; `make chaos SECONDS=600` runs long ones and writes their
+# figures into docs/reliability.md (a failing run prints its seed; OCTAVO_CHAOS_SEED replays it in the test).
+SECONDS ?= 600
+netfaults: setup
+	$(BIN)/pytest -rs e2e/netfaults
+
+chaos: setup
+	$(BIN)/python e2e/netfaults/nemesis.py --seconds $(SECONDS) --write docs/reliability.md
 
 # The container images (need a Docker engine that can reach the base image), and a smoke test of the first:
 # three bookies in containers and `octavo cluster check` from a fourth.

@@ -242,3 +242,42 @@ def test_status_says_what_is_known_of_the_registration_while_etcd_is_down(tmp_pa
         if bookie.alive():
             bookie.kill()
         own.stop()
+
+
+def test_a_bookie_whose_registration_lapsed_takes_no_new_ledgers(tmp_path: Path) -> None:
+    """etcd unreachable from a bookie for longer than its lease (etcd stopped with SIGSTOP, as a partition would
+    look from the bookie): the bookie knows its registration lapsed, so it refuses adds for ledgers it holds
+    nothing of (READ_ONLY, the writer moves on) while the ledgers it holds go on, and stops calling itself the
+    auditor (the election key was on the same lease); registered again, it takes new ledgers again. A writer
+    that read the registrations before the lapse must not put a new ledger on a bookie the auditor may be taking
+    for lost."""
+    import os
+    import signal
+
+    own = EtcdProcess(str(tmp_path / "etcd"))
+    own.start()
+    bookie = BookieProcess(str(tmp_path / "b1"), args=cluster_args(own, "c", "bookie-1"))
+    address = bookie.start()
+    held, new = 1_000_000, 1_000_001  # ids above etcd's counter: no etcd lookup before their first add
+    try:
+        with BookieConnection(address) as conn:
+            wait_for(lambda: conn.status().autorecovery.is_auditor, timeout_s=30)  # the only bookie: auditor
+            assert conn.status().registered
+            assert not conn.add(held, b"k", [0], [b"a"]).results[0].message
+            assert own.proc is not None
+            os.kill(own.proc.pid, signal.SIGSTOP)
+            try:
+                wait_for(lambda: not conn.status().registered, timeout_s=30)
+                assert not conn.add(held, b"k", [1], [b"b"]).results[0].message  # a ledger it holds goes on
+                (refused,) = conn.add(new, b"k", [0], [b"c"]).results
+                assert list(refused.codes) == [pb.READ_ONLY] and "is not registered in etcd" in refused.message
+                # Its auditor election was on the same lease: it no longer claims to be the auditor.
+                wait_for(lambda: not conn.status().autorecovery.is_auditor, timeout_s=10)
+            finally:
+                os.kill(own.proc.pid, signal.SIGCONT)
+            wait_for(lambda: conn.status().registered, timeout_s=30)
+            assert not conn.add(new, b"k", [0], [b"c"]).results[0].message
+            assert [e.payload for e in conn.read(held, 0, 1).entries] == [b"a", b"b"]
+    finally:
+        bookie.stop()
+        own.stop()

@@ -139,7 +139,11 @@ class AutoRecovery:
     # -- the auditor ---------------------------------------------------------------------------------
     async def _audit(self, client: Client, marks: UnderReplication) -> None:
         lease = self.registration.lease_id
-        if not lease:
+        if not lease or not self.registration.registered:
+            # A lapsed registration (etcd unreachable for a TTL) means the election key on its lease is gone
+            # too: another bookie may be the auditor by now. Never claim it from memory.
+            if self.auditor.is_auditor:
+                log.info("bookie %s is no longer the auditor (its registration lapsed)", self.bookie_id)
             self.auditor.is_auditor = False
             return
         layout = client.metadata_store.layout

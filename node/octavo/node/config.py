@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 FSYNC_POLICY_NONE = "none"    # the default: durability from replication and background flushes of rolled logs
@@ -212,8 +213,6 @@ class NodeConfig:
         need(not (self.tls_cert_file and self.tls_client_auth == "require" and not self.tls_ca_file),
              "tls_client_auth=require needs tls_ca_file (the CA whose client certificates are accepted)")
         if self.tenant_prefixes:
-            from octavo.node.tenants import TenantSettingError, parse_tenants
-
             try:
                 parse_tenants(self.tenant_prefixes)
             except TenantSettingError as e:
@@ -238,3 +237,30 @@ class NodeConfig:
     @staticmethod
     def field_names() -> list[str]:
         return [f.name for f in dataclasses.fields(NodeConfig)]
+
+
+TENANT_IDENTITY = re.compile(r"^[^,;=\s]+$")
+
+
+class TenantSettingError(ValueError):
+    """A tenant_prefixes value that cannot be parsed; the message says why."""
+
+
+def parse_tenants(setting: str) -> dict[str, tuple[str, ...]]:
+    """`id=prefix[,prefix...][;id=...]` -> {identity: prefixes}; raises TenantSettingError naming the fault."""
+    out: dict[str, tuple[str, ...]] = {}
+    for part in (p.strip() for p in setting.split(";")):
+        if not part:
+            continue
+        identity, sep, prefixes = part.partition("=")
+        identity = identity.strip()
+        if not sep or not TENANT_IDENTITY.match(identity):
+            raise TenantSettingError(f"tenant_prefixes: {part!r} is not IDENTITY=PREFIX[,PREFIX...] (an identity "
+                                     "is a certificate CN or SAN without , ; = or spaces)")
+        if identity in out:
+            raise TenantSettingError(f"tenant_prefixes: {identity} is listed twice")
+        values = tuple(p.strip() for p in prefixes.split(",") if p.strip())
+        if not values:
+            raise TenantSettingError(f"tenant_prefixes: {identity} has no dataset prefix")
+        out[identity] = values
+    return out

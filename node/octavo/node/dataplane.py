@@ -171,6 +171,9 @@ class BookieService(pb_grpc.BookieServicer):
                 message = await self.tenants.refusal(tenant, batch.ledger_id)
                 if message:
                     results[i] = ([pb.PERMISSION_DENIED] * len(batch.entry_ids), message)
+        registration = self.registration
+        if registration is not None and not registration.registered:
+            self._refuse_new_ledgers_unregistered(batches, results)
         unknown = [i for i in self._needing_lookup(batches) if results[i] is None]
         if unknown:  # looked up concurrently: a request may open many ledgers at once
             refusals = await asyncio.gather(*(self._check_unknown_ledger(batches[i].ledger_id, batches[i].recovery)
@@ -200,6 +203,21 @@ class BookieService(pb_grpc.BookieServicer):
         return pb.AddResponse(request_id=request.request_id, results=[
             pb.LedgerAddResult(ledger_id=batch.ledger_id, codes=result[0], message=result[1])
             for batch, result in zip(batches, results, strict=True) if result is not None])
+
+    def _refuse_new_ledgers_unregistered(self, batches: list[LedgerBatch],
+                                         results: list[tuple[list[Code], str] | None]) -> None:
+        """A bookie whose registration lapsed (its lease not refreshed for a TTL: etcd unreachable from here) may
+        be taken for lost by the auditor, and no writer that reads the registrations chooses it: it takes no adds
+        for ledgers it holds nothing of (new ledgers, and re-replication copies), only for those it already
+        holds, until it is registered again. READ_ONLY: the writer moves to another bookie."""
+        assert self.registration is not None
+        state = self.storage.ledger_state
+        for i, batch in enumerate(batches):
+            if results[i] is None and state(batch.ledger_id) is None:
+                results[i] = ([pb.READ_ONLY] * len(batch.entry_ids), (
+                    f"bookie {self.registration.bookie_id} is not registered in etcd (its lease was not refreshed "
+                    f"for {self.registration.ttl_s}s: etcd unreachable from it); it takes adds only for ledgers "
+                    "it already holds until it registers again"))
 
     def _count_refused(self, batch: LedgerBatch, codes: list[Code]) -> None:
         stats = self.stats

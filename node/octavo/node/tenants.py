@@ -14,39 +14,16 @@ tenant's steady-state cost is one dict lookup per ledger of a request.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from octavo.node.adminauth import peer_identities
+from octavo.node.config import TenantSettingError, parse_tenants
+
+__all__ = ["DATASET_CACHE_MAX", "Tenant", "TenantPolicy", "TenantSettingError", "parse_tenants"]
 
 DATASET_CACHE_MAX = 100_000
-IDENTITY = re.compile(r"^[^,;=\s]+$")
-
-
-class TenantSettingError(ValueError):
-    pass
-
-
-def parse_tenants(setting: str) -> dict[str, tuple[str, ...]]:
-    """`id=prefix[,prefix...][;id=...]` -> {identity: prefixes}; raises TenantSettingError naming the fault."""
-    out: dict[str, tuple[str, ...]] = {}
-    for part in (p.strip() for p in setting.split(";")):
-        if not part:
-            continue
-        identity, sep, prefixes = part.partition("=")
-        identity = identity.strip()
-        if not sep or not IDENTITY.match(identity):
-            raise TenantSettingError(f"tenant_prefixes: {part!r} is not IDENTITY=PREFIX[,PREFIX...] (an identity "
-                                     "is a certificate CN or SAN without , ; = or spaces)")
-        if identity in out:
-            raise TenantSettingError(f"tenant_prefixes: {identity} is listed twice")
-        values = tuple(p.strip() for p in prefixes.split(",") if p.strip())
-        if not values:
-            raise TenantSettingError(f"tenant_prefixes: {identity} has no dataset prefix")
-        out[identity] = values
-    return out
 
 
 @dataclass(frozen=True)
