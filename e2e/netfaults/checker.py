@@ -7,7 +7,8 @@ recovery open from the observer, and names each violation:
 - a ledger whose content two readers (two recovery opens from two clients) do not agree on;
 - a read (without recovery, during the run) that returned bytes that were never written, or entries past what
   the ledger finally holds;
-- a close acknowledged at a last entry other than the final one.
+- a close acknowledged at a last entry other than the final one, or a recovery open (by another process, during
+  the run) that closed a ledger at another end than the one it finally has.
 
 `report(violations, histories, around)` prints the history around each violation (by ledger) for a failing run.
 """
@@ -61,6 +62,7 @@ async def check(etcd: str, cluster: str, events: list[dict[str, Any]]) -> Summar
     acked: dict[int, set[int]] = defaultdict(set)
     closes: dict[int, int] = {}
     reads: list[dict[str, Any]] = []
+    recoveries: list[dict[str, Any]] = []
     ledgers: set[int] = set()
     for e in events:
         if e["f"] == "create" and e["type"] == "ok":
@@ -71,6 +73,8 @@ async def check(etcd: str, cluster: str, events: list[dict[str, Any]]) -> Summar
             closes[e["ledger"]] = e["last"]
         elif e["f"] == "read" and e["type"] == "ok":
             reads.append(e)
+        elif e["f"] == "recover" and e["type"] == "ok":
+            recoveries.append(e)
     summary.ledgers = len(ledgers)
     summary.acknowledged_entries = sum(len(v) for v in acked.values())
     options = ClientOptions(read_timeout_s=10.0, add_timeout_s=10.0, metadata_timeout_s=10.0)
@@ -101,6 +105,10 @@ async def check(etcd: str, cluster: str, events: list[dict[str, Any]]) -> Summar
             if ledger in closes and closes[ledger] != last:
                 summary.violations.append(Violation(ledger, f"closed by its writer at {closes[ledger]}, "
                                                             f"finally at {last}"))
+    for r in recoveries:
+        if r["ledger"] in finals and r["last"] != finals[r["ledger"]]:
+            summary.violations.append(Violation(r["ledger"], f"{r['p']}'s recovery closed it at {r['last']}, "
+                                                             f"it finally ends at {finals[r['ledger']]}"))
     for r in reads:
         if not r["good"]:
             summary.violations.append(Violation(r["ledger"], f"{r['p']} read bytes never written in "

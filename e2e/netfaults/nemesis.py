@@ -1,5 +1,6 @@
-"""A seeded, bounded-time network-fault run: writers and a reader (worker.py, each in its own namespace) over a
-cluster of etcd members and bookies (labcluster.py), while the nemesis partitions, heals, SIGKILLs and
+"""A seeded, bounded-time network-fault run: writers, a reader and a recoverer (a second writer that takes
+over open ledgers with recovery opens; worker.py, each in its own namespace) over a cluster of etcd members and
+bookies (labcluster.py), while the nemesis partitions, heals, SIGKILLs and
 SIGSTOPs; then everything is healed and the checker (checker.py) reads every ledger back.
 
 `run(root, seconds, seed)` returns a RunResult; `python nemesis.py --seconds 600 --seed 1 --runs N` (what
@@ -28,7 +29,7 @@ from netlab import NetLab
 
 WORKER = str(Path(__file__).resolve().parent / "worker.py")
 FAULT_KINDS = ("cut", "isolate", "partition", "bridge", "kill-bookie", "pause-bookie", "isolate-etcd-member",
-               "pause-etcd-member")
+               "pause-etcd-member", "kill-etcd-member")
 
 
 @dataclass
@@ -46,21 +47,23 @@ class RunResult:
 
 
 def run(root: str | Path, seconds: float, seed: int, etcd_members: int = 3, bookies: int = 4, writers: int = 2,
-        readers: int = 1) -> RunResult:
+        readers: int = 1, recoverers: int = 1) -> RunResult:
     root = Path(root)
     rng = random.Random(seed)
     result = RunResult(seed, seconds)
     with NetLab(root / "lab") as lab:
         cluster = LabCluster(lab, root, etcd_members=etcd_members, bookies=bookies, registration_ttl_s=3,
                              bookie_args=("--lost-bookie-delay-s", "5", "--audit-interval-s", "3")).start()
-        clients = [f"w{i}" for i in range(writers)] + [f"r{i}" for i in range(readers)]
+        clients = ([f"w{i}" for i in range(writers)] + [f"r{i}" for i in range(readers)]
+                   + [f"x{i}" for i in range(recoverers)])
+        modes = {"w": "write", "r": "read", "x": "recover"}
         histories = []
         procs = []
         for name in clients:
             lab.add_host(name)
             history = root / f"{name}.history"
             histories.append(history)
-            procs.append(lab.start(name, [sys.executable, WORKER, "write" if name.startswith("w") else "read",
+            procs.append(lab.start(name, [sys.executable, WORKER, modes[name[0]],
                                           "--etcd", cluster.etcd_endpoints, "--cluster", cluster.cluster,
                                           "--name", name, "--history", str(history), "--seconds", str(seconds),
                                           "--seed", str(rng.randrange(1 << 30))],
@@ -94,11 +97,11 @@ def run(root: str | Path, seconds: float, seed: int, etcd_members: int = 3, book
                 a, b, c = rng.sample(hosts, 3)
                 lab.bridge(a, b, c)
                 log(f"bridge {a} - {b} - {c}")
-            elif kind == "kill-bookie":
-                b = rng.choice(cluster.bookie_names)
-                cluster.kill(b)
-                killed.append(b)
-                log(f"SIGKILL {b}")
+            elif kind in ("kill-bookie", "kill-etcd-member"):
+                name = rng.choice(cluster.bookie_names if kind == "kill-bookie" else cluster.etcd_names)
+                cluster.kill(name)
+                killed.append(name)
+                log(f"SIGKILL {name}")
             elif kind in ("pause-bookie", "pause-etcd-member"):
                 name = rng.choice(cluster.bookie_names if kind == "pause-bookie" else cluster.etcd_names)
                 _signal(cluster, name, signal.SIGSTOP)
@@ -113,8 +116,11 @@ def run(root: str | Path, seconds: float, seed: int, etcd_members: int = 3, book
             lab.heal_all()
             for name in stopped:
                 _signal(cluster, name, signal.SIGCONT)
-            for b in killed:
-                cluster.start_bookie(b)
+            for name in killed:  # restarted on its data: a bookie replays its logs, an etcd member rejoins
+                if name in cluster.etcd_names:
+                    cluster.start_etcd(name)
+                else:
+                    cluster.start_bookie(name)
             if stopped or killed:
                 log(f"resume {sorted(set(stopped))} restart {sorted(set(killed))}")
             stopped, killed = [], []
@@ -126,10 +132,12 @@ def run(root: str | Path, seconds: float, seed: int, etcd_members: int = 3, book
                 proc.wait(timeout=120)
             except Exception:
                 proc.kill()
-        # Converge: every bookie serving and registered before the checker reads.
-        for b in cluster.bookie_names:
-            if cluster.procs[b].poll() is not None:
-                cluster.start_bookie(b)
+        # Converge: every etcd member and bookie serving (and registered) before the checker reads.
+        for name in [*cluster.etcd_names, *cluster.bookie_names]:
+            if cluster.procs[name].poll() is not None and name in cluster.etcd_names:
+                cluster.start_etcd(name)
+            elif cluster.procs[name].poll() is not None:
+                cluster.start_bookie(name)
         time.sleep(cluster.registration_ttl_s + 1)
         events = load(histories)
         os.environ.pop("OCTAVO_ETCD", None)

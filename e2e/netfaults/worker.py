@@ -5,13 +5,15 @@ per line, flushed at once, so a SIGKILL loses nothing that was recorded).
     python worker.py write --etcd E --cluster C --name w1 --history H --seconds 30 --seed 7
     python worker.py read  --etcd E --cluster C --name r1 --history H --seconds 30 --seed 7
     python worker.py tail  --etcd E --cluster C --name t1 --history H --seconds 30
+    python worker.py recover --etcd E --cluster C --name x1 --history H --seconds 30 --seed 7
 
 History events (`p` the process, `t` the wall clock):
 - create ok {ledger, ensemble}; append ok {ledger, first, last}: entries first..last acknowledged;
   append fail {ledger, error}: the handle is given up (a new ledger is started);
   close ok {ledger, last}; close fail {ledger, error};
 - read ok {ledger, first, last, good}: entries first..last read (without recovery) and whether every one was
-  the payload written; read fail {ledger, error}; open ok {ledger} (tail mode: the ledger it follows).
+  the payload written; read fail {ledger, error}; open ok {ledger} (tail mode: the ledger it follows);
+- recover ok {ledger, last}: a recovery open of another process's open ledger closed it at `last`.
 Payloads are a function of (ledger, entry): the checker recomputes them.
 """
 
@@ -113,6 +115,32 @@ async def read(args: argparse.Namespace, history: History) -> None:
                 await asyncio.sleep(0.1)
 
 
+async def recover(args: argparse.Namespace, history: History) -> None:
+    """A second writer in Jepsen's sense: now and then it takes over an open ledger of the writers with a
+    recovery open (fence, find the end, close), while their writers may still be writing. Records the end it
+    closed the ledger at; the checker holds every writer's acks and every reader to it."""
+    from octavo.client import Client, ClientOptions
+
+    rng = random.Random(args.seed)
+    options = ClientOptions(read_timeout_s=2.0, add_timeout_s=2.0, metadata_timeout_s=2.0)
+    deadline = time.monotonic() + args.seconds
+    async with Client(args.etcd, args.cluster, options) as client:
+        while time.monotonic() < deadline:
+            await asyncio.sleep(rng.uniform(0.5, 2.0))
+            try:
+                candidates = [m.ledger_id for m in await client.all_ledger_metadata() if m.state != "CLOSED"]
+            except Exception:
+                continue
+            if not candidates:
+                continue
+            ledger = rng.choice(candidates)
+            try:
+                handle = await asyncio.wait_for(client.open_ledger(ledger, PASSWORD), args.op_timeout_s)
+                history.record("recover", "ok", ledger=ledger, last=handle.last_entry_id)
+            except Exception as e:
+                history.record("recover", "fail", ledger=ledger, error=f"{type(e).__name__}: {e}"[:300])
+
+
 async def tail(args: argparse.Namespace, history: History) -> None:
     """Open the first ledger etcd lists (without recovery) and keep reading its tail: LAC, then the entries up
     to it, from whatever bookies answer (it may end up cut off from etcd and most bookies)."""
@@ -145,7 +173,7 @@ async def tail(args: argparse.Namespace, history: History) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=["write", "read", "tail"])
+    p.add_argument("mode", choices=["write", "read", "tail", "recover"])
     p.add_argument("--etcd", required=True)
     p.add_argument("--cluster", required=True)
     p.add_argument("--name", required=True)
@@ -159,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--op-timeout-s", type=float, default=15.0)
     args = p.parse_args(argv)
     history = History(args.history, args.name)
-    asyncio.run({"write": write, "read": read, "tail": tail}[args.mode](args, history))
+    asyncio.run({"write": write, "read": read, "tail": tail, "recover": recover}[args.mode](args, history))
     return 0
 
 
