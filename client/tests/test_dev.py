@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from octavo.cli.localcluster import EtcdProcess, free_port
 from octavo.client import SyncClient
 
 OCTAVO = [sys.executable, "-m", "octavo.cli.main"]
@@ -173,3 +177,31 @@ def test_dev_up_tls_runs_every_bookie_with_mutual_tls(tmp_path: Path) -> None:
                 assert "etcd" in str(e)
     finally:
         subprocess.run([*OCTAVO, "dev", "down", "--data-dir", str(root)], capture_output=True, timeout=120)
+
+
+def test_etcd_on_ports_it_picked_retries_when_one_is_taken_before_it_binds(tmp_path: Path) -> None:
+    """The OS hands the ephemeral ports we pick to outgoing connections too: a port taken between picking it and
+    etcd binding it must not fail the start (it failed a CI run)."""
+    etcd = EtcdProcess(str(tmp_path / "etcd" / "data"))
+    taken = etcd.client_port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        try:
+            endpoint = etcd.start()
+            assert endpoint != f"127.0.0.1:{taken}" and etcd.client_port != taken
+            assert "address already in use" in Path(etcd.log_path).read_text()
+            assert etcd._serving()
+        finally:
+            etcd.stop()
+
+
+def test_etcd_on_a_port_the_caller_chose_says_it_is_taken(tmp_path: Path) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        etcd = EtcdProcess(str(tmp_path / "etcd" / "data"), client_port=taken, peer_port=free_port())
+        with pytest.raises(RuntimeError, match="etcd exited with 1"):
+            etcd.start()
+        assert etcd.client_port == taken

@@ -14,6 +14,7 @@ from typing import Any
 from octavo.node.testing import BookieProcess
 
 ETCD_START_TIMEOUT_S = 30.0
+ETCD_PORT_ATTEMPTS = 5  # fresh port pairs tried when etcd finds a port it was given taken (see EtcdProcess.start)
 
 
 def etcd_binary() -> str:
@@ -61,6 +62,9 @@ class EtcdProcess:
         self.extra_args = list(extra_args or [])
         self.data_dir = data_dir
         self.new_session = new_session
+        # Ports we picked ourselves may be taken again before etcd binds them (the OS hands the same ephemeral
+        # range to outgoing connections): start() then tries fresh ones. Ports the caller chose are kept.
+        self.ports_chosen_here = not client_port and not peer_port
         self.client_port = client_port or free_port()
         self.peer_port = peer_port or free_port()
         self.name = name
@@ -72,6 +76,31 @@ class EtcdProcess:
         return f"127.0.0.1:{self.client_port}"
 
     def start(self, timeout_s: float = ETCD_START_TIMEOUT_S) -> str:
+        """Start etcd and wait until it serves; returns its client endpoint. A first start on ports picked here
+        that finds one of them taken (etcd exits before creating its data) retries on fresh ports."""
+        attempt = 1
+        while True:
+            fresh = not os.path.exists(os.path.join(self.data_dir, "member"))
+            log_start = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
+            try:
+                return self._start_once(timeout_s)
+            except RuntimeError:
+                if not (self.ports_chosen_here and fresh and attempt < ETCD_PORT_ATTEMPTS
+                        and self.proc is not None and self._log_since(log_start).count("address already in use")):
+                    raise
+                self.proc = None
+                self.client_port, self.peer_port = free_port(), free_port()
+                attempt += 1
+
+    def _log_since(self, offset: int) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _start_once(self, timeout_s: float) -> str:
         os.makedirs(self.data_dir, exist_ok=True)
         scheme = "https" if self.tls is not None else "http"
         client_url = f"{scheme}://127.0.0.1:{self.client_port}"
