@@ -1,6 +1,6 @@
 """A seeded, bounded-time network-fault run: writers, a reader and a recoverer (a second writer that takes
 over open ledgers with recovery opens; worker.py, each in its own namespace) over a cluster of etcd members and
-bookies (labcluster.py), while the nemesis partitions, heals, SIGKILLs and
+bookies (labcluster.py), while the nemesis partitions, makes links lossy or slow, heals, SIGKILLs and
 SIGSTOPs; then everything is healed and the checker (checker.py) reads every ledger back.
 
 `run(root, seconds, seed)` returns a RunResult; `python nemesis.py --seconds 600 --seed 1 --runs N` (what
@@ -28,8 +28,17 @@ from labcluster import LabCluster
 from netlab import NetLab
 
 WORKER = str(Path(__file__).resolve().parent / "worker.py")
+# Most faults are held 1-4 s; one step in LONG_HOLD_ONE_IN is held past the registration lease and the
+# lost-bookie delay (a bookie's lease lapses, the auditor may start re-replicating while it comes back), and
+# after one step in STACK_ONE_IN nothing is healed, so the next step's fault comes on top (at most
+# STACK_STEPS_MAX steps in a row).
+LONG_HOLD_ONE_IN = 5
+STACK_ONE_IN = 4
+STACK_STEPS_MAX = 3
+REGISTRATION_TTL_S = 3
+LOST_BOOKIE_DELAY_S = 5
 FAULT_KINDS = ("cut", "isolate", "partition", "bridge", "kill-bookie", "pause-bookie", "isolate-etcd-member",
-               "pause-etcd-member", "kill-etcd-member")
+               "pause-etcd-member", "kill-etcd-member", "lossy-host", "throttle")
 
 
 @dataclass
@@ -37,6 +46,7 @@ class RunResult:
     seed: int
     seconds: float
     faults: Counter[str] = field(default_factory=Counter)
+    holds: Counter[str] = field(default_factory=Counter)  # steps held past the lease, steps left unhealed
     summary: Summary | None = None
     nemesis_log: list[str] = field(default_factory=list)
     text: str = ""
@@ -52,8 +62,10 @@ def run(root: str | Path, seconds: float, seed: int, etcd_members: int = 3, book
     rng = random.Random(seed)
     result = RunResult(seed, seconds)
     with NetLab(root / "lab") as lab:
-        cluster = LabCluster(lab, root, etcd_members=etcd_members, bookies=bookies, registration_ttl_s=3,
-                             bookie_args=("--lost-bookie-delay-s", "5", "--audit-interval-s", "3")).start()
+        cluster = LabCluster(lab, root, etcd_members=etcd_members, bookies=bookies,
+                             registration_ttl_s=REGISTRATION_TTL_S,
+                             bookie_args=("--lost-bookie-delay-s", str(LOST_BOOKIE_DELAY_S),
+                                          "--audit-interval-s", "3")).start()
         clients = ([f"w{i}" for i in range(writers)] + [f"r{i}" for i in range(readers)]
                    + [f"x{i}" for i in range(recoverers)])
         modes = {"w": "write", "r": "read", "x": "recover"}
@@ -72,6 +84,7 @@ def run(root: str | Path, seconds: float, seed: int, etcd_members: int = 3, book
         hosts = [*servers, *clients]
         stopped: list[str] = []
         killed: list[str] = []
+        stacked = 0
         deadline = time.monotonic() + seconds
 
         def log(text: str) -> None:
@@ -107,16 +120,37 @@ def run(root: str | Path, seconds: float, seed: int, etcd_members: int = 3, book
                 _signal(cluster, name, signal.SIGSTOP)
                 stopped.append(name)
                 log(f"SIGSTOP {name}")
+            elif kind == "lossy-host":  # a bad NIC: loss between it and everyone
+                a = rng.choice(hosts)
+                for other in hosts:
+                    lab.lossy(a, other)
+                log(f"lossy {a}")
+            elif kind == "throttle":
+                a, b = rng.sample(hosts, 2)
+                lab.throttle(a, b)
+                log(f"throttle {a} {b}")
             elif kind == "isolate-etcd-member":
                 e = rng.choice(cluster.etcd_names)
                 lab.isolate(e)
                 log(f"isolate etcd {e}")
-            time.sleep(min(rng.uniform(1.0, 4.0), max(0.0, deadline - time.monotonic())))
-            # Heal: every fault lasts one step (faults overlap only within a step), the cluster converges.
+            if rng.randrange(LONG_HOLD_ONE_IN) == 0:
+                hold = rng.uniform(LOST_BOOKIE_DELAY_S + 1.0, LOST_BOOKIE_DELAY_S + 5.0)
+                result.holds["held past the lease"] += 1
+                log(f"hold {hold:.1f}s")
+            else:
+                hold = rng.uniform(1.0, 4.0)
+            time.sleep(min(hold, max(0.0, deadline - time.monotonic())))
+            if stacked + 1 < STACK_STEPS_MAX and rng.randrange(STACK_ONE_IN) == 0 and time.monotonic() < deadline - 4:
+                stacked += 1  # no heal: the next fault comes on top of this one
+                result.holds["left unhealed under the next"] += 1
+                log("keep")
+                continue
+            stacked = 0
+            # Heal: everything cut is joined again, stopped processes continue, killed ones restart on their data.
             lab.heal_all()
-            for name in stopped:
+            for name in sorted(set(stopped)):
                 _signal(cluster, name, signal.SIGCONT)
-            for name in killed:  # restarted on its data: a bookie replays its logs, an etcd member rejoins
+            for name in sorted(set(killed)):  # restarted on its data: a bookie replays its logs, an etcd member rejoins
                 if name in cluster.etcd_names:
                     cluster.start_etcd(name)
                 else:
@@ -154,7 +188,7 @@ def _signal(cluster: LabCluster, name: str, sig: int) -> None:
 
 def describe(result: RunResult) -> str:
     s = result.summary
-    head = (f"seed {result.seed}: {result.seconds:.0f}s, faults {dict(result.faults)}, "
+    head = (f"seed {result.seed}: {result.seconds:.0f}s, faults {dict(result.faults)}, steps {dict(result.holds)}, "
             f"ledgers {s.ledgers if s else '?'}, acknowledged entries {s.acknowledged_entries if s else '?'}, "
             f"operations {dict(s.operations) if s else '?'}, violations {len(s.violations) if s else '?'}")
     if result.ok:
@@ -188,9 +222,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _write(path: Path, results: list[RunResult]) -> None:
     faults: Counter[str] = Counter()
+    holds: Counter[str] = Counter()
     ops: Counter[str] = Counter()
     for r in results:
         faults.update(r.faults)
+        holds.update(r.holds)
         if r.summary:
             ops.update(r.summary.operations)
     violations = sum(len(r.summary.violations) if r.summary else 0 for r in results)
@@ -200,6 +236,8 @@ def _write(path: Path, results: list[RunResult]) -> None:
                f"{len(results)} runs, {sum(r.seconds for r in results):.0f} s, seeds "
                f"{results[0].seed}..{results[-1].seed}; violations: **{violations}**.\n\n"
                "| fault | injected |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in sorted(faults.items())) +
+               "\n| fault steps | count |\n|---|---|\n" +
+               "".join(f"| {k} | {v} |\n" for k, v in sorted(holds.items())) +
                "\n| operation | count |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in sorted(ops.items())) +
                f"\nledgers checked: {sum(r.summary.ledgers for r in results if r.summary)}; acknowledged entries "
                f"checked: {sum(r.summary.acknowledged_entries for r in results if r.summary)}.\n")

@@ -7,7 +7,8 @@ observer leg on the bridge (address .254) that is never cut: the checker reads t
 addresses of this lab are ever targeted, and everything is removed on close (deleting a namespace removes its
 interfaces; processes started in it are killed first).
 
-Faults, and what each really does on this kernel (tc netem is not available here, so no delay or loss):
+Faults, and what each really does on this kernel (tc netem is not available here, so no added delay; loss and a
+bandwidth cap come from nftables instead):
 - `cut(a, b)`: nftables rules in both hosts drop every packet between their two addresses, both ways. Nothing
   is answered: no RST, no ICMP. Open TCP connections stall; new ones time out. Peers see silence (gRPC
   deadlines, keepalives, etcd lease expiry), never an error. Healed by deleting the two set elements; stalled
@@ -15,6 +16,11 @@ Faults, and what each really does on this kernel (tc netem is not available here
 - `isolate(a)`: `cut` from every other host (the observer leg stays).
 - `partition(g1, g2, ...)`: `cut` every pair across groups; `bridge(a, b, c)`: a and c cannot talk, both talk to
   b (Jepsen's "bridge").
+- `lossy(a, b)`: nftables drops LOSS_PERCENT of the packets between the two hosts, each way, at random
+  (`numgen random`). TCP retransmits: connections stay up and deliver every byte intact, slowly and in bursts
+  (retransmission timeouts back off to seconds); gRPC calls near their deadlines fail, keepalives may trip.
+- `throttle(a, b)`: each host drops what the other sends it beyond THROTTLE_KBYTES_S (one budget per
+  receiving host, shared by every peer throttled towards it), so TCP slows to about that rate: a congested link.
 - `link_down(a)`: the host's interface goes down: its own sends fail at once (no route: ENETUNREACH), the others
   see silence. Different from `isolate` from the host's own side.
 - Processes: SIGKILL (a crash) and SIGSTOP/SIGCONT (a pause: the process holds its sockets but answers nothing,
@@ -24,6 +30,7 @@ Faults, and what each really does on this kernel (tc netem is not available here
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import random
 import shutil
@@ -35,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TABLE = "octavo_netlab"
+LOSS_PERCENT = 10  # of the packets between two hosts made `lossy`, each way
+THROTTLE_KBYTES_S = 256  # what a host receives from the peers throttled towards it, at most
 
 
 class NetLabUnavailable(RuntimeError):
@@ -103,6 +112,8 @@ class NetLab:
         self.subnet = _free_subnet()
         self.hosts: dict[str, Host] = {}
         self.cuts: set[frozenset[str]] = set()
+        self.lossy_pairs: set[frozenset[str]] = set()
+        self.throttled_pairs: set[frozenset[str]] = set()
         self.down: set[str] = set()
         self.switch = f"{self.tag}-sw"
         self._namespaces: list[str] = []
@@ -149,8 +160,16 @@ class NetLab:
         _run("ip", "netns", "exec", namespace, "nft", "-f", "-", input=(
             f"table inet {TABLE} {{\n"
             "  set blocked { type ipv4_addr; }\n"
-            "  chain input { type filter hook input priority 0; policy accept; ip saddr @blocked drop; }\n"
-            "  chain output { type filter hook output priority 0; policy accept; ip daddr @blocked drop; }\n"
+            "  set lossy { type ipv4_addr; }\n"
+            "  set throttled { type ipv4_addr; }\n"
+            "  chain input { type filter hook input priority 0; policy accept;\n"
+            "    ip saddr @blocked drop\n"
+            f"    ip saddr @lossy numgen random mod 100 < {LOSS_PERCENT} counter drop comment \"loss\"\n"
+            f"    ip saddr @throttled limit rate over {THROTTLE_KBYTES_S} kbytes/second counter drop"
+            " comment \"throttle\"\n  }\n"
+            "  chain output { type filter hook output priority 0; policy accept;\n"
+            "    ip daddr @blocked drop\n"
+            f"    ip daddr @lossy numgen random mod 100 < {LOSS_PERCENT} counter drop comment \"loss\"\n  }}\n"
             "}\n"))
         host = Host(name, namespace, address)
         self.hosts[name] = host
@@ -173,11 +192,36 @@ class NetLab:
                               text=True, timeout=timeout_s, env=env)
 
     # -- faults ----------------------------------------------------------------------------------------------
-    def _block(self, a: str, b: str, on: bool) -> None:
+    def _block(self, a: str, b: str, on: bool, kind: str = "blocked") -> None:
         for here, there in ((a, b), (b, a)):
             verb = "add" if on else "delete"
             _run("ip", "netns", "exec", self.hosts[here].namespace, "nft", verb, "element", "inet", TABLE,
-                 "blocked", f"{{ {self.hosts[there].address} }}", check=on)
+                 kind, f"{{ {self.hosts[there].address} }}", check=on)
+
+    def lossy(self, a: str, b: str) -> None:
+        """Drop LOSS_PERCENT of the packets between a and b, each way, at random."""
+        pair = frozenset((a, b))
+        if a != b and pair not in self.lossy_pairs:
+            self._block(a, b, True, "lossy")
+            self.lossy_pairs.add(pair)
+
+    def throttle(self, a: str, b: str) -> None:
+        """Cap what a and b receive from each other at THROTTLE_KBYTES_S (excess dropped)."""
+        pair = frozenset((a, b))
+        if a != b and pair not in self.throttled_pairs:
+            self._block(a, b, True, "throttled")
+            self.throttled_pairs.add(pair)
+
+    def dropped(self, host: str) -> dict[str, int]:
+        """Packets the host's loss and throttle rules dropped so far (by rule comment, summed over chains)."""
+        listing = _run("ip", "netns", "exec", self.hosts[host].namespace, "nft", "-j", "list", "table", "inet",
+                       TABLE).stdout
+        counts: dict[str, int] = {"loss": 0, "throttle": 0}
+        for item in json.loads(listing)["nftables"]:
+            rule = item.get("rule")
+            if rule and rule.get("comment") in counts:
+                counts[rule["comment"]] += sum(e["counter"]["packets"] for e in rule["expr"] if "counter" in e)
+        return counts
 
     def cut(self, a: str, b: str) -> None:
         pair = frozenset((a, b))
@@ -224,6 +268,11 @@ class NetLab:
         for pair in list(self.cuts):
             a, b = sorted(pair)
             self.heal(a, b)
+        for kind, pairs in (("lossy", self.lossy_pairs), ("throttled", self.throttled_pairs)):
+            for pair in list(pairs):
+                a, b = sorted(pair)
+                self._block(a, b, False, kind)
+                pairs.discard(pair)
         for a in list(self.down):
             self.link_up(a)
 
