@@ -233,6 +233,8 @@ def _write(path: Path, results: list[RunResult]) -> None:
     text = path.read_text() if path.exists() else "# Reliability\n"
     marker = "<!-- chaos figures -->"
     section = (f"{marker}\n## Last `make chaos` run\n\n"
+               f"On {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores (each run up to "
+               f"{max(r.seconds for r in results):.0f} s of faults, then the check).\n\n"
                f"{len(results)} runs, {sum(r.seconds for r in results):.0f} s, seeds "
                f"{results[0].seed}..{results[-1].seed}; violations: **{violations}**.\n\n"
                "| fault | injected |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in sorted(faults.items())) +
