@@ -43,3 +43,23 @@ def test_apply_is_idempotent_and_restores_replicas_changed_behind_its_back() -> 
                              "Service/logs-bookies", "StatefulSet/logs"]
     assert again == [], "a second apply of the same objects patched something"
     assert replicas == 4
+
+
+def test_objects_applied_after_their_owner_was_deleted_are_collected() -> None:
+    """A reconcile working from a read made before its BookieCluster's deletion creates the cluster's objects
+    with an owner that is gone: Kubernetes' garbage collector removes them, and so must the emulated API (a
+    chart uninstall once left such objects behind)."""
+    async def scenario(kube: Kube) -> dict[str, list[str]]:
+        await kube.create({**OWNER, "spec": SPEC})
+        await apply_owned(kube, OWNER, objects(4))
+        await kube.delete("octavo.io/v1alpha1", "bookieclusters", "default", "logs")
+        after_delete = [o["metadata"]["name"] for o in await kube.list("apps/v1", "statefulsets", "default")]
+        await apply_owned(kube, OWNER, objects(4))  # the late reconcile
+        late = {plural: [o["metadata"]["name"] for o in await kube.list(api_version, plural, "default")]
+                for api_version, plural in (("apps/v1", "statefulsets"), ("v1", "services"), ("v1", "configmaps"),
+                                            ("policy/v1", "poddisruptionbudgets"))}
+        return {"after delete": after_delete, **{k: v for k, v in late.items() if v}}
+
+    with ApiServer() as api:
+        left = asyncio.run(scenario(Kube(load_api_client(api.kubeconfig))))
+    assert left == {"after delete": []}, left

@@ -208,7 +208,10 @@ def test_install_test_kill_fill_scale_and_uninstall(local_kube: LocalKube, relea
             out["clusterroles"] = [o["metadata"]["name"] for o in cluster_wide["items"]]
         return out
 
-    eventually(lambda: leftovers() == {}, 30, "nothing left after uninstall")
+    try:
+        eventually(lambda: leftovers() == {}, 30, "nothing left after uninstall")
+    except AssertionError as e:
+        raise AssertionError(f"left after uninstall: {leftovers()}\n{e}") from None
     volumes = local_kube.runner.root / NAMESPACE / "volumes"
     eventually(lambda: not volumes.exists() or not any(volumes.iterdir()), 10, "the volume directories deleted")
 

@@ -9,7 +9,8 @@ What kmock 0.8 leaves out and this adds (each was a failure of kopf or of the op
 - the status subresource kept apart from the object (a status write changes only the status, a main write
   never the status), and the scale subresource writing spec.replicas;
 - label selectors on lists and watches;
-- garbage collection of objects whose owners are all gone (ownerReferences);
+- garbage collection of objects whose owners are all gone (ownerReferences), also of one created with owners
+  that are already gone;
 - 422, not 500, when a JSON patch's test fails (kopf's optimistic finalizer patches expect it);
 - watches that subscribe before replaying, and replay only what is newer than ?resourceVersion (kmock's lose
   changes made right after a list, which stalls kopf);
@@ -92,7 +93,11 @@ class ApiServerEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             response = await super()._handle(request)
         except jsonpatch.JsonPatchTestFailed as e:
             raise kmock.KubernetesError(status=422, reason="Invalid", message=str(e)) from e
-        if request.resource is not None and request.action in (enums.action.DELETE, enums.action.UPDATE):
+        if request.resource is not None and (request.action in (enums.action.DELETE, enums.action.UPDATE) or (
+                request.action == enums.action.CREATE and isinstance(data, dict)
+                and (data.get("metadata") or {}).get("ownerReferences"))):
+            # Also after a create: an object made with owners already gone (a controller acting on a list read
+            # before the owner's deletion) is collected, as Kubernetes' collector does with dangling owners.
             await self._collect_garbage()
         return response
 

@@ -96,12 +96,15 @@ class Api:
                 return None
             raise
 
-    async def create(self, api_version: str, plural: str, namespace: str, obj: dict[str, Any]) -> None:
+    async def create(self, api_version: str, plural: str, namespace: str, obj: dict[str, Any]) -> bool:
+        """True when this call created it, False when it existed."""
         try:
             await self._call("POST", self.path(api_version, plural, namespace), obj)
         except ApiError as e:
             if e.status != 409:
                 raise
+            return False
+        return True
 
     async def patch(self, api_version: str, plural: str, namespace: str, name: str, patch: dict[str, Any],
                     sub: str = "") -> None:
@@ -265,7 +268,10 @@ class PodRunner:
             if key not in pods or container is None:
                 if key in pods and container is None:  # left by an earlier runner: replace it
                     await api.delete("v1", "pods", namespace, key[1])
-                pods[key] = await self._create_pod(api, sts, i, revision)  # not gone: this pass made it
+                created = await self._create_pod(api, sts, i, revision)
+                if created is None:  # the StatefulSet was deleted since this pass listed it
+                    return set()
+                pods[key] = created  # not gone: this pass made it
                 continue
             await self._supervise(api, container)
         await self._roll(api, sts, revision, replicas)
@@ -280,21 +286,36 @@ class PodRunner:
             await api.patch("apps/v1", "statefulsets", namespace, name, {"status": status}, sub="status")
         return keys
 
-    async def _create_pod(self, api: Api, sts: dict[str, Any], ordinal: int, revision: str) -> dict[str, Any]:
+    async def _set_exists(self, api: Api, sts: dict[str, Any]) -> bool:
+        meta = sts["metadata"]
+        current = await api.get("apps/v1", "statefulsets", meta["namespace"], meta["name"])
+        return current is not None and current["metadata"].get("uid") == meta.get("uid")
+
+    async def _create_pod(self, api: Api, sts: dict[str, Any], ordinal: int, revision: str
+                          ) -> dict[str, Any] | None:
+        """Create the pod (and its claims) and start its container; None, creating nothing that stays, when the
+        StatefulSet is gone. Checked before and after creating: a pass works from a list read earlier, and a
+        claim made after an uninstall deleted the claims would be left behind (the controller never acts on a
+        deleted set)."""
+        if not await self._set_exists(api, sts):
+            return None
         meta, spec = sts["metadata"], sts["spec"]
         namespace, pod = meta["namespace"], f"{meta['name']}-{ordinal}"
         template = spec["template"]
         pod_spec = template["spec"]
         ip = self._ips.setdefault((namespace, pod), f"{self.ip_prefix}.{len(self._ips) + 1}")
-        claims = []
+        claims: list[str] = []
+        made_claims: list[str] = []  # created here, not found: removed again if the set turns out gone
         for claim in spec.get("volumeClaimTemplates") or []:
             claim_name = f"{claim['metadata']['name']}-{pod}"
             claims.append(claim_name)
-            await api.create("v1", "persistentvolumeclaims", namespace, {
+            made = await api.create("v1", "persistentvolumeclaims", namespace, {
                 "apiVersion": "v1", "kind": "PersistentVolumeClaim",
                 "metadata": {"name": claim_name, "namespace": namespace,
                              "labels": dict(claim["metadata"].get("labels") or {})},
                 "spec": claim["spec"], "status": {"phase": "Bound"}})
+            if made:
+                made_claims.append(claim_name)
             (self.root / namespace / "volumes" / claim_name).mkdir(parents=True, exist_ok=True)
         labels = {**dict(template["metadata"].get("labels") or {}), "controller-revision-hash": revision,
                   "statefulset.kubernetes.io/pod-name": pod}
@@ -308,6 +329,11 @@ class PodRunner:
                 "status": {"phase": "Pending", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": ip}}
         await api.delete("v1", "pods", namespace, pod)
         await api.create("v1", "pods", namespace, body)
+        if not await self._set_exists(api, sts):
+            await api.delete("v1", "pods", namespace, pod)
+            for claim_name in made_claims:
+                await api.delete("v1", "persistentvolumeclaims", namespace, claim_name)
+            return None
         container = await self._container(api, body, ip, revision, claims)
         container.start()
         with self._lock:
