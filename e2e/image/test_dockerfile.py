@@ -11,6 +11,7 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 from octavo.cli.main import build_parser
@@ -139,13 +140,12 @@ def _image_missing() -> str | None:
     return None
 
 
+@pytest.mark.docker
 def test_the_built_image_serves_a_cluster() -> None:
     """Three bookies in containers of the built image and `octavo cluster check` from a fourth (e2e/image/smoke.py),
     where a Docker engine and the image are."""
     import subprocess
     import sys
-
-    import pytest
 
     reason = _image_missing()
     if reason:

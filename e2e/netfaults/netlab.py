@@ -63,7 +63,7 @@ def unavailable() -> str:
         return "network namespaces need root (the tests run as root on CI)"
     for tool in ("ip", "nft"):
         if shutil.which(tool) is None:
-            return f"no `{tool}` command (iproute2 / nftables)"
+            return f"no `{tool}` command (Debian's iproute2 / nftables: `make system-packages` installs them as root)"
     probe = f"octprobe{os.getpid()}"
     done = _run("ip", "netns", "add", probe, check=False)
     if done.returncode != 0:

@@ -1,6 +1,7 @@
 """Network faults between real processes in network namespaces (netlab.py): explicit partition scenarios and a
 short seeded nemesis run with the history checker. Skipped, with the reason, where namespaces cannot be made
-(not root, no iproute2/nftables, or refused)."""
+(not root, no iproute2/nftables, or refused); under CI=true that skip fails the run (conftest.py), and `make test`
+installs iproute2 and nftables first (tools/get-system-packages.sh)."""
 
 from __future__ import annotations
 
