@@ -102,19 +102,32 @@ def test_read_ranges_formats_and_exit_codes(cluster: LocalCluster, tmp_path: Pat
     assert nothing.returncode == 0 and nothing.stdout == "" and "no readable entry" in nothing.stderr
 
 
-def test_an_abandoned_open_ledger_shows_what_its_bookies_hold(cluster: LocalCluster) -> None:
+def test_an_abandoned_open_ledger_shows_its_lac_and_its_unconfirmed_entries(cluster: LocalCluster) -> None:
     etcd = cluster.etcd_endpoint
     ledger = int(subprocess.run([sys.executable, "-c", WRITER, etcd], capture_output=True, text=True,
                                 timeout=120, check=True).stdout)
+    # The writer's one batch carried LAC -1 and it died before telling the bookies more: every entry is held
+    # by an ack quorum, none is known to be acknowledged.
     shown = run("show", str(ledger), "--etcd", etcd)
-    assert "OPEN (a writer may still be appending); last add confirmed 999 as read from its bookies" in shown.stdout
+    assert "OPEN (a writer may still be appending); last add confirmed -1 as read from its bookies" in shown.stdout
+    assert "unconfirmed last entry 999: entries 0..999 are held by an ack quorum" in shown.stdout
     meta = json.loads(run("show", str(ledger), "--etcd", etcd, "--json").stdout)
-    assert meta["last_add_confirmed"] == 999 and meta["last_add_confirmed_source"] == "bookies"
+    assert meta["last_add_confirmed"] == -1 and meta["last_add_confirmed_source"] == "bookies"
+    assert meta["unconfirmed_last_entry_id"] == 999
     assert meta["length_bytes"] is None
     with SyncClient(etcd) as client:
-        assert client.open_ledger(ledger, b"pw", recovery=False).last_entry_id == 999
-    read = run("read", str(ledger), "--etcd", etcd, "--password", "pw", "--first", "998")
+        reader = client.open_ledger(ledger, b"pw", recovery=False)
+        assert reader.last_entry_id == -1
+        assert reader.read_unconfirmed_last_entry() == client.read_unconfirmed_last_entry(ledger) == 999
+        assert [e.data for e in reader.read(998, 999, unconfirmed=True)] == [b"entry 998", b"entry 999"]
+    nothing = run("read", str(ledger), "--etcd", etcd, "--password", "pw")
+    assert nothing.returncode == 0 and nothing.stdout == "" and "--unconfirmed reads entries" in nothing.stderr
+    past = run("read", str(ledger), "--etcd", etcd, "--password", "pw", "--first", "998")
+    assert past.returncode == 1 and "past the last readable entry -1" in past.stderr and "--unconfirmed" in past.stderr
+    read = run("read", str(ledger), "--etcd", etcd, "--password", "pw", "--first", "998", "--unconfirmed")
     assert read.stdout.splitlines() == ["998\tentry 998", "999\tentry 999"]
+    both = run("read", str(ledger), "--etcd", etcd, "--password", "pw", "--unconfirmed", "--recover")
+    assert both.returncode == 2 and "--unconfirmed" in both.stderr
     recovered = run("read", str(ledger), "--etcd", etcd, "--password", "pw", "--recover", "--first", "999")
     assert recovered.returncode == 0, recovered.stderr
     # Recovery read every entry (the bookies' LAC was -1), so it knows the length.

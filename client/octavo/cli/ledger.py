@@ -3,14 +3,16 @@
     octavo ledger ls      [--etcd E | --data-dir DIR] [--cluster C] [--json]
     octavo ledger show ID [...] [--json]
     octavo ledger read ID [...] [--password P | --password-file F] [--first N] [--last N | --follow]
-                          [--format auto|text|hex|raw] [--recover] [--json]
+                          [--format auto|text|hex|raw] [--recover | --unconfirmed] [--json]
     octavo ledger delete ID [...] [--password P | --password-file F] [--yes] [--json]
 
 `read` opens without recovery by default (it never fences a writer); --recover closes an open ledger first.
-An open ledger is read up to what its bookies hold on an ack quorum; with --follow (`tail -f`) the command
-prints what is there, then each entry as its writer gets it acknowledged, and exits once the ledger is
-closed (Ctrl-C stops it earlier, exit code 130). `delete` asks for confirmation on a
-terminal; scripts pass --yes.
+An open ledger is read up to its last-add-confirmed (LAC), the last entry its bookies know was acknowledged;
+--unconfirmed reads on to the last entry they hold on an ack quorum, entries that were not acknowledged and
+that a recovery open may drop. With --follow (`tail -f`) the command prints what is there, then each entry as
+its writer gets it acknowledged, and exits once the ledger is closed (Ctrl-C stops it earlier, exit code 130).
+`show` of an open ledger prints its LAC and, labelled unconfirmed, the last entry its bookies hold past it.
+`delete` asks for confirmation on a terminal; scripts pass --yes.
 Exit codes: 0 success, 1 the operation failed (message on stderr), 2 bad usage.
 """
 
@@ -60,6 +62,10 @@ def add_parser(sub: Any) -> None:
             c.add_argument("--format", choices=("auto", "text", "hex", "raw"), default="auto",
                            help="auto: text when printable, hex otherwise; raw: the bytes alone, back to back")
             c.add_argument("--recover", action="store_true", help="recovery open: fence and close the ledger")
+            c.add_argument("--unconfirmed", action="store_true",
+                           help="read an open ledger past its last-add-confirmed, up to the last entry its bookies "
+                                "hold on an ack quorum (default --last): those entries were not acknowledged and "
+                                "may vanish, a recovery open may close the ledger before them")
             c.add_argument("--follow", "-f", action="store_true",
                            help="keep printing new entries as they are acknowledged, until the ledger is closed")
         if name == "delete":
@@ -76,6 +82,9 @@ async def _run(args: Namespace) -> int:
     if args.ledger_cmd == "read" and args.follow and (args.last is not None or args.recover):
         raise CliError("--follow reads until the ledger is closed: it takes neither --last nor --recover",
                        EXIT_USAGE)
+    if args.ledger_cmd == "read" and args.unconfirmed and (args.follow or args.recover):
+        raise CliError("--unconfirmed reads an open ledger past its last-add-confirmed: it takes neither --follow "
+                       "(which yields acknowledged entries only) nor --recover (which closes the ledger)", EXIT_USAGE)
     async with cluster_client(args) as client:
         handler = {"ls": _ls, "show": _show, "read": _read, "delete": _delete}[args.ledger_cmd]
         return await handler(client, args)  # type: ignore[no-any-return]
@@ -114,13 +123,16 @@ async def _ls(client: Any, args: Namespace) -> int:
 async def _show(client: Any, args: Namespace) -> int:
     meta = await client.ledger_metadata(args.ledger_id)
     lac = None if meta.closed else await client.read_last_add_confirmed(args.ledger_id)
+    # Past the LAC: held by an ack quorum, not acknowledged; a recovery open may close the ledger before it.
+    unconfirmed = None if meta.closed else await client.read_unconfirmed_last_entry(args.ledger_id)
     if args.json:
         out = _summary(meta, time.time())
         out.update(ensemble_size=meta.ensemble_size, write_quorum=meta.write_quorum, ack_quorum=meta.ack_quorum,
                    ensembles=[{"first_entry_id": first, "bookies": list(b)} for first, b in meta.ensembles],
                    password_digest=meta.password_digest, custom_metadata=dict(meta.custom_metadata),
                    last_add_confirmed=lac if lac is not None else meta.last_entry_id,
-                   last_add_confirmed_source="bookies" if lac is not None else "metadata")
+                   last_add_confirmed_source="bookies" if lac is not None else "metadata",
+                   unconfirmed_last_entry_id=unconfirmed)
         print_json(out)
         return EXIT_OK
     if meta.closed:
@@ -133,6 +145,10 @@ async def _show(client: Any, args: Namespace) -> int:
         what = "a writer may still be appending" if meta.state == "OPEN" else "a recovery open is closing it"
         print(f"ledger   {meta.ledger_id}: {meta.state} ({what}); last add confirmed {lac} as read from its "
               f"bookies now; length unknown until it is closed")
+        if unconfirmed is not None and lac is not None and unconfirmed > lac:
+            print(f"unconfirmed last entry {unconfirmed}: entries {lac + 1}..{unconfirmed} are held by an ack "
+                  f"quorum but not known to be acknowledged; a recovery open may drop them "
+                  f"(`ledger read --unconfirmed` reads them)")
     print(f"quorums  E={meta.ensemble_size} Qw={meta.write_quorum} Qa={meta.ack_quorum}")
     for first, bookies in meta.ensembles:
         print(f"segment  from entry {first}: {', '.join(bookies)}")
@@ -151,23 +167,34 @@ async def _read(client: Any, args: Namespace) -> int:
                 _print_entry(entry, args)
             sys.stdout.flush()
         return EXIT_OK
-    last_readable = reader.last_entry_id
+    unconfirmed = args.unconfirmed and not reader.metadata.closed
+    last_readable = await reader.read_unconfirmed_last_entry() if unconfirmed else reader.last_entry_id
     first = 0 if args.first is None else args.first
     last = last_readable if args.last is None else args.last
     explicit = args.first is not None or args.last is not None
     if last_readable < 0 and not explicit:
         state = "closed" if reader.metadata.closed else "open"
-        print(f"(ledger {args.ledger_id} is {state} with no readable entry)", file=sys.stderr)
+        hint = "" if reader.metadata.closed or unconfirmed else (
+            ": its last-add-confirmed is -1; --unconfirmed reads entries its bookies hold past it")
+        print(f"(ledger {args.ledger_id} is {state} with no readable entry{hint})", file=sys.stderr)
         return EXIT_OK
     if last > last_readable or first > last:
         raise CliError(f"entries [{first}, {max(first, last)}] are past the last readable entry {last_readable} of "
-                       f"ledger {args.ledger_id}" + ("" if reader.metadata.closed else
-                                                     " (it is open: its writer may add more)"))
-    async for batch in reader.read_batches(first, last):
+                       f"ledger {args.ledger_id}" + _open_ledger_hint(reader.metadata.closed, unconfirmed))
+    async for batch in reader.read_batches(first, last, unconfirmed=unconfirmed):
         for entry in batch:
             _print_entry(entry, args)
     sys.stdout.flush()
     return EXIT_OK
+
+
+def _open_ledger_hint(closed: bool, unconfirmed: bool) -> str:
+    if closed:
+        return ""
+    if unconfirmed:
+        return " (it is open: the last entry its bookies hold on an ack quorum, unconfirmed)"
+    return (" (it is open: its last-add-confirmed; its writer may add more, and --unconfirmed reads what its "
+            "bookies hold past it, entries that may vanish)")
 
 
 def _print_entry(entry: Any, args: Namespace) -> None:

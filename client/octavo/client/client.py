@@ -191,7 +191,9 @@ class Client:
     async def open_ledger(self, ledger_id: int, password: bytes = b"", recovery: bool = True) -> ReadHandle:
         """Open a ledger to read it. With recovery (the default), a ledger that is not closed is fenced,
         its last entry found and re-replicated, and it is closed: its writer can never add to it again.
-        Without recovery an open ledger is read up to its last-add-confirmed, and the writer goes on."""
+        Without recovery an open ledger is read up to its last-add-confirmed (the LAC its bookies report: every
+        entry up to it was acknowledged), and the writer goes on; entries past the LAC only with
+        `read(..., unconfirmed=True)`, which may return entries a later recovery open drops."""
         meta, _ = await self.metadata_store.read_ledger(ledger_id)
         if meta.password_digest != password_digest(password):
             raise WrongPasswordError(f"wrong password for ledger {ledger_id}")
@@ -210,13 +212,23 @@ class Client:
         return handle
 
     async def read_last_add_confirmed(self, ledger_id: int) -> int:
-        """A ledger's last readable entry: a closed ledger's last entry, or what an open one's bookies hold
-        (see ReadHandle.read_last_add_confirmed). Needs no password: it tells a number, not data."""
+        """A ledger's last readable entry: a closed ledger's last entry, or an open one's LAC as its bookies
+        report it (see ReadHandle.read_last_add_confirmed). Needs no password: it tells a number, not data."""
         meta, _ = await self.metadata_store.read_ledger(ledger_id)
         if meta.closed:
             return meta.last_entry_id
         await self.bookies(refresh=True)
         return await ReadHandle(self, meta, -1).read_last_add_confirmed()
+
+    async def read_unconfirmed_last_entry(self, ledger_id: int) -> int:
+        """The last entry an open ledger's bookies hold on an ack quorum, past its LAC: UNCONFIRMED, a recovery
+        open may close the ledger before it (see ReadHandle.read_unconfirmed_last_entry). A closed ledger's
+        last entry. Needs no password."""
+        meta, _ = await self.metadata_store.read_ledger(ledger_id)
+        if meta.closed:
+            return meta.last_entry_id
+        await self.bookies(refresh=True)
+        return await ReadHandle(self, meta, -1).read_unconfirmed_last_entry()
 
     async def delete_ledger(self, ledger_id: int, password: bytes | None = None) -> None:
         """Delete a ledger's metadata; its bookies drop it when they learn of it. With a password, the
@@ -469,13 +481,13 @@ class SyncReadHandle(_SyncHandle):
     def last_entry_id(self) -> int:
         return self._handle.last_entry_id
 
-    def read(self, first: int, last: int) -> Iterator[Entry]:
+    def read(self, first: int, last: int, *, unconfirmed: bool = False) -> Iterator[Entry]:
         """Entries first..last in order (ReadHandle.read_batches underneath: one hop to the loop per chunk)."""
-        for batch in self.read_batches(first, last):
+        for batch in self.read_batches(first, last, unconfirmed=unconfirmed):
             yield from batch
 
-    def read_batches(self, first: int, last: int) -> Iterator[list[Entry]]:
-        return self._iterate(self._handle.read_batches(first, last))
+    def read_batches(self, first: int, last: int, *, unconfirmed: bool = False) -> Iterator[list[Entry]]:
+        return self._iterate(self._handle.read_batches(first, last, unconfirmed=unconfirmed))
 
     def tail(self, from_entry: int = 0) -> Iterator[Entry]:
         """Follow the ledger (ReadHandle.tail): blocks until the next entry is acknowledged; ends at the close."""
@@ -500,6 +512,9 @@ class SyncReadHandle(_SyncHandle):
 
     def read_last_add_confirmed(self) -> int:
         return self._loop.run(self._handle.read_last_add_confirmed())
+
+    def read_unconfirmed_last_entry(self) -> int:
+        return self._loop.run(self._handle.read_unconfirmed_last_entry())
 
     def __enter__(self) -> SyncReadHandle:
         return self
@@ -537,6 +552,9 @@ class SyncClient:
 
     def read_last_add_confirmed(self, ledger_id: int) -> int:
         return self._loop.run(self._client.read_last_add_confirmed(ledger_id))
+
+    def read_unconfirmed_last_entry(self, ledger_id: int) -> int:
+        return self._loop.run(self._client.read_unconfirmed_last_entry(ledger_id))
 
     def list_ledgers(self) -> list[int]:
         return self._loop.run(self._client.list_ledgers())

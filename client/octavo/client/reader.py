@@ -11,13 +11,20 @@ answer wins. Entries a replica could not give (missing, UNKNOWN, corrupt, unreac
 replica; an entry no replica can give is a ReadError. An answer cut by the bookie's read limits is continued
 on the same bookie.
 
+Reads of an open ledger stop at its last-add-confirmed (LAC), as BookKeeper's do: every entry up to it was
+acknowledged to the writer, so no recovery open can close the ledger before it. Entries past it that the
+bookies already hold may be read only by asking for them with `unconfirmed=True` (BookKeeper's
+readUnconfirmedEntries): a writer that crashes in the middle of an ensemble change can leave such an entry on a
+bookie that is no longer in the ledger's last segment, and the recovery open that closes the ledger then ends
+before it. An unconfirmed read can therefore return an entry that the closed ledger does not contain.
+
 Tailing reads (tail, tail_batches) follow an open ledger: each round is one long poll (ReadTail) on one bookie
 of the last ensemble, held until its LAC passes what the reader has, and answered with the entries it holds
 up to that LAC (others, of a striped ledger, are read from their replicas). A bookie that fails, hangs or had
 nothing new within the wait is left for the next bookie of the ensemble (as BookKeeper's long-poll reads
 move on), so a stopped bookie delays a reader by one wait (tail_wait_ms) at most.
 Only entries up to a LAC a bookie reported are ever yielded (a LAC comes from the writer and covers acknowledged
-entries only), not up to read_last_add_confirmed's held-by-Qa estimate.
+entries only).
 A fenced or write-closed answer, or a round without progress, makes the reader look at the ledger's metadata
 in etcd: a new ensemble is followed, a closed ledger is read to its last entry and the tail ends.
 """
@@ -29,7 +36,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from octavo.client.context import ClientContext
 from octavo.meta.errors import BookieUnavailableError, MetadataUnavailableError, ReadError
@@ -73,9 +80,6 @@ class ReadHandle:
         self.metadata = metadata
         self._lac = last_add_confirmed
         self._tail_bookie = ""  # the bookie a tailing read long-polls now
-        # The highest LAC a bookie reported to a tailing read. A tail yields only up to it (or a closed ledger's
-        # last entry), never up to the held-by-Qa estimate read_last_add_confirmed may give an open ledger.
-        self._tail_lac = -1
 
     @property
     def ledger_id(self) -> int:
@@ -87,26 +91,51 @@ class ReadHandle:
         return self.metadata.last_entry_id if self.metadata.closed else self._lac
 
     async def read_last_add_confirmed(self) -> int:
-        """The last entry of an open ledger that readers may safely read, and remember it.
+        """The LAC of an open ledger (the last entry readers may read), and remember it as last_entry_id; a
+        closed ledger's last entry.
 
-        The bookies' LACs come first (the highest answer). They lag the writer by one batch (a LAC rides on
-        the next add), and a writer that died right after its last batch leaves them behind for good; so
-        entries past that LAC are then checked on their write sets: every entry in a row that Qa bookies of
-        its write set hold is as good as acknowledged, because a recovery open can never close the ledger
-        short of it ((Qw - Qa) + 1 bookies must deny an entry before recovery ends there)."""
+        BookKeeper's rule: the highest LAC the last ensemble's bookies report, and at least the entry before
+        the last segment (a segment starts after the writer's LAC of when it began). Every entry up to it was
+        acknowledged, so every recovery open keeps it. The bookies' LAC lags the writer by one batch (it rides
+        on the next add, or on a LAC-only add once the writer is idle), and a writer that died right after its
+        last batch leaves it behind for good: those entries become readable when a recovery open closes the
+        ledger. Entries past the LAC: read_unconfirmed_last_entry."""
         if self.metadata.closed:
             return self.metadata.last_entry_id
-        answers = await asyncio.gather(*(self._client.bookie_client(b).read_lac(self.ledger_id)
-                                         for b in self.metadata.last_ensemble), return_exceptions=True)
-        ok = [a for a in answers if not isinstance(a, BaseException) and a.code == pb.OK]
-        # Entries before the last segment were acknowledged before it began.
-        floor = self.metadata.ensembles[-1][0] - 1
-        lac: int = max([self._lac, floor, *(int(a.last_add_confirmed) for a in ok)])
-        stored = max((int(a.last_entry_id) for a in ok), default=-1)
-        if stored > lac:
-            lac = await self._held_by_ack_quorum(lac, stored)
+        ok = await self._read_lacs()
+        lac = max([self._lac, self._segment_floor(), *(int(a.last_add_confirmed) for a in ok)])
         self._lac = lac
         return lac
+
+    async def read_unconfirmed_last_entry(self) -> int:
+        """Past the LAC of an open ledger, the last entry that it and every entry before it are held by Qa
+        bookies of their write sets; the LAC if there is none; a closed ledger's last entry. Changes nothing
+        the handle remembers: last_entry_id stays the LAC.
+
+        UNCONFIRMED: such an entry was not acknowledged (or not yet known to be), and it may vanish. If the
+        writer crashes in the middle of an ensemble change (after the new segment is in etcd, before its
+        entries reach the replacement), an entry held only by the bookie it replaced is denied by the new
+        segment and a recovery open closes the ledger before it. Read such entries with read(...,
+        unconfirmed=True) only where that is acceptable (BookKeeper's readUnconfirmedEntries)."""
+        if self.metadata.closed:
+            return self.metadata.last_entry_id
+        ok = await self._read_lacs()
+        lac = max([self._lac, self._segment_floor(), *(int(a.last_add_confirmed) for a in ok)])
+        stored = max((int(a.last_entry_id) for a in ok), default=-1)
+        return await self._held_by_ack_quorum(lac, stored) if stored > lac else lac
+
+    def _segment_floor(self) -> int:
+        """Entries before the last segment were acknowledged before it began."""
+        return self.metadata.ensembles[-1][0] - 1
+
+    async def _read_lacs(self) -> list[Any]:
+        """The OK answers of the last ensemble's bookies to a (non-fencing) LAC read; a bookie that cannot be
+        reached (or is not registered) gives none."""
+        async def one(bookie_id: str) -> Any:
+            return await self._client.bookie_client(bookie_id).read_lac(self.ledger_id)
+
+        answers = await asyncio.gather(*map(one, self.metadata.last_ensemble), return_exceptions=True)
+        return [a for a in answers if not isinstance(a, BaseException) and a.code == pb.OK]
 
     async def _held_by_ack_quorum(self, lac: int, last: int) -> int:
         """The highest entry id in (lac, last] such that it and every entry before it past `lac` is held by
@@ -138,23 +167,32 @@ class ReadHandle:
             return []
         return [item.entry_id for item in response.entries if item.code == pb.OK]
 
-    def _check_range(self, first: int, last: int) -> None:
+    def _check_range(self, first: int, last: int, unconfirmed: bool) -> None:
         if first < 0 or last < first:
             raise ValueError(f"invalid range [{first}, {last}]: need 0 <= first <= last")
+        if unconfirmed and not self.metadata.closed:
+            return
         if last > self.last_entry_id:
-            raise ReadError(f"ledger {self.ledger_id}: entry {last} is past the last readable entry "
-                            f"{self.last_entry_id}")
+            what = ("the closed ledger's last entry" if self.metadata.closed else
+                    "the last-add-confirmed (entries past it may be read with unconfirmed=True, and may vanish)")
+            raise ReadError(f"ledger {self.ledger_id}: entry {last} is past {what} {self.last_entry_id}")
 
-    async def read(self, first: int, last: int) -> AsyncIterator[Entry]:
-        """Entries first..last inclusive, in order. `last` may not pass last_entry_id."""
-        async for batch in self.read_batches(first, last):
+    async def read(self, first: int, last: int, *, unconfirmed: bool = False) -> AsyncIterator[Entry]:
+        """Entries first..last inclusive, in order. `last` may not pass last_entry_id (the LAC of an open
+        ledger) unless `unconfirmed` (see read_batches)."""
+        async for batch in self.read_batches(first, last, unconfirmed=unconfirmed):
             for entry in batch:
                 yield entry
 
-    async def read_batches(self, first: int, last: int) -> AsyncIterator[list[Entry]]:
+    async def read_batches(self, first: int, last: int, *, unconfirmed: bool = False) -> AsyncIterator[list[Entry]]:
         """Entries first..last inclusive, in order, a list per chunk: chunks of about read_batch_bytes read
-        from several bookies in parallel, up to read_ahead_bytes_max ahead of the consumer."""
-        self._check_range(first, last)
+        from several bookies in parallel, up to read_ahead_bytes_max ahead of the consumer.
+
+        `last` may not pass last_entry_id (ReadError). With `unconfirmed=True` an open ledger is read past its
+        LAC, up to `last` (read_unconfirmed_last_entry tells how far the bookies hold entries): such entries are
+        not acknowledged and may vanish, since a recovery open may close the ledger before them. An entry no
+        bookie of its write set holds is a ReadError. A closed ledger is never read past its last entry."""
+        self._check_range(first, last, unconfirmed)
         opts = self._client.options
         chunk = min(FIRST_CHUNK_ENTRIES, last - first + 1)
         entry_bytes = 0.0  # average payload size seen, 0 before the first chunk
@@ -188,9 +226,12 @@ class ReadHandle:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def read_entries(self, ids: list[int]) -> dict[int, bytes]:
+    async def read_entries(self, ids: list[int], *, unconfirmed: bool = False) -> dict[int, bytes]:
         """The payloads of the given entries, each from its write set (failover and speculation as read());
-        ReadError if one cannot be read from any replica."""
+        ReadError if one cannot be read from any replica. The ids may not pass last_entry_id unless
+        `unconfirmed` (as read_batches)."""
+        if ids:
+            self._check_range(min(ids), max(ids), unconfirmed)
         found: dict[int, bytes] = {}
         for start in range(0, len(ids), READ_CHUNK_ENTRIES):
             found.update(await self._read_chunk(ids[start:start + READ_CHUNK_ENTRIES]))
@@ -214,7 +255,7 @@ class ReadHandle:
         stash: dict[int, bytes] = {}  # entries a long-poll answer brought, not yet yielded
         quick_failures = 0
         while True:
-            last = self.metadata.last_entry_id if self.metadata.closed else self._tail_lac
+            last = self.last_entry_id  # the LAC of an open ledger: a tail never yields an unconfirmed entry
             if next_id <= last:
                 if last - next_id >= TAIL_ENTRIES_MAX and not stash:  # far behind: a catch-up read
                     async for batch in self._with_metadata_retry_batches(next_id, last):
@@ -282,7 +323,6 @@ class ReadHandle:
             self._next_tail_bookie(ensemble)
             return False, True
         lac = int(answer.last_add_confirmed)
-        self._tail_lac = max(self._tail_lac, lac)
         if lac > self._lac:
             self._lac = lac
         for item in answer.entries:

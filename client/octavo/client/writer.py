@@ -38,6 +38,7 @@ from typing import Any
 
 import grpc
 
+from octavo.client import faults
 from octavo.client.bookie_client import AddCallback, AddGroup, Refusal, add_group
 from octavo.client.context import ClientContext
 from octavo.client.placement import CONNECTING, IDLE, READY, UNREGISTERED, replacement_choice
@@ -571,6 +572,8 @@ class WriteHandle:
                     return
                 if replacement is None:
                     return
+                # The new segment is in etcd; the replacement holds nothing past the LAC until the resend below.
+                faults.hit(faults.ENSEMBLE_CHANGE_AFTER_SEGMENT_CAS)
                 self.ensemble_changes += 1
                 self._metrics.ensemble_changes.add(1)
                 self._new_epoch(replacement)
