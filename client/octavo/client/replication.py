@@ -206,7 +206,10 @@ class Replicator:
         raise ReplicationError(f"ledger {ledger_id}: re-replication kept losing its CAS to other changes")
 
     async def _choose(self, meta: LedgerMetadata, segment: _Segment, old: str, gone: set[str]) -> str:
-        registered = {b: info for b, info in (await self.client.bookies(refresh=True)).items() if b not in gone}
+        # The client's registrations, read again once they are bookie_list_ttl_s old: not per ledger (a lost
+        # bookie's thousands of small ledgers would each pay etcd round trips for the same list). A bookie
+        # that left since is refused by the copy's add, and the ledger is retried.
+        registered = {b: info for b, info in (await self.client.bookies()).items() if b not in gone}
 
         def state(bookie_id: str) -> str:
             try:
@@ -239,9 +242,12 @@ class Replicator:
         reader = ReadHandle(self.client, meta, segment.last)
         missing: list[int] = []
         target = self.client.bookie_client(new)
+        # The old bookie is read too while it is registered (a decommissioned one still serves); a lost one is
+        # not asked at all, so each entry is read in one round from a survivor.
+        exclude = frozenset() if old in self.client.registrations else frozenset({old})
         for start in range(0, len(ids), REPLICATION_READ_ENTRIES):
             chunk = ids[start:start + REPLICATION_READ_ENTRIES]
-            found, _ = await reader.read_available(chunk)  # the old bookie too: a decommissioned one still serves
+            found, _ = await reader.read_available(chunk, exclude=exclude)
             missing += [e for e in chunk if e not in found]
             batch: list[int] = []
             size = 0

@@ -51,6 +51,8 @@ RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 PROBE_TIMEOUT_S = 1.0
 # Keys per etcd range response (get_prefix pages through larger ranges): ~1,000 ledgers' metadata is ~0.5 MB.
 RANGE_PAGE_KEYS = 1_000
+# Operations in one transaction: etcd's default --max-txn-ops (a larger transaction is refused).
+TXN_OPS_MAX = 128
 
 
 # Refusals that credentials would change: said as such, never retried.
@@ -149,6 +151,15 @@ class Txn:
 
     def delete(self, key: bytes) -> Txn:
         self.success.append(rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key)))
+        return self
+
+    def get(self, key: bytes, keys_only: bool = False) -> Txn:
+        """Read the key on success too (its answer is in the response's success results, in op order)."""
+        self.success.append(rpc.RequestOp(request_range=rpc.RangeRequest(key=key, keys_only=keys_only)))
+        return self
+
+    def delete_on_failure(self, key: bytes) -> Txn:
+        self.failure.append(rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key)))
         return self
 
     def get_on_failure(self, key: bytes) -> Txn:

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 
 from octavo.meta.errors import MetadataUnavailableError, NoSuchLedgerError
-from octavo.meta.etcd import EtcdClient, Txn
+from octavo.meta.etcd import TXN_OPS_MAX, EtcdClient, Txn
 from octavo.meta.layout import Layout
 from octavo.meta.ledger_metadata import LedgerMetadata, MetadataError
 
@@ -126,6 +126,19 @@ class MetadataStore:
     async def list_ledgers(self) -> list[int]:
         keys = await self.etcd.get_prefix(self.layout.ledgers, keys_only=True)
         return [self.layout.ledger_id_of(kv.key) for kv in keys]
+
+    async def ledgers_existing(self, ledger_ids: list[int]) -> set[int]:
+        """Which of these ledgers exist in etcd now: read TXN_OPS_MAX keys per transaction (one round trip per
+        page, not per ledger: a GC pass after a mass delete confirms tens of thousands)."""
+        found: set[int] = set()
+        for start in range(0, len(ledger_ids), TXN_OPS_MAX):
+            page = ledger_ids[start:start + TXN_OPS_MAX]
+            txn = Txn()
+            for ledger_id in page:
+                txn.get(self.layout.ledger(ledger_id), keys_only=True)
+            _, resp = await self.etcd.txn(txn)
+            found.update(lid for lid, r in zip(page, resp.responses, strict=True) if r.response_range.kvs)
+        return found
 
     # -- bookies ---------------------------------------------------------------------------------------
     async def bookies(self) -> dict[str, BookieInfo]:

@@ -82,6 +82,7 @@ class BookieServer:
         self.space_wake = asyncio.Event()  # set when a compaction window opens: the space loop looks at once
         self._autorecovery_task: asyncio.Task[None] | None = None
         self.ledgers_dropped_by_watch = 0
+        self.watch_drops = 0  # drops of ledgers the watch saw deleted (each one synced index transaction)
         self.gc_ledgers_dropped_total = 0
         self.disk: DiskMonitor | None = None
         self.compactor: Compactor | None = None
@@ -213,22 +214,46 @@ class BookieServer:
     async def _watch_deletions(self) -> None:
         """Drop ledgers as soon as etcd deletes them (their logs go at the next GC pass). A broken watch is
         opened again after a pause; deletions in the gap are found by the periodic full scan of GC."""
-        assert self.registration is not None and self.storage is not None
-        registration, storage = self.registration, self.storage
+        assert self.registration is not None
+        registration = self.registration
         layout = registration.store.layout
+        pending: set[int] = set()
+        arrived = asyncio.Event()
+        dropper = asyncio.create_task(self._drop_watched(pending, arrived), name="octavo-watch-drops")
+        try:
+            while True:
+                try:
+                    async for keys in registration.etcd.watch_deletes(layout.ledgers):
+                        pending.update(layout.ledger_id_of(k) for k in keys)
+                        arrived.set()
+                except MetadataUnavailableError as e:
+                    log.warning("watch on deleted ledgers broke (%s); watching again in 1s", e)
+                except ValueError as e:
+                    log.error("watch on deleted ledgers: %s; watching again in 1s", e)
+                await asyncio.sleep(1.0)
+        finally:
+            dropper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await dropper
+
+    async def _drop_watched(self, pending: set[int], arrived: asyncio.Event) -> None:
+        """Drop what the watch saw deleted, everything that arrived meanwhile in one go: a burst of deletes (one
+        etcd event each) costs one synced index transaction per drop, not one per ledger."""
+        assert self.storage is not None
+        storage = self.storage
         while True:
+            await arrived.wait()
+            arrived.clear()
+            known = sorted(lid for lid in pending if storage.ledger_state(lid) is not None)
+            pending.clear()
+            if not known:
+                continue
             try:
-                async for keys in registration.etcd.watch_deletes(layout.ledgers):
-                    ids = [layout.ledger_id_of(k) for k in keys]
-                    known = [lid for lid in ids if storage.ledger_state(lid) is not None]
-                    if known:
-                        await self._drop_deleted(known)
-                        self.ledgers_dropped_by_watch += len(known)
-            except MetadataUnavailableError as e:
-                log.warning("watch on deleted ledgers broke (%s); watching again in 1s", e)
+                await self._drop_deleted(known)
+                self.ledgers_dropped_by_watch += len(known)
+                self.watch_drops += 1
             except (ValueError, OSError, StorageError) as e:
                 log.error("dropping deleted ledgers failed (%s); the next GC pass retries", e)
-            await asyncio.sleep(1.0)
 
     async def _drop_deleted(self, ledger_ids: list[int]) -> None:
         """Forget ledgers etcd deleted. The lookup mark rises first, so an add processed after the drop is
@@ -278,9 +303,17 @@ class BookieServer:
         created after the listing is never taken for deleted), then delete logs with nothing alive."""
         assert self.storage is not None and self.registration is not None
         storage, registration = self.storage, self.registration
-        in_etcd = set(await registration.store.list_ledgers())
-        candidates = sorted(storage.ledger_ids() - in_etcd)
-        gone = [lid for lid in candidates if await registration.ledger_metadata(lid) is None]
+        # The cluster's ledger ids a page at a time, each page struck off the ledgers this bookie knows: memory
+        # holds this bookie's ledgers, never the whole cluster's.
+        store = registration.store
+        candidates = storage.ledger_ids()
+        async for page in store.etcd.iter_prefix(store.layout.ledgers, keys_only=True):
+            candidates.difference_update(store.layout.ledger_id_of(kv.key) for kv in page)
+        # Each candidate is confirmed by a read after the listing (a ledger created meanwhile is never taken for
+        # deleted), many per etcd transaction.
+        ordered = sorted(candidates)
+        existing = await store.ledgers_existing(ordered)
+        gone = [lid for lid in ordered if lid not in existing]
         if gone:
             await self._drop_deleted(gone)
         report = await asyncio.get_running_loop().run_in_executor(None, storage.collect_garbage)

@@ -1,0 +1,115 @@
+"""What the paths that run once per ledger cost in etcd requests (bench/scale_bench.py found them growing).
+
+Counted by etcd itself: its gRPC server's handled-request counters for the KV service on /metrics. A path that
+grows a round trip per ledger, where a page or one transaction would do, fails here long before a cluster of
+millions of ledgers notices it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+from pathlib import Path
+
+from octavo.cli.localcluster import EtcdProcess, LocalCluster
+from octavo.client import Client, ClientOptions
+from octavo.client.replication import REPLICATED, Replicator
+from octavo.meta.etcd import EtcdClient
+from octavo.meta.layout import Layout
+from octavo.meta.underreplication import UnderReplication
+from octavo.node.testing import BookieConnection
+from octavo.v1 import bookie_pb2 as pb
+
+PW = b"pw"
+# Nothing in the background talks to etcd's KV service while a test counts: no GC pass, no autorecovery (the
+# registrations' keepalives and the deletion watch use other services).
+QUIET = ["--autorecovery-enabled", "false", "--gc-interval-ms", "3600000"]
+# The client trusts its list of registrations for the whole test once read.
+STEADY = ClientOptions(bookie_list_ttl_s=600.0, add_timeout_s=5.0, read_timeout_s=3.0)
+
+
+def kv_requests(endpoint: str) -> int:
+    """KV requests (Range, Txn, Put, DeleteRange, ...) etcd has handled since it started."""
+    text = urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=5).read().decode()
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+               if line.startswith("grpc_server_handled_total{") and 'grpc_service="etcdserverpb.KV"' in line)
+
+
+async def test_a_worker_takes_a_ledger_and_finishes_it_in_one_transaction_each(etcd: EtcdProcess) -> None:
+    layout = Layout("take-finish")
+    async with EtcdClient(etcd.endpoint) as client:
+        marks = UnderReplication(client, layout)
+        lease = await client.grant_lease(30)
+        await marks.mark(7, ["bookie-9"], by="test")
+        before = kv_requests(etcd.endpoint)
+        taken, mark = await marks.take(7, lease, "worker-a")
+        assert kv_requests(etcd.endpoint) - before == 1
+        assert taken and mark is not None and mark.missing == ("bookie-9",)
+        assert await marks.take(7, lease, "worker-b") == (False, None)  # the lock is held
+        assert await marks.lock_owner(7) == "worker-a"
+        before = kv_requests(etcd.endpoint)
+        assert await marks.finish(mark)
+        assert kv_requests(etcd.endpoint) - before == 1
+        assert await marks.get(7) is None and await marks.lock_owner(7) is None
+
+        # A mark that changed meanwhile (another bookie lost) stays for the next pass; the lock goes.
+        await marks.mark(8, ["bookie-9"], by="test")
+        taken, mark = await marks.take(8, lease, "worker-a")
+        assert taken and mark is not None
+        await marks.mark(8, ["bookie-8"], by="test")
+        assert not await marks.finish(mark)
+        left = await marks.get(8)
+        assert left is not None and left.missing == ("bookie-8", "bookie-9")
+        assert await marks.lock_owner(8) is None
+        assert await marks.take(9, lease, "worker-a") == (True, None)  # no mark: nothing to do
+
+
+async def test_re_replicating_a_small_ledger_reads_its_metadata_and_writes_it_once(tmp_path: Path) -> None:
+    """Two etcd requests per ledger (its metadata read, the ensemble's CAS): the registrations the replacement
+    is chosen from come from the client's list, not from etcd again for every ledger."""
+    with LocalCluster(str(tmp_path / "c"), bookies=4, bookie_args=QUIET) as cluster:
+        async with Client(cluster.etcd_endpoint, options=STEADY) as client:
+            w = await client.create_ledger(3, 3, 2, password=PW)
+            await w.append_many([b"entry %d" % i for i in range(3)])
+            await w.close()
+            victim = w.metadata.last_ensemble[0]
+            cluster.bookies[victim].kill()
+            deadline = time.monotonic() + 30
+            while victim in await client.bookies(refresh=True):  # its registration expires with its lease
+                assert time.monotonic() < deadline, f"{victim} still registered"
+                await asyncio.sleep(0.2)
+            before = kv_requests(cluster.etcd_endpoint)
+            report = await Replicator(client).replicate(w.ledger_id, {victim})
+            assert kv_requests(cluster.etcd_endpoint) - before == 2
+            assert report.outcome == REPLICATED and report.entries_copied == 3
+            reader = await client.open_ledger(w.ledger_id, password=PW)
+            assert [e.data async for e in reader.read(0, 2)] == [b"entry %d" % i for i in range(3)]
+
+
+async def test_a_gc_pass_confirms_deleted_ledgers_in_pages(tmp_path: Path) -> None:
+    """A bookie that missed the deletes of 200 ledgers (it was down) drops them at its next GC pass, with a
+    handful of etcd requests: the listing a page at a time, the candidates confirmed many per transaction."""
+    with LocalCluster(str(tmp_path / "c"), bookies=3, bookie_args=QUIET) as cluster:
+        async with Client(cluster.etcd_endpoint, options=STEADY) as client:
+            ids = []
+            for _ in range(200):
+                w = await client.create_ledger(3, 3, 2, password=PW)
+                await w.append_many([b"x"])
+                await w.close()
+                ids.append(w.ledger_id)
+            kept = await client.create_ledger(3, 3, 2, password=PW)
+            await kept.append_many([b"kept"])
+            await kept.close()
+            bookie = cluster.bookies["bookie-0"]
+            bookie.stop()
+            await asyncio.gather(*(client.delete_ledger(lid) for lid in ids))
+        bookie.start()
+        with BookieConnection(bookie.address) as conn:
+            assert conn.status().ledger_count == 201
+            before = kv_requests(cluster.etcd_endpoint)
+            report = conn.admin.RunGc(pb.RunGcRequest(), timeout=60)
+            requests = kv_requests(cluster.etcd_endpoint) - before
+            assert report.ledgers_dropped == 200
+            assert requests <= 4, f"{requests} etcd requests to confirm 200 deleted ledgers"
+            assert conn.status().ledger_count == 1
