@@ -113,3 +113,16 @@ async def test_a_gc_pass_confirms_deleted_ledgers_in_pages(tmp_path: Path) -> No
             assert report.ledgers_dropped == 200
             assert requests <= 4, f"{requests} etcd requests to confirm 200 deleted ledgers"
             assert conn.status().ledger_count == 1
+
+
+async def test_marking_a_ledger_with_no_mark_yet_is_one_request(etcd: EtcdProcess) -> None:
+    """The auditor marks every ledger of a lost bookie: one etcd request each; an existing mark is merged."""
+    async with EtcdClient(etcd.endpoint) as client:
+        marks = UnderReplication(client, Layout("mark-new"))
+        before = kv_requests(etcd.endpoint)
+        assert await marks.mark_new(3, ["bookie-1"], by="auditor bookie-0")
+        assert kv_requests(etcd.endpoint) - before == 1
+        assert await marks.mark_new(3, ["bookie-2"], by="auditor bookie-0")
+        assert not await marks.mark_new(3, ["bookie-2"], by="auditor bookie-0")
+        mark = await marks.get(3)
+        assert mark is not None and mark.missing == ("bookie-1", "bookie-2") and mark.by == "auditor bookie-0"

@@ -69,6 +69,14 @@ class UnderReplication:
                 return True
         raise RuntimeError(f"ledger {ledger_id}: could not mark it under-replicated (kept losing the CAS)")
 
+    async def mark_new(self, ledger_id: int, missing: Collection[str], by: str) -> bool:
+        """mark(), in one etcd round trip when the ledger has no mark yet: the case of every ledger of a bookie
+        just lost (the auditor marks tens of thousands); a ledger already marked is merged by mark()."""
+        mark = Mark(ledger_id, tuple(sorted(set(missing))), int(time.time() * 1000), by)
+        if await self.etcd.cas_put(self.layout.underreplicated_ledger(ledger_id), mark.encode(), 0):
+            return True
+        return await self.mark(ledger_id, missing, by)
+
     async def get(self, ledger_id: int) -> Mark | None:
         kv = await self.etcd.get(self.layout.underreplicated_ledger(ledger_id))
         return Mark.decode(kv.value, kv.mod_revision) if kv is not None else None

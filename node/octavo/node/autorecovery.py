@@ -174,7 +174,7 @@ class AutoRecovery:
             count = 0
             async for meta in client.iter_ledger_metadata():
                 if any(bookie_id in bookies for _, bookies in meta.ensembles):
-                    if await marks.mark(meta.ledger_id, [bookie_id], by=f"auditor {self.bookie_id}"):
+                    if await marks.mark_new(meta.ledger_id, [bookie_id], by=f"auditor {self.bookie_id}"):
                         faults.hit(faults.AUDITOR_AFTER_MARK)
                     count += 1
             self.auditor.marked_lost.add(bookie_id)
