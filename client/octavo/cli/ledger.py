@@ -19,6 +19,7 @@ Exit codes: 0 success, 1 the operation failed (message on stderr), 2 bad usage.
 from __future__ import annotations
 
 import base64
+import json
 import sys
 import time
 from argparse import Namespace
@@ -39,8 +40,10 @@ from octavo.cli.common import (
     print_json,
     resolve_password,
     run_async,
-    table,
 )
+
+# `ledger ls` prints its table this many rows at a time.
+LS_PAGE_ROWS = 1000
 
 
 def add_parser(sub: Any) -> None:
@@ -102,22 +105,52 @@ def _summary(meta: Any, now_s: float) -> dict[str, Any]:
 
 
 async def _ls(client: Any, args: Namespace) -> int:
-    metas = sorted(await client.all_ledger_metadata(), key=lambda m: m.ledger_id)
+    """Printed as etcd gives the metadata, a page at a time (in id order): memory holds one page of ledgers,
+    however many the cluster has."""
     now = time.time()
-    rows = [_summary(m, now) for m in metas]
-    if args.json:
-        print_json({"ledgers": rows})
+    metas = client.iter_ledger_metadata()
+    if args.json:  # the same document print_json makes, written row by row
+        out = sys.stdout
+        out.write('{"ledgers":[')
+        first = True
+        async for meta in metas:
+            out.write(("" if first else ",") + json.dumps(_summary(meta, now), separators=(",", ":")))
+            first = False
+        out.write("]}\n")
         return EXIT_OK
-    if not rows:
+    headers = ["LEDGER", "STATE", "ENTRIES", "SIZE", "AGE"]
+    widths = [len(h) for h in headers]  # widened by each page as needed, never narrowed
+    page: list[list[str]] = []
+    printed = False
+    async for meta in metas:
+        page.append(_ls_row(_summary(meta, now)))
+        if len(page) >= LS_PAGE_ROWS:
+            widths = _print_rows(headers if not printed else None, page, widths)
+            printed, page = True, []
+    if page or printed:
+        _print_rows(headers if not printed else None, page, widths)
+    else:
         print("(no ledgers)", file=sys.stderr)
-        return EXIT_OK
-    print(table(["LEDGER", "STATE", "ENTRIES", "SIZE", "AGE"], [
-        [str(r["ledger_id"]), r["state"].lower(),
-         str(r["entries"]) if r["entries"] is not None else "open",
-         fmt_bytes(r["length_bytes"]) if r["length_bytes"] is not None else ("unknown" if r["state"] == "CLOSED"
-                                                                              else "-"),
-         fmt_age(r["age_s"]) if r["age_s"] is not None else "-"] for r in rows]))
     return EXIT_OK
+
+
+def _ls_row(r: dict[str, Any]) -> list[str]:
+    return [str(r["ledger_id"]), r["state"].lower(),
+            str(r["entries"]) if r["entries"] is not None else "open",
+            fmt_bytes(r["length_bytes"]) if r["length_bytes"] is not None else ("unknown" if r["state"] == "CLOSED"
+                                                                                 else "-"),
+            fmt_age(r["age_s"]) if r["age_s"] is not None else "-"]
+
+
+def _print_rows(headers: list[str] | None, rows: list[list[str]], widths: list[int]) -> list[int]:
+    """Rows (after the headers, if given) padded as common.table pads them, to `widths` widened for these rows;
+    returns the widths used."""
+    widths = [max(w, *(len(r[i]) for r in rows)) if rows else w for i, w in enumerate(widths)]
+    lines = ([headers] if headers else []) + rows
+    sys.stdout.write("".join("  ".join(c.rjust(w) if c[:1].isdigit() else c.ljust(w)
+                                       for c, w in zip(cells, widths, strict=True)).rstrip() + "\n"
+                             for cells in lines))
+    return widths
 
 
 async def _show(client: Any, args: Namespace) -> int:
