@@ -49,7 +49,8 @@ LS_PAGE_ROWS = 1000
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("ledger", help="list, show, read and delete ledgers")
     lsub = p.add_subparsers(dest="ledger_cmd", required=True)
-    for name, help_text in (("ls", "list ledgers: state, entries, size, age"), ("show", "show a ledger's metadata"),
+    for name, help_text in (("ls", "list ledgers: state, entries, size, age"),
+                            ("show", "show a ledger's metadata (an open one's LAC, and its unconfirmed last entry)"),
                             ("read", "print a ledger's entries"), ("delete", "delete a ledger")):
         c = lsub.add_parser(name, help=help_text)
         if name != "ls":

@@ -174,8 +174,10 @@ class ReadHandle:
             return
         if last > self.last_entry_id:
             what = ("the closed ledger's last entry" if self.metadata.closed else
-                    "the last-add-confirmed (entries past it may be read with unconfirmed=True, and may vanish)")
-            raise ReadError(f"ledger {self.ledger_id}: entry {last} is past {what} {self.last_entry_id}")
+                    "the open ledger's last-add-confirmed: entries past it may be read with unconfirmed=True, "
+                    "and may vanish")
+            raise ReadError(f"ledger {self.ledger_id}: entry {last} is past the last readable entry "
+                            f"{self.last_entry_id} ({what})")
 
     async def read(self, first: int, last: int, *, unconfirmed: bool = False) -> AsyncIterator[Entry]:
         """Entries first..last inclusive, in order. `last` may not pass last_entry_id (the LAC of an open
