@@ -205,6 +205,36 @@ def test_write_close(conn: BookieConnection) -> None:
         == pb.NO_SUCH_LEDGER
 
 
+def tail(conn: BookieConnection, ledger: int) -> pb.ReadResponse:
+    """A tailing read that does not wait: its answer says whether the writer closed the ledger here."""
+    return conn.bookie.ReadTail(pb.ReadTailRequest(ledger_id=ledger, previous_lac=-1, wait_ms=0, max_entries=1))
+
+
+def test_write_closes_ride_the_add_stream(conn: BookieConnection) -> None:
+    """Closes carried by an add request are done after its adds (the flag reaches readers), refusals are listed
+    by index, a request with only closes is answered, and malformed close columns refuse the whole request."""
+    a, b, c = new_ledger(), new_ledger(), new_ledger()
+    conn.add(b, KEY, [0], [b"b0"])
+    resp = conn.add_requests([flat(20, [(a, KEY, [0, 1], [b"a0", b"a1"])], close_ledger_ids=[a, b, c, b],
+                                   close_master_keys=[KEY, KEY, KEY, b"x"], close_last_entry_ids=[1, 0, 0, 0])])[0]
+    assert not resp.error and resp.group_count == 1 and not resp.refused_groups
+    refused = {r.group: (list(r.codes), r.message) for r in resp.refused_closes}
+    assert sorted(refused) == [2, 3]
+    assert refused[2][0] == [pb.NO_SUCH_LEDGER] and refused[3][0] == [pb.UNAUTHORIZED]
+    assert tail(conn, a).write_closed and tail(conn, b).write_closed
+    assert conn.read_all(a, 0, 1) == {0: (pb.OK, b"a0"), 1: (pb.OK, b"a1")}
+    d = new_ledger()
+    conn.add(d, KEY, [0], [b"d0"])
+    resp = conn.add_requests([pb.AddRequest(request_id=21, close_ledger_ids=[d], close_master_keys=[KEY],
+                                            close_last_entry_ids=[0])])[0]
+    assert not resp.error and resp.group_count == 0 and not resp.refused_closes
+    assert tail(conn, d).write_closed
+    e = new_ledger()
+    resp = conn.add_requests([flat(22, [(e, KEY, [0], [b"e0"])], close_ledger_ids=[e], close_master_keys=[],
+                                   close_last_entry_ids=[0])])[0]
+    assert resp.error == pb.INVALID and "close columns differ in length" in resp.error_message
+
+
 def test_malformed_bytes_get_a_status_and_the_server_lives(bookie: BookieProcess, conn: BookieConnection) -> None:
     raw = conn.channel.unary_unary("/octavo.v1.Bookie/ReadEntries", request_serializer=None,
                                    response_deserializer=None)

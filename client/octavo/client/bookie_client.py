@@ -46,6 +46,8 @@ CALL_TIMEOUT_S = 10.0
 # bookie's health: the entries are refused, and the bookie is no reason to change the ensemble.
 REQUEST_REFUSALS = frozenset((pb.TOO_LARGE, pb.INVALID, pb.UNAUTHORIZED, pb.PERMISSION_DENIED))
 MESSAGE_BYTES_MAX = 128 * 1024 * 1024
+# Write-closes one add request carries at most (each is ~50 bytes on the wire).
+REQUEST_CLOSES_MAX = 4_096
 
 
 class AddGroup(NamedTuple):
@@ -73,6 +75,15 @@ def _trace_metadata() -> tuple[tuple[str, str], ...] | None:
         return None
     traceparent = current_traceparent()
     return ((TRACEPARENT, traceparent),) if traceparent else None
+
+
+class WriteClose(NamedTuple):
+    """An advisory write-close waiting to ride the add stream; `done` gets the refusal (code, message) or None."""
+
+    ledger_id: int
+    master_key: bytes
+    last_entry_id: int
+    done: asyncio.Future[tuple[int, str] | None]
 
 
 class Refusal(NamedTuple):
@@ -137,12 +148,14 @@ class BookieClient:
         self._add_entries = self._channel.stream_stream("/octavo.v1.Bookie/AddEntries", request_serializer=None,
                                                         response_deserializer=pb.AddResponse.FromString)
         self._queue: deque[tuple[AddGroup, AddCallback]] = deque()
+        self._closes: deque[WriteClose] = deque()
         self._wake = asyncio.Event()
         self._window_open = asyncio.Event()
         self._window_open.set()
         self._queued_bytes = 0
-        # Requests written and not answered, oldest first: request id -> (when it was sent, its groups).
-        self._pending: dict[int, tuple[float, list[tuple[AddGroup, AddCallback]]]] = {}
+        # Requests written and not answered, oldest first: request id -> (when it was sent, its groups, its
+        # write-closes).
+        self._pending: dict[int, tuple[float, list[tuple[AddGroup, AddCallback]], list[WriteClose]]] = {}
         self._watchdog: asyncio.TimerHandle | None = None
         self._request_id = 0
         self._call: Any = None
@@ -163,7 +176,7 @@ class BookieClient:
     @property
     def busy(self) -> bool:
         """Adds are queued or in flight on this connection."""
-        return bool(self._queue or self._pending)
+        return bool(self._queue or self._pending or self._closes)
 
     async def close(self) -> None:
         self._closed = True
@@ -218,6 +231,9 @@ class BookieClient:
         self._queued_bytes += group.size
         if self._queued_bytes >= REQUEST_BYTES_MAX and not self._window_open.is_set():
             self._update_window()
+        self._send_soon()
+
+    def _send_soon(self) -> None:
         if not self._wake.is_set():
             self._wake.set()
         if self._sender is None or self._sender.done():
@@ -228,7 +244,7 @@ class BookieClient:
         self._sender = asyncio.create_task(self._send_loop(self._call), name=f"octavo-send-{self.bookie_id}")
         self._receiver = asyncio.create_task(self._receive_loop(self._call), name=f"octavo-recv-{self.bookie_id}")
 
-    def _take_request(self) -> tuple[int, bytes, list[tuple[AddGroup, AddCallback]]]:
+    def _take_request(self) -> tuple[int, bytes, list[tuple[AddGroup, AddCallback]], list[WriteClose]]:
         """Whatever is queued, within the request limits, as one request in the flat form."""
         taken: list[tuple[AddGroup, AddCallback]] = []
         entries = size = 0
@@ -250,6 +266,7 @@ class BookieClient:
         counts = [len(g.entry_ids) for g in groups]
         entry_ids = list(chain.from_iterable(g.entry_ids for g in groups))
         payloads = list(chain.from_iterable(g.payloads for g in groups))
+        closes = [self._closes.popleft() for _ in range(min(len(self._closes), REQUEST_CLOSES_MAX))]
         self._request_id += 1
         self._queued_bytes -= size
         try:
@@ -257,30 +274,36 @@ class BookieClient:
                                     group_master_keys=keys, group_lacs=lacs, group_entry_counts=counts,
                                     entry_ids=entry_ids,
                                     group_recovery=[g.recovery for g in groups] if recovery else ())
+            if closes:
+                request.close_ledger_ids.extend(c.ledger_id for c in closes)
+                request.close_master_keys.extend(c.master_key for c in closes)
+                request.close_last_entry_ids.extend(c.last_entry_id for c in closes)
             trace_parent = next((g.trace_parent for g in groups if g.trace_parent), "")
             if trace_parent:
                 request.trace_parent = trace_parent
             encoded = encode_add_request(request, payloads, size)
         except Exception as e:  # taken off the queue: they must still get their answer
+            error = BookieUnavailableError(f"bookie {self.bookie_id}: cannot encode an add request: "
+                                           f"{type(e).__name__}: {e}")
             for group, callback in taken:
-                callback(group, BookieUnavailableError(f"bookie {self.bookie_id}: cannot encode an add request: "
-                                                       f"{type(e).__name__}: {e}"))
+                callback(group, error)
+            _settle_closes(closes, error)
             raise
-        return self._request_id, encoded, taken
+        return self._request_id, encoded, taken, closes
 
     async def _send_loop(self, call: Any) -> None:
         try:
             while True:
-                if not self._queue:
+                if not self._queue and not self._closes:
                     self._wake.clear()
                     await self._wake.wait()
                     continue
                 if not self._window_open.is_set():
                     await self._window_open.wait()
                     continue
-                request_id, request, taken = self._take_request()
+                request_id, request, taken, closes = self._take_request()
                 loop = asyncio.get_running_loop()
-                self._pending[request_id] = (loop.time(), taken)
+                self._pending[request_id] = (loop.time(), taken, closes)
                 self._update_window()
                 if self._watchdog is None:
                     self._watchdog = loop.call_later(self.add_timeout_s, self._check_timeout)
@@ -316,8 +339,10 @@ class BookieClient:
     async def _receive_loop(self, call: Any) -> None:
         try:
             async for response in call:
-                taken = self._pending.pop(response.request_id, (0.0, []))[1]
+                _, taken, closes = self._pending.pop(response.request_id, (0.0, [], []))
                 self._update_window()
+                if closes:
+                    _settle_closes(closes, response)
                 if response.error in REQUEST_REFUSALS:  # about the request itself, not the bookie's health
                     for group, callback in taken:
                         callback(group, Refusal([response.error] * len(group.entry_ids), response.error_message))
@@ -361,15 +386,18 @@ class BookieClient:
     def _fail_all(self, error: Exception) -> None:
         pending, self._pending = self._pending, {}
         queued, self._queue = self._queue, deque()
+        closes, self._closes = self._closes, deque()
         self._queued_bytes = 0
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
-        for _, taken in pending.values():
+        for _, taken, sent_closes in pending.values():
             for group, callback in taken:
                 callback(group, error)
+            _settle_closes(sent_closes, error)
         for group, callback in queued:
             callback(group, error)
+        _settle_closes(list(closes), error)
 
     # -- reads and ledger calls ------------------------------------------------------------------------
     async def read(self, ledger_id: int, entry_ids: Sequence[int], timeout_s: float = CALL_TIMEOUT_S) -> Any:
@@ -408,15 +436,38 @@ class BookieClient:
                 f"bookie {self.bookie_id} at {self.address}: {_describe(e, self.tls)}") from e
 
     async def write_close(self, ledger_id: int, master_key: bytes, last_entry_id: int) -> None:
+        """The advisory write-close, carried on the add stream (with the adds queued next, or in a request of
+        its own), so closing many ledgers costs no call per ledger. Returns once the bookie answered; a
+        refusal or a failed stream is logged, never raised: the close in etcd is what counts."""
+        if self._closed:
+            return
+        done: asyncio.Future[tuple[int, str] | None] = asyncio.get_running_loop().create_future()
+        self._closes.append(WriteClose(ledger_id, master_key, last_entry_id, done))
+        self._send_soon()
         try:
-            resp = await self._stub.WriteClose(pb.WriteCloseRequest(ledger_id=ledger_id, master_key=master_key,
-                                                                    last_entry_id=last_entry_id),
-                                               timeout=CALL_TIMEOUT_S)
-            if resp.code:
-                log.info("write-close of ledger %d on bookie %s: %s", ledger_id, self.bookie_id, resp.message)
-        except grpc.aio.AioRpcError as e:
-            log.info("write-close of ledger %d on bookie %s failed: %s", ledger_id, self.bookie_id,
-                     _describe(e, self.tls))
+            refusal = await done
+        except BookieUnavailableError as e:
+            log.info("write-close of ledger %d on bookie %s failed: %s", ledger_id, self.bookie_id, e)
+            return
+        if refusal is not None:
+            log.info("write-close of ledger %d on bookie %s refused: %s: %s", ledger_id, self.bookie_id,
+                     pb.ResultCode.Name(refusal[0]), refusal[1])  # type: ignore[arg-type]
+
+
+def _settle_closes(closes: list[WriteClose], outcome: Any) -> None:
+    """Answer write-closes from the response of the request that carried them, or fail them with an error."""
+    if isinstance(outcome, BaseException):
+        for close in closes:
+            if not close.done.done():
+                close.done.set_exception(outcome)
+        return
+    if outcome.error:
+        refused = {k: (outcome.error, outcome.error_message) for k in range(len(closes))}
+    else:
+        refused = {r.group: (r.codes[0] if r.codes else pb.INTERNAL, r.message) for r in outcome.refused_closes}
+    for k, close in enumerate(closes):
+        if not close.done.done():
+            close.done.set_result(refused.get(k))
 
 
 def _describe(error: BaseException, tls: TlsFiles | None = None) -> str:

@@ -79,6 +79,9 @@ class Client:
         self._bookie_clients: dict[str, BookieClient] = {}
         self._registrations: dict[str, BookieInfo] = {}
         self._registrations_at = -1e9
+        self._registration_lock = asyncio.Lock()
+        self._registration_reads_started = 0
+        self._registration_reads_done = 0
         self._closing: set[asyncio.Task[None]] = set()
         self._writers: weakref.WeakSet[WriteHandle] = weakref.WeakSet()
         self.write_scheduler = WriteScheduler()
@@ -106,8 +109,23 @@ class Client:
         """Registered bookies (writable and read-only), cached for bookie_list_ttl_s."""
         loop = asyncio.get_running_loop()
         if refresh or loop.time() - self._registrations_at > self.options.bookie_list_ttl_s:
+            await self._read_registrations()
+        return self._registrations
+
+    async def _read_registrations(self) -> None:
+        """Read the registrations from etcd: a read that starts after this call did, shared with every caller
+        that arrived while an earlier read was in flight. Hundreds of concurrent creators then cost one etcd
+        read per round trip, not one each, and none of them sees registrations older than its call."""
+        arrived_after = self._registration_reads_started
+        async with self._registration_lock:
+            if self._registration_reads_done > arrived_after:
+                return  # a read that started after we arrived has finished meanwhile
+            self._registration_reads_started += 1
+            started = self._registration_reads_started
+            loop = asyncio.get_running_loop()
             before, self._registrations = self._registrations, await self.metadata_store.bookies()
             self._registrations_at = loop.time()
+            self._registration_reads_done = started
             for bookie_id, info in self._registrations.items():
                 known = self._bookie_clients.get(bookie_id)
                 if known is None:
@@ -118,7 +136,6 @@ class Client:
                     # Restarted in place while our connection waits out its backoff: a new connection tries
                     # at once (gRPC offers no way to reset a channel's backoff).
                     self._replace_connection(bookie_id, known, "restarted")
-        return self._registrations
 
     @staticmethod
     def _restarted(before: BookieInfo | None, now: BookieInfo) -> bool:

@@ -30,6 +30,7 @@ from octavo.meta.etcd import EtcdClient
 from octavo.meta.layout import Layout
 from octavo.meta.ledger_metadata import META_DATASET as META_DATASET
 from octavo.meta.ledger_metadata import LedgerMetadata
+from octavo.meta.retry import CasRetry
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ KEY_MAP_SLOTS_DEFAULT = 1 << 20
 KEY_MAP_SLOTS_MAX = 1 << 28
 TOMBSTONE_RETENTION_S_DEFAULT = 24 * 3600.0
 # Optimistic retries of a manifest update that lost a race before it is reported.
-COMMIT_ATTEMPTS_MAX = 20
+COMMIT_ATTEMPTS_MAX = 50
 
 
 # Orphan collection deletes what one pass found this many at a time, so the ids it holds stay bounded too.
@@ -176,7 +177,8 @@ class DatasetStore:
         if mode not in MODES:
             raise DatasetError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         key = self.key(name)
-        for _ in range(COMMIT_ATTEMPTS_MAX):
+        retry = CasRetry(f"dataset {name}: commit", COMMIT_ATTEMPTS_MAX, error=DatasetError)
+        while True:
             current, revision = await self.read(name)
             now = int(time.time() * 1000)
             result = self._apply(name, current, schema, ledgers, mode, key_column, stream, replace, now)
@@ -187,7 +189,7 @@ class DatasetStore:
             if await self.etcd.cas_put(key, result.manifest.encode(), revision):
                 await self._delete_quietly(result.replaced)
                 return result
-        raise DatasetError(f"dataset {name}: {COMMIT_ATTEMPTS_MAX} commits in a row lost a race; try again")
+            await retry.lost(f"another commit to the manifest (read at revision {revision}); try again")
 
     @staticmethod
     def _apply(name: str, current: Manifest | None, schema: str, ledgers: list[DatasetLedger], mode: str,

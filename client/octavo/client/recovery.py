@@ -25,7 +25,8 @@ from typing import Any
 from octavo.client.context import ClientContext
 from octavo.client.quorums import Answer, EntryAnswers, Verdict, fence_coverage_ok, recovery_verdict
 from octavo.meta.errors import BookieUnavailableError, PermissionDeniedError, RecoveryError, WrongPasswordError
-from octavo.meta.ledger_metadata import CLOSED, IN_RECOVERY, LENGTH_UNKNOWN, LedgerMetadata
+from octavo.meta.ledger_metadata import CLOSED, IN_RECOVERY, LENGTH_UNKNOWN, OPEN, LedgerMetadata
+from octavo.meta.retry import CasRetry
 from octavo.v1 import bookie_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -36,25 +37,25 @@ RECOVERY_CAS_ATTEMPTS_MAX = 20
 async def recover_ledger(client: ClientContext, ledger_id: int, master_key: bytes) -> LedgerMetadata:
     store = client.metadata_store
     meta, revision = await store.read_ledger(ledger_id)
-    for _ in range(RECOVERY_CAS_ATTEMPTS_MAX):
-        if meta.state == CLOSED:
-            return meta
-        if meta.state == IN_RECOVERY:
-            break
+    retry = CasRetry(f"ledger {ledger_id}: marking it IN_RECOVERY", RECOVERY_CAS_ATTEMPTS_MAX, error=RecoveryError)
+    while meta.state == OPEN:
         marked = meta.with_state(IN_RECOVERY)
         new_revision = await store.update_ledger(marked, revision)
         if new_revision is not None:
             meta, revision = marked, new_revision
             break
         meta, revision = await store.read_ledger(ledger_id)
-    else:
-        raise RecoveryError(f"ledger {ledger_id}: could not mark it IN_RECOVERY (metadata kept changing)")
+        await retry.lost(f"revision {revision} ({meta.state}, {len(meta.ensembles)} segments)")
+    if meta.state == CLOSED:
+        return meta
 
     lac, suspect = await _fence(client, meta, master_key)
     last, found_bytes = await _read_forward(client, meta, master_key, lac, suspect)
     # Recovery reads only the entries past the LAC: it knows the length only when that was all of them.
     length = found_bytes if lac < 0 else LENGTH_UNKNOWN
-    for _ in range(RECOVERY_CAS_ATTEMPTS_MAX):
+    retry = CasRetry(f"ledger {ledger_id}: closing it after recovery", RECOVERY_CAS_ATTEMPTS_MAX,
+                     error=RecoveryError)
+    while True:
         closed = meta.with_state(CLOSED, last_entry_id=last, length=length)
         if await store.update_ledger(closed, revision) is not None:
             log.info("ledger %d recovered and closed at entry %d", ledger_id, last,
@@ -66,7 +67,7 @@ async def recover_ledger(client: ClientContext, ledger_id: int, master_key: byte
                 log.error("ledger %d: another recovery closed it at %d, this one found %d", ledger_id,
                           meta.last_entry_id, last)
             return meta
-    raise RecoveryError(f"ledger {ledger_id}: could not close it (metadata kept changing)")
+        await retry.lost(f"revision {revision} ({meta.state}, {len(meta.ensembles)} segments)")
 
 
 async def _fence(client: ClientContext, meta: LedgerMetadata, master_key: bytes) -> tuple[int, set[str]]:

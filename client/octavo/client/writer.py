@@ -59,6 +59,7 @@ from octavo.meta.errors import (
     WrongPasswordError,
 )
 from octavo.meta.ledger_metadata import CLOSED, OPEN, LedgerMetadata, write_set
+from octavo.meta.retry import CasRetry
 from octavo.v1 import bookie_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -611,7 +612,9 @@ class WriteHandle:
 
     async def _try_new_segment(self, failed: str) -> str | None:
         store = self._client.metadata_store
-        for _ in range(ENSEMBLE_CHANGE_ATTEMPTS_MAX):
+        retry = CasRetry(f"ledger {self.ledger_id}: the ensemble change replacing {failed}",
+                         ENSEMBLE_CHANGE_ATTEMPTS_MAX)
+        while True:
             replacement = await self._choose_replacement(failed)
             if replacement is None:
                 return None
@@ -633,7 +636,7 @@ class WriteHandle:
                 raise LedgerFencedError(f"ledger {self.ledger_id} is {current.state} in etcd: a recovery open "
                                         "took it over")
             self.metadata, self._revision = current, current_revision
-        raise MetadataUnavailableError(f"ledger {self.ledger_id}: the ensemble change kept losing its CAS")
+            await retry.lost(f"revision {current_revision} ({len(current.ensembles)} segments)")
 
     async def _choose_replacement(self, failed: str) -> str | None:
         """A bookie to take `failed`'s place: one usable now (writable, not in the ensemble, not quarantined,
@@ -719,7 +722,8 @@ class WriteHandle:
         change of ours moves the revision under it: a lost CAS means another party wrote the ledger (a recovery
         open: LedgerFencedError; anything else that left it OPEN: close on top of what it wrote)."""
         store = self._client.metadata_store
-        for _ in range(ENSEMBLE_CHANGE_ATTEMPTS_MAX):
+        retry = CasRetry(f"ledger {self.ledger_id}: the close", ENSEMBLE_CHANGE_ATTEMPTS_MAX)
+        while True:
             closed = self.metadata.with_state(CLOSED, last_entry_id=self._lac, length=self._length)
             revision = await store.update_ledger(closed, self._revision)
             if revision is not None:
@@ -734,7 +738,7 @@ class WriteHandle:
                 raise LedgerFencedError(f"ledger {self.ledger_id} is {current.state} in etcd (last entry "
                                         f"{current.last_entry_id}): a recovery open took it over")
             self.metadata, self._revision = current, current_revision
-        raise MetadataUnavailableError(f"ledger {self.ledger_id}: the close kept losing its CAS")
+            await retry.lost(f"revision {current_revision} ({current.state}, {len(current.ensembles)} segments)")
 
     async def _write_close(self, bookie_id: str) -> None:
         try:

@@ -1,7 +1,7 @@
 """The etcd key layout of a cluster (docs/architecture.md, "Metadata in etcd"). Pure: names only.
 
     /octavo/<cluster>/ledgers/<ledger id, 20 digits>   ledger metadata (JSON)
-    /octavo/<cluster>/idgen/ledger                     the next ledger id (JSON integer)
+    /octavo/<cluster>/idgen/ledger                     the next ledger id no client has reserved (integer)
     /octavo/<cluster>/bookies/writable/<bookie id>     registration of a writable bookie, on its lease
     /octavo/<cluster>/bookies/readonly/<bookie id>     registration of a read-only bookie, on its lease
     /octavo/<cluster>/cookies/<bookie id>              the bookie's identity, bound to its data directory
@@ -50,8 +50,13 @@ class Layout:
     def ledger_id_counter(self) -> bytes:
         return self.root + b"idgen/ledger"
 
+    @property
+    def registrations(self) -> bytes:
+        """Both sets of registrations, writable and read-only."""
+        return self.root + b"bookies/"
+
     def bookies(self, readonly: bool) -> bytes:
-        return self.root + (b"bookies/readonly/" if readonly else b"bookies/writable/")
+        return self.registrations + (b"readonly/" if readonly else b"writable/")
 
     def bookie(self, bookie_id: str, readonly: bool) -> bytes:
         check_bookie_id(bookie_id)

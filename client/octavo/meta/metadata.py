@@ -8,16 +8,22 @@ a bookie's own registration keys, which only that bookie writes.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 
 from octavo.meta.errors import MetadataUnavailableError, NoSuchLedgerError
 from octavo.meta.etcd import TXN_OPS_MAX, EtcdClient, Txn
+from octavo.meta.groupcas import GroupCas
+from octavo.meta.idgen import LedgerIdAllocator
 from octavo.meta.layout import Layout
 from octavo.meta.ledger_metadata import LedgerMetadata, MetadataError
 
-ALLOCATION_RETRIES_MAX = 50
+log = logging.getLogger(__name__)
+
+# Ids of our block that turn out to exist already before creation gives up (see create_ledger).
+ID_COLLISIONS_MAX = 64
 
 
 # The instance key of a decommissioned bookie's data directory names this, then the bookie id: the directory
@@ -72,25 +78,33 @@ class MetadataStore:
     def __init__(self, etcd: EtcdClient, layout: Layout | None = None) -> None:
         self.etcd = etcd
         self.layout = layout or Layout()
+        self.ids = LedgerIdAllocator(etcd, self.layout)
+        # Creations and metadata updates made at the same time share etcd transactions (groupcas.py).
+        self.group_cas = GroupCas(etcd)
 
     # -- ledgers ---------------------------------------------------------------------------------------
     async def create_ledger(self, **fields: object) -> tuple[LedgerMetadata, int]:
-        """Allocate the next ledger id and create its metadata in one transaction. `fields` are the
-        LedgerMetadata fields other than ledger_id. Returns the metadata and its mod revision."""
-        counter_key = self.layout.ledger_id_counter
-        for _ in range(ALLOCATION_RETRIES_MAX):
-            current = await self.etcd.get(counter_key)
-            next_id = int(current.value) if current else 0
-            counter_rev = current.mod_revision if current else 0
-            meta = LedgerMetadata(ledger_id=next_id, created_unix_ms=int(time.time() * 1000), **fields)  # type: ignore[arg-type]
-            key = self.layout.ledger(next_id)
-            ok, resp = await self.etcd.txn(
-                Txn().mod_revision_is(counter_key, counter_rev).mod_revision_is(key, 0)
-                .put(counter_key, str(next_id + 1).encode()).put(key, meta.encode()))
-            if ok:
-                return meta, int(resp.header.revision)
-        raise MetadataUnavailableError(f"could not allocate a ledger id in {ALLOCATION_RETRIES_MAX} attempts "
-                                       "(too many concurrent creators)")
+        """Create a ledger's metadata under an id from this store's block (idgen.py), with a CAS that requires
+        the key not to exist (grouped with other creations and updates of this store: groupcas.py). `fields`
+        are the LedgerMetadata fields other than ledger_id. Returns the metadata and its mod revision. Never
+        fails because others create at the same time."""
+        skipped: list[int] = []
+        while True:
+            ledger_id = await self.ids.next_id()
+            meta = LedgerMetadata(ledger_id=ledger_id, created_unix_ms=int(time.time() * 1000), **fields)  # type: ignore[arg-type]
+            key = self.layout.ledger(ledger_id)
+            revision = await self.group_cas.put_if(key, meta.encode(), 0)
+            if revision is not None:
+                if skipped:
+                    log.warning("ledger ids %s already had metadata (the id counter was set back?): skipped them",
+                                skipped)
+                return meta, revision
+            # Only a counter moved back by hand (or a restored etcd backup) can hand out an id that exists.
+            skipped.append(ledger_id)
+            if len(skipped) >= ID_COLLISIONS_MAX:
+                raise MetadataUnavailableError(
+                    f"ledger ids {skipped[0]}..{skipped[-1]} all exist already: the id counter "
+                    f"{self.layout.ledger_id_counter.decode()} is behind the ledgers (restored from an old backup?)")
 
     async def read_ledger(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
         kv = await self.etcd.get(self.layout.ledger(ledger_id))
@@ -102,10 +116,9 @@ class MetadataStore:
             raise MetadataUnavailableError(f"metadata of ledger {ledger_id} is unreadable: {e}") from e
 
     async def update_ledger(self, meta: LedgerMetadata, expected_revision: int) -> int | None:
-        """CAS the ledger's metadata. Returns the new revision, or None if it changed since (re-read)."""
-        ok, resp = await self.etcd.txn(Txn().mod_revision_is(self.layout.ledger(meta.ledger_id), expected_revision)
-                                       .put(self.layout.ledger(meta.ledger_id), meta.encode()))
-        return int(resp.header.revision) if ok else None
+        """CAS the ledger's metadata (grouped with others made meanwhile: groupcas.py). Returns the new revision,
+        or None if it changed since (re-read)."""
+        return await self.group_cas.put_if(self.layout.ledger(meta.ledger_id), meta.encode(), expected_revision)
 
     async def delete_ledger(self, ledger_id: int) -> None:
         kv = await self.etcd.get(self.layout.ledger(ledger_id))
@@ -144,9 +157,11 @@ class MetadataStore:
     async def bookies(self) -> dict[str, BookieInfo]:
         """Every registered bookie, writable and read-only (a bookie in both lists counts as read-only)."""
         out: dict[str, BookieInfo] = {}
-        for readonly in (False, True):
-            for kv in await self.etcd.get_prefix(self.layout.bookies(readonly)):
-                info = BookieInfo.decode(kv.value)
+        readonly_prefix = self.layout.bookies(True)
+        # One range over both sets (one round trip: every ledger creation reads this).
+        for kv in await self.etcd.get_prefix(self.layout.registrations):
+            info = BookieInfo.decode(kv.value)
+            if kv.key.startswith(readonly_prefix) or info.bookie_id not in out:
                 out[info.bookie_id] = info
         return out
 

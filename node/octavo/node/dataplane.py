@@ -143,7 +143,18 @@ class BookieService(pb_grpc.BookieServicer):
                                       attributes={"octavo.bookie_id": self.bookie_id})
 
     async def _add(self, request: pb.AddRequest, tenant: Tenant | None = None) -> pb.AddResponse:
-        flat = bool(request.group_ledger_ids or request.entry_ids or request.payloads)
+        response = await self._add_entries(request, tenant)
+        if request.close_ledger_ids or request.close_master_keys or request.close_last_entry_ids:
+            if response.error:
+                return response  # nothing of a refused request is done, its closes neither
+            refused = await self._closes(request, tenant)
+            if isinstance(refused, str):
+                return _refused(request, pb.INVALID, refused)
+            response.refused_closes.extend(refused)
+        return response
+
+    async def _add_entries(self, request: pb.AddRequest, tenant: Tenant | None) -> pb.AddResponse:
+        flat = bool(request.group_ledger_ids or request.entry_ids or request.payloads or request.close_ledger_ids)
         if flat and request.ledgers:
             return _refused(request, pb.INVALID, "a request carries either ledgers or group columns, not both")
         batches = self._flat_batches(request) if flat else [
@@ -473,15 +484,45 @@ class BookieService(pb_grpc.BookieServicer):
                          context: grpc.aio.ServicerContext) -> pb.WriteCloseResponse:
         if self.tenants is not None and (denied := await self._denied(context, request.ledger_id)):
             return pb.WriteCloseResponse(code=pb.PERMISSION_DENIED, message=denied)
+        refused = self._write_close(request.ledger_id, request.master_key)
+        if refused is not None:
+            return pb.WriteCloseResponse(code=refused[0], message=refused[1])
+        return pb.WriteCloseResponse(code=pb.OK)
+
+    def _write_close(self, ledger_id: int, master_key: bytes) -> tuple[Code, str] | None:
+        """The advisory write-close (unary, or carried on the add stream): the ledger's log may roll, and
+        tailing readers learn the writer is done. Returns the refusal, None when done."""
         try:
-            self.storage.write_close(request.ledger_id, request.master_key)
+            self.storage.write_close(ledger_id, master_key)
         except StorageError as e:
-            return pb.WriteCloseResponse(code=e.code, message=e.message)
-        self._write_closed[request.ledger_id] = None
+            return e.code, e.message
+        self.stats.write_closes += 1
+        self._write_closed[ledger_id] = None
         if len(self._write_closed) > WRITE_CLOSED_LEDGERS_MAX:
             del self._write_closed[next(iter(self._write_closed))]
-        self.tail_waiters.wake(request.ledger_id)
-        return pb.WriteCloseResponse(code=pb.OK)
+        self.tail_waiters.wake(ledger_id)
+        return None
+
+    async def _closes(self, request: pb.AddRequest, tenant: Tenant | None) -> list[pb.GroupResult] | str:
+        """The write-closes an add request carries, after its adds: the refused ones, or why none was tried."""
+        ledger_ids = list(request.close_ledger_ids)
+        keys = list(request.close_master_keys)
+        if not len(ledger_ids) == len(keys) == len(request.close_last_entry_ids):
+            return (f"close columns differ in length: {len(ledger_ids)} ledger ids, {len(keys)} master keys, "
+                    f"{len(request.close_last_entry_ids)} last entry ids")
+        refused = []
+        for k, (ledger_id, key) in enumerate(zip(ledger_ids, keys, strict=True)):
+            outcome: tuple[Code, str] | None = None
+            if tenant is not None:
+                assert self.tenants is not None
+                message = await self.tenants.refusal(tenant, ledger_id)
+                if message:
+                    outcome = (pb.PERMISSION_DENIED, message)
+            if outcome is None:
+                outcome = self._write_close(ledger_id, key)
+            if outcome is not None:
+                refused.append(pb.GroupResult(group=k, codes=[outcome[0]], message=outcome[1]))
+        return refused
 
 
 def _refused(request: pb.AddRequest, code: Code, message: str) -> pb.AddResponse:

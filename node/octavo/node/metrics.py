@@ -95,6 +95,8 @@ class BookieMetrics:
                 description="payload bytes stored by adds")
         counter("octavo.bookie.add.refused", [_by(lambda: stats.add_refused, "code")], unit="{entry}",
                 description="entries refused, by result code (READ_ONLY, FENCED, TOO_LARGE, ...)")
+        counter("octavo.bookie.write_closes", [_one(lambda: stats.write_closes)], unit="{ledger}",
+                description="advisory write-closes done (unary, or carried on the add stream)")
         counter("octavo.bookie.read.requests", [_one(lambda: stats.read_requests)], unit="{request}",
                 description="read requests answered (ranges, lists and tailing reads)")
         counter("octavo.bookie.read.entries", [_one(lambda: stats.read_entries)], unit="{entry}",

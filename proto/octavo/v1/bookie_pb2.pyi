@@ -164,6 +164,9 @@ class AddRequest(_message.Message):
     ENTRY_IDS_FIELD_NUMBER: _builtins.int
     PAYLOADS_FIELD_NUMBER: _builtins.int
     TRACE_PARENT_FIELD_NUMBER: _builtins.int
+    CLOSE_LEDGER_IDS_FIELD_NUMBER: _builtins.int
+    CLOSE_MASTER_KEYS_FIELD_NUMBER: _builtins.int
+    CLOSE_LAST_ENTRY_IDS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     trace_parent: _builtins.str
     """W3C trace context (a `traceparent` value) of a sampled operation this request carries entries of; empty
@@ -196,6 +199,19 @@ class AddRequest(_message.Message):
     def entry_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def payloads(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]: ...
+    @_builtins.property
+    def close_ledger_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Advisory write-closes (see WriteClose), carried on the add stream: a writer closing many ledgers costs
+        no call per ledger and bookie. Close k is close_ledger_ids[k] with close_master_keys[k] and
+        close_last_entry_ids[k]; all three lists have the same length. The bookie handles them after the
+        request's adds and answers refusals in AddResponse.refused_closes. A bookie older than these fields
+        ignores them, which is as harmless as a lost WriteClose.
+        """
+
+    @_builtins.property
+    def close_master_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]: ...
+    @_builtins.property
+    def close_last_entry_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -209,10 +225,13 @@ class AddRequest(_message.Message):
         entry_ids: _abc.Iterable[_builtins.int] | None = ...,
         payloads: _abc.Iterable[_builtins.bytes] | None = ...,
         trace_parent: _builtins.str = ...,
+        close_ledger_ids: _abc.Iterable[_builtins.int] | None = ...,
+        close_master_keys: _abc.Iterable[_builtins.bytes] | None = ...,
+        close_last_entry_ids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_ids", b"entry_ids", "group_entry_counts", b"group_entry_counts", "group_lacs", b"group_lacs", "group_ledger_ids", b"group_ledger_ids", "group_master_keys", b"group_master_keys", "group_recovery", b"group_recovery", "ledgers", b"ledgers", "payloads", b"payloads", "request_id", b"request_id", "trace_parent", b"trace_parent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["close_last_entry_ids", b"close_last_entry_ids", "close_ledger_ids", b"close_ledger_ids", "close_master_keys", b"close_master_keys", "entry_ids", b"entry_ids", "group_entry_counts", b"group_entry_counts", "group_lacs", b"group_lacs", "group_ledger_ids", b"group_ledger_ids", "group_master_keys", b"group_master_keys", "group_recovery", b"group_recovery", "ledgers", b"ledgers", "payloads", b"payloads", "request_id", b"request_id", "trace_parent", b"trace_parent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -259,6 +278,7 @@ class AddResponse(_message.Message):
     ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
     REFUSED_GROUPS_FIELD_NUMBER: _builtins.int
     GROUP_COUNT_FIELD_NUMBER: _builtins.int
+    REFUSED_CLOSES_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     error: Global___ResultCode.ValueType
     """A request-level failure (e.g. batch over its limit): no entry of the request was written."""
@@ -277,6 +297,12 @@ class AddResponse(_message.Message):
         every group not listed had all its entries stored.
         """
 
+    @_builtins.property
+    def refused_closes(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupResult]:
+        """The write-closes of the request that were refused (group: the close's index k), in order; every close
+        not listed was done.
+        """
+
     def __init__(
         self,
         *,
@@ -286,10 +312,11 @@ class AddResponse(_message.Message):
         error_message: _builtins.str = ...,
         refused_groups: _abc.Iterable[Global___GroupResult] | None = ...,
         group_count: _builtins.int = ...,
+        refused_closes: _abc.Iterable[Global___GroupResult] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "error_message", b"error_message", "group_count", b"group_count", "refused_groups", b"refused_groups", "request_id", b"request_id", "results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "error_message", b"error_message", "group_count", b"group_count", "refused_closes", b"refused_closes", "refused_groups", b"refused_groups", "request_id", b"request_id", "results", b"results"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
