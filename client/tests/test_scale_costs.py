@@ -14,10 +14,10 @@ from pathlib import Path
 
 from octavo.cli.localcluster import EtcdProcess, LocalCluster
 from octavo.client import Client, ClientOptions
-from octavo.client.replication import REPLICATED, Replicator
+from octavo.client.replication import NOTHING_TO_DO, REPLICATED, Replicator
 from octavo.meta.etcd import EtcdClient
 from octavo.meta.layout import Layout
-from octavo.meta.underreplication import UnderReplication
+from octavo.meta.underreplication import Taken, UnderReplication
 from octavo.node.testing import BookieConnection
 from octavo.v1 import bookie_pb2 as pb
 
@@ -42,27 +42,29 @@ async def test_a_worker_takes_a_ledger_and_finishes_it_in_one_transaction_each(e
         marks = UnderReplication(client, layout)
         lease = await client.grant_lease(30)
         await marks.mark(7, ["bookie-9"], by="test")
+        await client.put(layout.ledger(7), b"metadata")
         before = kv_requests(etcd.endpoint)
-        taken, mark = await marks.take(7, lease, "worker-a")
+        taken = await marks.take(7, lease, "worker-a")
         assert kv_requests(etcd.endpoint) - before == 1
-        assert taken and mark is not None and mark.missing == ("bookie-9",)
-        assert await marks.take(7, lease, "worker-b") == (False, None)  # the lock is held
+        assert taken.locked and taken.mark is not None and taken.mark.missing == ("bookie-9",)
+        assert taken.ledger is not None and taken.ledger.value == b"metadata"
+        assert await marks.take(7, lease, "worker-b") == Taken(False, None, None)  # the lock is held
         assert await marks.lock_owner(7) == "worker-a"
         before = kv_requests(etcd.endpoint)
-        assert await marks.finish(mark)
+        assert await marks.finish(taken.mark)
         assert kv_requests(etcd.endpoint) - before == 1
         assert await marks.get(7) is None and await marks.lock_owner(7) is None
 
         # A mark that changed meanwhile (another bookie lost) stays for the next pass; the lock goes.
         await marks.mark(8, ["bookie-9"], by="test")
-        taken, mark = await marks.take(8, lease, "worker-a")
-        assert taken and mark is not None
+        taken = await marks.take(8, lease, "worker-a")
+        assert taken.locked and taken.mark is not None and taken.ledger is None
         await marks.mark(8, ["bookie-8"], by="test")
-        assert not await marks.finish(mark)
+        assert not await marks.finish(taken.mark)
         left = await marks.get(8)
         assert left is not None and left.missing == ("bookie-8", "bookie-9")
         assert await marks.lock_owner(8) is None
-        assert await marks.take(9, lease, "worker-a") == (True, None)  # no mark: nothing to do
+        assert await marks.take(9, lease, "worker-a") == Taken(True, None, None)  # no mark: nothing to do
 
 
 async def test_re_replicating_a_small_ledger_reads_its_metadata_and_writes_it_once(tmp_path: Path) -> None:
@@ -83,6 +85,15 @@ async def test_re_replicating_a_small_ledger_reads_its_metadata_and_writes_it_on
             report = await Replicator(client).replicate(w.ledger_id, {victim})
             assert kv_requests(cluster.etcd_endpoint) - before == 2
             assert report.outcome == REPLICATED and report.entries_copied == 3
+            # A worker hands over the metadata it read with the ledger's lock: it is not read again (this one,
+            # created after the loss, has nothing to do).
+            other = await client.create_ledger(3, 3, 2, password=PW)
+            await other.close()
+            meta, revision = await client.metadata_store.read_ledger(other.ledger_id)
+            before = kv_requests(cluster.etcd_endpoint)
+            report = await Replicator(client).replicate(other.ledger_id, {victim}, first_read=(meta, revision))
+            assert kv_requests(cluster.etcd_endpoint) - before == 0
+            assert report.outcome == NOTHING_TO_DO
             reader = await client.open_ledger(w.ledger_id, password=PW)
             assert [e.data async for e in reader.read(0, 2)] == [b"entry %d" % i for i in range(3)]
 

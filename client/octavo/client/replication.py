@@ -151,16 +151,22 @@ class Replicator:
         self.rate = RateLimiter(rate_bytes_per_s)
         self.batch_bytes_max = batch_bytes_max
 
-    async def replicate(self, ledger_id: int, gone: Collection[str], recover_open: bool = False) -> LedgerReplication:
+    async def replicate(self, ledger_id: int, gone: Collection[str], recover_open: bool = False,
+                        first_read: tuple[LedgerMetadata, int] | None = None) -> LedgerReplication:
+        """`first_read`: the ledger's metadata and its mod revision, as the caller just read them from etcd (the
+        first pass uses them instead of reading again; a CAS lost to a newer change reads afresh)."""
         report = LedgerReplication(ledger_id)
         gone = set(gone)
         store = self.client.metadata_store
         for _ in range(REPLICATION_CAS_ATTEMPTS_MAX):
-            try:
-                meta, revision = await store.read_ledger(ledger_id)
-            except NoSuchLedgerError:
-                report.outcome = DELETED
-                return report
+            if first_read is not None:
+                (meta, revision), first_read = first_read, None
+            else:
+                try:
+                    meta, revision = await store.read_ledger(ledger_id)
+                except NoSuchLedgerError:
+                    report.outcome = DELETED
+                    return report
             if recover_open and meta.state != CLOSED and any(b in gone for b in meta.last_ensemble):
                 log.info("ledger %d: still open with gone bookie(s) %s in its last segment after the grace "
                          "period: recovery-opening it", ledger_id, sorted(gone & set(meta.last_ensemble)))

@@ -20,6 +20,7 @@ recovery-opened once its mark is open_ledger_grace_s old.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -38,7 +39,8 @@ from octavo.client.replication import (
 )
 from octavo.meta.errors import MetadataUnavailableError, OctavoError
 from octavo.meta.etcd import Txn
-from octavo.meta.underreplication import Mark, UnderReplication
+from octavo.meta.ledger_metadata import LedgerMetadata, MetadataError
+from octavo.meta.underreplication import Mark, Taken, UnderReplication
 from octavo.node import faults
 from octavo.node.config import NodeConfig
 from octavo.node.registration import Registration
@@ -227,15 +229,15 @@ class AutoRecovery:
                 return  # the next pass starts from fresh registrations and lease
             try:
                 # The lock and the mark as it is now, in one etcd round trip (a small ledger costs a handful).
-                taken, current = await marks.take(mark.ledger_id, lease, self.bookie_id)
+                taken = await marks.take(mark.ledger_id, lease, self.bookie_id)
             except BaseException:
                 self._slots.release()
                 raise
-            if not taken:
+            if not taken.locked:
                 self._slots.release()  # another worker has it (or had it, and will release it with its lease)
                 continue
             self.worker.in_progress.add(mark.ledger_id)
-            task = asyncio.create_task(self._replicate(replicator, marks, mark.ledger_id, current, registered))
+            task = asyncio.create_task(self._replicate(replicator, marks, mark.ledger_id, taken, registered))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -255,18 +257,24 @@ class AutoRecovery:
     def _rank(self, mark: Mark) -> bytes:
         return hashlib.blake2b(f"{self.bookie_id}/{mark.ledger_id}".encode(), digest_size=8).digest()
 
-    async def _replicate(self, replicator: Replicator, marks: UnderReplication, ledger_id: int,
-                         current: Mark | None, registered: set[str]) -> None:
-        """Re-replicate a ledger whose lock this worker took (with `current`, its mark then; None: gone)."""
+    async def _replicate(self, replicator: Replicator, marks: UnderReplication, ledger_id: int, taken: Taken,
+                         registered: set[str]) -> None:
+        """Re-replicate a ledger whose lock this worker took (with its mark and metadata as read then)."""
         try:
             released = False
             try:
+                current = taken.mark
                 if current is None:
                     return
                 age_s = time.time() - current.marked_unix_ms / 1000
                 gone = set(current.missing) if current.by_decommission else set(current.missing) - registered
+                first_read = None
+                if taken.ledger is not None:
+                    with contextlib.suppress(MetadataError):  # unreadable: the replicator reads it and says so
+                        first_read = LedgerMetadata.decode(taken.ledger.value), taken.ledger.mod_revision
                 report = await replicator.replicate(ledger_id, gone,
-                                                    recover_open=age_s >= self.config.open_ledger_grace_s)
+                                                    recover_open=age_s >= self.config.open_ledger_grace_s,
+                                                    first_read=first_read)
                 self._account(report)
                 if report.outcome in (REPLICATED, NOTHING_TO_DO, DELETED):
                     await marks.finish(current)  # the mark (unless it changed meanwhile) and the lock
