@@ -62,9 +62,10 @@ def test_foreground_cluster_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         lines.append(line)
-        if "running:" in line:
+        if "running:" in line or not line:  # not line: `dev up` exited, say why below instead of spinning
             break
-    assert any(line.startswith("etcd ") for line in lines) and sum(line.startswith("bookie ") for line in lines) == 2
+    assert any(line.startswith("etcd ") for line in lines) and sum(line.startswith("bookie ") for line in lines) == 2, (
+        "".join(lines) + (proc.stderr.read() if proc.poll() is not None and proc.stderr else ""))
     state = json.loads((root / "cluster.json").read_text())
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
@@ -84,8 +85,11 @@ def test_restart_keeps_port_and_data_and_the_watcher_says_each_thing_once(tmp_pa
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and "running:" not in proc.stdout.readline():
-        pass
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        assert line, f"`dev up` exited before it was running: {proc.stderr.read() if proc.stderr else ''}"
+        if "running:" in line:
+            break
     state = json.loads((root / "cluster.json").read_text())
     victim = state["bookies"][1]
     with SyncClient(state["etcd"]) as client, client.create_ledger(3, 3, 2, password=b"p") as writer:
