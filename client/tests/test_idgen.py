@@ -17,7 +17,9 @@ import pytest
 
 from octavo.cli.localcluster import EtcdProcess, LocalCluster
 from octavo.client import Client
+from octavo.client.bookie_client import CLOSE_LINGER_S
 from octavo.meta.etcd import EtcdClient, Txn
+from octavo.meta.groupcas import GroupCas
 from octavo.meta.idgen import LedgerIdAllocator
 from octavo.meta.layout import Layout
 from octavo.meta.ledger_metadata import CLOSED, password_digest
@@ -59,6 +61,34 @@ async def test_a_loop_that_gives_up_says_what_it_raced_with() -> None:
     retry = CasRetry("dataset d: commit", 1, error=KeyError)
     with pytest.raises(KeyError):
         await retry.lost("another commit")
+
+
+# -- group commit of CASes on a real etcd ----------------------------------------------------------------
+async def test_cases_made_meanwhile_share_a_transaction_and_each_gets_its_own_answer(etcd: EtcdProcess,
+                                                                                     cluster_name: str) -> None:
+    prefix = f"/{cluster_name}/g/".encode()
+    async with EtcdClient(etcd.endpoint) as client:
+        group = GroupCas(client, ops_max=16)
+        revisions = await asyncio.gather(*(group.put_if(prefix + b"%d" % i, b"v", 0) for i in range(100)))
+        assert all(r is not None for r in revisions)
+        assert group.transactions < 20, "100 CASes made at once went one transaction each"
+        # One CAS of a group loses (its key exists): it alone gets None, the others are applied.
+        await client.put(prefix + b"taken", b"x")
+        keys = [prefix + b"n%d" % i for i in range(10)] + [prefix + b"taken"]
+        before = group.fallbacks
+        answers = await asyncio.gather(*(group.put_if(k, b"w", 0) for k in keys))
+        assert answers[-1] is None and all(a is not None for a in answers[:-1])
+        assert group.fallbacks > before
+        assert (await client.get(prefix + b"taken")).value == b"x"  # type: ignore[union-attr]
+        # Two CASes of one key at once: never in one transaction (etcd would refuse it); the second loses.
+        first, second = await asyncio.gather(group.put_if(prefix + b"dup", b"1", 0), group.put_if(prefix + b"dup",
+                                                                                                   b"2", 0))
+        assert (first is None) != (second is None)
+        kv = await client.get(prefix + b"dup")
+        assert kv is not None and kv.value == (b"1" if first is not None else b"2")
+        # An update CAS on the revision a group returned.
+        assert await group.put_if(prefix + b"0", b"v2", revisions[0]) is not None  # type: ignore[arg-type]
+        assert await group.put_if(prefix + b"0", b"v3", revisions[0]) is None  # type: ignore[arg-type]
 
 
 # -- the allocator on a real etcd ----------------------------------------------------------------------
@@ -207,10 +237,22 @@ async def test_a_closed_ledgers_bookies_learn_of_the_close_over_the_add_stream(c
         writers = [await client.create_ledger(3, 3, 2, password=b"pw") for _ in range(20)]
         await asyncio.gather(*(w.append(os.urandom(100)) for w in writers))
         await asyncio.gather(*(w.close() for w in writers))
+        await asyncio.sleep(CLOSE_LINGER_S * 5)  # close() does not wait for the advisory write-close
         for w in writers:
             assert (await client.ledger_metadata(w.ledger_id)).state == CLOSED
-            for bookie_id in w.metadata.last_ensemble:
-                with BookieConnection(client.registrations[bookie_id].address) as conn:
-                    tail = conn.bookie.ReadTail(pb.ReadTailRequest(ledger_id=w.ledger_id, previous_lac=-1,
-                                                                   wait_ms=0, max_entries=1))
-                    assert tail.write_closed, f"bookie {bookie_id} did not learn of ledger {w.ledger_id}'s close"
+            assert_write_closed(client, w.ledger_id, w.metadata.last_ensemble)
+        # A client closed right after closing a ledger still sends its write-closes before it goes.
+        last = await client.create_ledger(3, 3, 2, password=b"pw")
+        await last.append(b"x")
+        await last.close()
+    async with Client(cluster.etcd_endpoint) as reader:
+        await reader.bookies(refresh=True)
+        assert_write_closed(reader, last.ledger_id, last.metadata.last_ensemble)
+
+
+def assert_write_closed(client: Client, ledger_id: int, bookies: tuple[str, ...]) -> None:
+    for bookie_id in bookies:
+        with BookieConnection(client.registrations[bookie_id].address) as conn:
+            tail = conn.bookie.ReadTail(pb.ReadTailRequest(ledger_id=ledger_id, previous_lac=-1, wait_ms=0,
+                                                           max_entries=1))
+            assert tail.write_closed, f"bookie {bookie_id} did not learn of ledger {ledger_id}'s close"

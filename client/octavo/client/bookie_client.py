@@ -48,6 +48,10 @@ REQUEST_REFUSALS = frozenset((pb.TOO_LARGE, pb.INVALID, pb.UNAUTHORIZED, pb.PERM
 MESSAGE_BYTES_MAX = 128 * 1024 * 1024
 # Write-closes one add request carries at most (each is ~50 bytes on the wire).
 REQUEST_CLOSES_MAX = 4_096
+# How long a write-close waits for an add request to ride on before it goes in a request of its own. A writer's
+# close does not wait for it (the close in etcd is what counts), so this costs nothing but the bookie learning
+# of the close later; with many ledgers closing, nearly every write-close rides on another ledger's adds.
+CLOSE_LINGER_S = 0.02
 
 
 class AddGroup(NamedTuple):
@@ -78,12 +82,13 @@ def _trace_metadata() -> tuple[tuple[str, str], ...] | None:
 
 
 class WriteClose(NamedTuple):
-    """An advisory write-close waiting to ride the add stream; `done` gets the refusal (code, message) or None."""
+    """An advisory write-close waiting to ride the add stream. `done` gets None once the bookie did it, or why
+    not (a refusal or a failed stream, already logged); it never raises."""
 
     ledger_id: int
     master_key: bytes
     last_entry_id: int
-    done: asyncio.Future[tuple[int, str] | None]
+    done: asyncio.Future[str | None]
 
 
 class Refusal(NamedTuple):
@@ -149,6 +154,8 @@ class BookieClient:
                                                         response_deserializer=pb.AddResponse.FromString)
         self._queue: deque[tuple[AddGroup, AddCallback]] = deque()
         self._closes: deque[WriteClose] = deque()
+        self._closes_due = False  # the write-closes queued go even without adds to ride on
+        self._close_timer: asyncio.TimerHandle | None = None
         self._wake = asyncio.Event()
         self._window_open = asyncio.Event()
         self._window_open.set()
@@ -267,6 +274,8 @@ class BookieClient:
         entry_ids = list(chain.from_iterable(g.entry_ids for g in groups))
         payloads = list(chain.from_iterable(g.payloads for g in groups))
         closes = [self._closes.popleft() for _ in range(min(len(self._closes), REQUEST_CLOSES_MAX))]
+        if not self._closes:
+            self._closes_due = False
         self._request_id += 1
         self._queued_bytes -= size
         try:
@@ -287,14 +296,14 @@ class BookieClient:
                                            f"{type(e).__name__}: {e}")
             for group, callback in taken:
                 callback(group, error)
-            _settle_closes(closes, error)
+            _settle_closes(closes, error, self.bookie_id)
             raise
         return self._request_id, encoded, taken, closes
 
     async def _send_loop(self, call: Any) -> None:
         try:
             while True:
-                if not self._queue and not self._closes:
+                if not self._queue and not (self._closes and self._closes_due):
                     self._wake.clear()
                     await self._wake.wait()
                     continue
@@ -342,7 +351,7 @@ class BookieClient:
                 _, taken, closes = self._pending.pop(response.request_id, (0.0, [], []))
                 self._update_window()
                 if closes:
-                    _settle_closes(closes, response)
+                    _settle_closes(closes, response, self.bookie_id)
                 if response.error in REQUEST_REFUSALS:  # about the request itself, not the bookie's health
                     for group, callback in taken:
                         callback(group, Refusal([response.error] * len(group.entry_ids), response.error_message))
@@ -387,6 +396,10 @@ class BookieClient:
         pending, self._pending = self._pending, {}
         queued, self._queue = self._queue, deque()
         closes, self._closes = self._closes, deque()
+        self._closes_due = False
+        if self._close_timer is not None:
+            self._close_timer.cancel()
+            self._close_timer = None
         self._queued_bytes = 0
         if self._watchdog is not None:
             self._watchdog.cancel()
@@ -394,10 +407,10 @@ class BookieClient:
         for _, taken, sent_closes in pending.values():
             for group, callback in taken:
                 callback(group, error)
-            _settle_closes(sent_closes, error)
+            _settle_closes(sent_closes, error, self.bookie_id)
         for group, callback in queued:
             callback(group, error)
-        _settle_closes(list(closes), error)
+        _settle_closes(list(closes), error, self.bookie_id)
 
     # -- reads and ledger calls ------------------------------------------------------------------------
     async def read(self, ledger_id: int, entry_ids: Sequence[int], timeout_s: float = CALL_TIMEOUT_S) -> Any:
@@ -435,39 +448,60 @@ class BookieClient:
             raise BookieUnavailableError(
                 f"bookie {self.bookie_id} at {self.address}: {_describe(e, self.tls)}") from e
 
-    async def write_close(self, ledger_id: int, master_key: bytes, last_entry_id: int) -> None:
-        """The advisory write-close, carried on the add stream (with the adds queued next, or in a request of
-        its own), so closing many ledgers costs no call per ledger. Returns once the bookie answered; a
-        refusal or a failed stream is logged, never raised: the close in etcd is what counts."""
+    def write_close_soon(self, ledger_id: int, master_key: bytes, last_entry_id: int) -> asyncio.Future[str | None]:
+        """Queue the advisory write-close on the add stream: it rides on the next add request, or goes in one of
+        its own after CLOSE_LINGER_S, so closing many ledgers costs no call per ledger. The future (which the
+        caller may ignore) gets None once the bookie did it, or why not; it never raises."""
+        done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         if self._closed:
-            return
-        done: asyncio.Future[tuple[int, str] | None] = asyncio.get_running_loop().create_future()
+            done.set_result("client closed")
+            return done
         self._closes.append(WriteClose(ledger_id, master_key, last_entry_id, done))
-        self._send_soon()
-        try:
-            refusal = await done
-        except BookieUnavailableError as e:
-            log.info("write-close of ledger %d on bookie %s failed: %s", ledger_id, self.bookie_id, e)
-            return
-        if refusal is not None:
-            log.info("write-close of ledger %d on bookie %s refused: %s: %s", ledger_id, self.bookie_id,
-                     pb.ResultCode.Name(refusal[0]), refusal[1])  # type: ignore[arg-type]
+        if self._close_timer is None and not self._closes_due:
+            self._close_timer = asyncio.get_running_loop().call_later(CLOSE_LINGER_S, self._closes_now)
+        return done
+
+    async def write_close(self, ledger_id: int, master_key: bytes, last_entry_id: int) -> str | None:
+        """The advisory write-close, sent now (on the add stream); returns once the bookie answered: None, or
+        why it was not done (already logged)."""
+        done = self.write_close_soon(ledger_id, master_key, last_entry_id)
+        self._closes_now()
+        return await done
+
+    def _closes_now(self) -> None:
+        if self._close_timer is not None:
+            self._close_timer.cancel()
+            self._close_timer = None
+        if self._closes:
+            self._closes_due = True
+            self._send_soon()
+
+    async def flush_closes(self, timeout_s: float) -> None:
+        """Send the write-closes queued now and wait up to `timeout_s` for their answers (a client closing)."""
+        waiting = [c.done for c in self._closes] + [c.done for _, _, closes in self._pending.values()
+                                                    for c in closes]
+        self._closes_now()
+        if waiting:
+            await asyncio.wait(waiting, timeout=timeout_s)
 
 
-def _settle_closes(closes: list[WriteClose], outcome: Any) -> None:
-    """Answer write-closes from the response of the request that carried them, or fail them with an error."""
+def _settle_closes(closes: list[WriteClose], outcome: Any, bookie_id: str) -> None:
+    """Answer write-closes from the response of the request that carried them, or fail them with an error; a
+    refusal or a failure is logged (at info: a write-close is advisory)."""
     if isinstance(outcome, BaseException):
-        for close in closes:
-            if not close.done.done():
-                close.done.set_exception(outcome)
-        return
-    if outcome.error:
-        refused = {k: (outcome.error, outcome.error_message) for k in range(len(closes))}
+        failed = {k: f"failed: {outcome}" for k in range(len(closes))}
+    elif outcome.error:
+        failed = {k: f"refused: {pb.ResultCode.Name(outcome.error)}: {outcome.error_message}"
+                  for k in range(len(closes))}
     else:
-        refused = {r.group: (r.codes[0] if r.codes else pb.INTERNAL, r.message) for r in outcome.refused_closes}
+        failed = {r.group: f"refused: {pb.ResultCode.Name(r.codes[0] if r.codes else pb.INTERNAL)}: {r.message}"
+                  for r in outcome.refused_closes}
     for k, close in enumerate(closes):
+        why = failed.get(k)
+        if why is not None:
+            log.info("write-close of ledger %d on bookie %s %s", close.ledger_id, bookie_id, why)
         if not close.done.done():
-            close.done.set_result(refused.get(k))
+            close.done.set_result(why)
 
 
 def _describe(error: BaseException, tls: TlsFiles | None = None) -> str:

@@ -60,6 +60,9 @@ from octavo.meta.metadata import BookieInfo, MetadataStore
 
 log = logging.getLogger(__name__)
 
+# How long closing a client waits for the bookies to answer the write-closes of its ledgers.
+CLOSE_FLUSH_TIMEOUT_S = 1.0
+
 T = TypeVar("T")
 
 
@@ -79,9 +82,9 @@ class Client:
         self._bookie_clients: dict[str, BookieClient] = {}
         self._registrations: dict[str, BookieInfo] = {}
         self._registrations_at = -1e9
-        self._registration_lock = asyncio.Lock()
-        self._registration_reads_started = 0
-        self._registration_reads_done = 0
+        # The registration read that callers arriving now will share, and the task that makes the reads.
+        self._next_registration_read: asyncio.Future[None] | None = None
+        self._registration_reader: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self._writers: weakref.WeakSet[WriteHandle] = weakref.WeakSet()
         self.write_scheduler = WriteScheduler()
@@ -97,9 +100,13 @@ class Client:
         """Close the client. Appends still in flight on its write handles fail with LedgerClosedError (the
         ledgers stay open in etcd: a recovery open closes them)."""
         self.closed = True
+        # Write-closes still lingering go now (they are advisory: a bookie that does not answer in time is left).
+        await asyncio.gather(*(c.flush_closes(CLOSE_FLUSH_TIMEOUT_S) for c in self._bookie_clients.values()))
         for writer in list(self._writers):
             writer.abandon(LedgerClosedError("the client was closed with this append in flight"))
         self.write_scheduler.cancel()
+        if self._registration_reader is not None:
+            self._registration_reader.cancel()
         clients, self._bookie_clients = self._bookie_clients, {}
         await asyncio.gather(*(c.close() for c in clients.values()), return_exceptions=True)
         await self.etcd.close()
@@ -115,27 +122,45 @@ class Client:
     async def _read_registrations(self) -> None:
         """Read the registrations from etcd: a read that starts after this call did, shared with every caller
         that arrived while an earlier read was in flight. Hundreds of concurrent creators then cost one etcd
-        read per round trip, not one each, and none of them sees registrations older than its call."""
-        arrived_after = self._registration_reads_started
-        async with self._registration_lock:
-            if self._registration_reads_done > arrived_after:
-                return  # a read that started after we arrived has finished meanwhile
-            self._registration_reads_started += 1
-            started = self._registration_reads_started
-            loop = asyncio.get_running_loop()
-            before, self._registrations = self._registrations, await self.metadata_store.bookies()
-            self._registrations_at = loop.time()
-            self._registration_reads_done = started
-            for bookie_id, info in self._registrations.items():
-                known = self._bookie_clients.get(bookie_id)
-                if known is None:
-                    continue
-                if known.address != info.address:  # it moved (restarted elsewhere)
-                    self._replace_connection(bookie_id, known, "moved")
-                elif self._restarted(before.get(bookie_id), info) and not known.reachable() and not known.busy:
-                    # Restarted in place while our connection waits out its backoff: a new connection tries
-                    # at once (gRPC offers no way to reset a channel's backoff).
-                    self._replace_connection(bookie_id, known, "restarted")
+        read per round trip, not one each, none of them sees registrations older than its call, and all of them
+        go on in the same event-loop turn (their creations then share etcd transactions and add requests)."""
+        if self._next_registration_read is None:
+            self._next_registration_read = asyncio.get_running_loop().create_future()
+            if self._registration_reader is None or self._registration_reader.done():
+                self._registration_reader = asyncio.get_running_loop().create_task(
+                    self._registration_reads(), name="octavo-registrations")
+        await asyncio.shield(self._next_registration_read)
+
+    async def _registration_reads(self) -> None:
+        while self._next_registration_read is not None:
+            done, self._next_registration_read = self._next_registration_read, None
+            try:
+                self._apply_registrations(await self.metadata_store.bookies())
+            except Exception as e:
+                done.set_exception(e)
+                done.exception()  # retrieved: a read nobody waits for any more must not warn
+            except BaseException:  # cancelled: its waiters, and those of the next read, are cancelled too
+                done.cancel()
+                if self._next_registration_read is not None:
+                    self._next_registration_read.cancel()
+                    self._next_registration_read = None
+                raise
+            else:
+                done.set_result(None)
+
+    def _apply_registrations(self, registrations: dict[str, BookieInfo]) -> None:
+        before, self._registrations = self._registrations, registrations
+        self._registrations_at = asyncio.get_running_loop().time()
+        for bookie_id, info in self._registrations.items():
+            known = self._bookie_clients.get(bookie_id)
+            if known is None:
+                continue
+            if known.address != info.address:  # it moved (restarted elsewhere)
+                self._replace_connection(bookie_id, known, "moved")
+            elif self._restarted(before.get(bookie_id), info) and not known.reachable() and not known.busy:
+                # Restarted in place while our connection waits out its backoff: a new connection tries
+                # at once (gRPC offers no way to reset a channel's backoff).
+                self._replace_connection(bookie_id, known, "restarted")
 
     @staticmethod
     def _restarted(before: BookieInfo | None, now: BookieInfo) -> bool:

@@ -34,6 +34,7 @@ from octavo.client.reader import ReadHandle
 from octavo.client.recovery import recover_ledger
 from octavo.meta.errors import NoSuchLedgerError, NotEnoughBookiesError, OctavoError
 from octavo.meta.ledger_metadata import CLOSED, LedgerMetadata, write_set
+from octavo.meta.retry import CasRetry
 from octavo.meta.underreplication import DECOMMISSION_BY, UnderReplication
 from octavo.v1 import bookie_pb2 as pb
 
@@ -158,6 +159,8 @@ class Replicator:
         report = LedgerReplication(ledger_id)
         gone = set(gone)
         store = self.client.metadata_store
+        retry = CasRetry(f"ledger {ledger_id}: re-replication", REPLICATION_CAS_ATTEMPTS_MAX,
+                         error=ReplicationError)
         for _ in range(REPLICATION_CAS_ATTEMPTS_MAX):
             if first_read is not None:
                 (meta, revision), first_read = first_read, None
@@ -199,7 +202,9 @@ class Replicator:
                 if new_revision is None:
                     log.info("ledger %d changed while it was re-replicated: reading it again", ledger_id)
                     report.lost = []
-                    continue  # copies made are idempotent; the next pass re-decides on the new metadata
+                    # Copies made are idempotent; the next pass re-decides on the new metadata.
+                    await retry.lost(f"another change of the ledger's metadata (it was at revision {revision})")
+                    continue
                 for (index, old), new in sorted(replacements.items()):
                     report.replaced.append((meta.ensembles[index][0], old, new))
                     log.info("ledger %d: segment from entry %d re-replicated from %s to %s", ledger_id,

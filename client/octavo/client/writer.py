@@ -692,8 +692,8 @@ class WriteHandle:
     # -- close -----------------------------------------------------------------------------------------
     async def close(self) -> None:
         """Wait for every append in flight, close the ledger in etcd (CAS to CLOSED with its last entry),
-        then send the advisory write-close to the bookies. Raises LedgerFencedError if a recovery open took
-        the ledger over first."""
+        then queue the advisory write-close to the bookies (it rides their add streams; not waited for).
+        Raises LedgerFencedError if a recovery open took the ledger over first."""
         if self._error is not None:
             raise self._error  # a failed handle never closes the ledger: recovery does, from etcd's record
         if self._closed:
@@ -715,7 +715,8 @@ class WriteHandle:
                 raise self._error
             await self._close_in_etcd()
             self._closed = True
-        await asyncio.gather(*(self._write_close(b) for b in self.metadata.last_ensemble), return_exceptions=True)
+        for bookie_id in self.metadata.last_ensemble:
+            self._write_close(bookie_id)
 
     async def _close_in_etcd(self) -> None:
         """CAS the metadata to CLOSED with the last entry and length. Called with _change_lock held, so no
@@ -740,9 +741,10 @@ class WriteHandle:
             self.metadata, self._revision = current, current_revision
             await retry.lost(f"revision {current_revision} ({current.state}, {len(current.ensembles)} segments)")
 
-    async def _write_close(self, bookie_id: str) -> None:
+    def _write_close(self, bookie_id: str) -> None:
+        """Queue the advisory write-close on the bookie's add stream; not waited for (bookie_client.py)."""
         try:
-            await self._client.bookie_client(bookie_id).write_close(self.ledger_id, self._master_key, self._lac)
+            self._client.bookie_client(bookie_id).write_close_soon(self.ledger_id, self._master_key, self._lac)
         except OctavoError as e:
             log.info("ledger %d: write-close to bookie %s failed: %s", self.ledger_id, bookie_id, e)
 
