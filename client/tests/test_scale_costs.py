@@ -15,8 +15,9 @@ from pathlib import Path
 from octavo.cli.localcluster import EtcdProcess, LocalCluster
 from octavo.client import Client, ClientOptions
 from octavo.client.replication import NOTHING_TO_DO, REPLICATED, Replicator
-from octavo.meta.etcd import EtcdClient
+from octavo.meta.etcd import TXN_OPS_MAX, EtcdClient, Txn
 from octavo.meta.layout import Layout
+from octavo.meta.metadata import MetadataStore
 from octavo.meta.underreplication import Taken, UnderReplication
 from octavo.node.testing import BookieConnection
 from octavo.v1 import bookie_pb2 as pb
@@ -137,3 +138,37 @@ async def test_marking_a_ledger_with_no_mark_yet_is_one_request(etcd: EtcdProces
         assert not await marks.mark_new(3, ["bookie-2"], by="auditor bookie-0")
         mark = await marks.get(3)
         assert mark is not None and mark.missing == ("bookie-1", "bookie-2") and mark.by == "auditor bookie-0"
+
+
+async def test_listing_the_ledgers_makes_etcd_count_each_key_about_once(etcd: EtcdProcess) -> None:
+    """etcd counts every key of a range to answer it, whatever the limit: open-ended pages would make a listing
+    quadratic. Ledgers are listed from windows of ids, gaps in the ids crossed by widening the window."""
+    layout = Layout("listing")
+    ids = [*range(0, 1500), *range(200_000, 201_500), 5_000_000]
+    async with EtcdClient(etcd.endpoint, range_page_keys=100) as client:
+        for start in range(0, len(ids), TXN_OPS_MAX):
+            txn = Txn()
+            for lid in ids[start:start + TXN_OPS_MAX]:
+                txn.put(layout.ledger(lid), b"{}")
+            assert (await client.txn(txn))[0]
+        store = MetadataStore(client, layout)
+        before = client.range_keys_counted
+        pages = [[layout.ledger_id_of(kv.key) for kv in page] async for page in store.ledger_pages(keys_only=True)]
+        assert [lid for page in pages for lid in page] == ids
+        assert max(len(page) for page in pages) <= 100
+        counted = client.range_keys_counted - before
+        assert counted <= 3 * len(ids), f"etcd counted {counted} keys to list {len(ids)}"
+        assert await store.list_ledgers() == ids
+
+
+async def test_reading_the_marks_makes_etcd_count_each_mark_about_once(etcd: EtcdProcess) -> None:
+    """Every worker pass and the auditor's count read all the marks: from windows of ids too."""
+    async with EtcdClient(etcd.endpoint, range_page_keys=50) as client:
+        marks = UnderReplication(client, Layout("mark-pages"))
+        ids = [*range(0, 400, 2), *range(90_000, 90_100)]
+        for lid in ids:
+            await marks.mark_new(lid, ["bookie-1"], by="test")
+        before = client.range_keys_counted
+        assert [m.ledger_id async for m in marks.marks()] == ids
+        counted = client.range_keys_counted - before
+        assert counted <= 3 * len(ids), f"etcd counted {counted} keys to read {len(ids)} marks"

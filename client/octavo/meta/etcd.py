@@ -188,6 +188,9 @@ class EtcdClient:
         # Every call waits for its channel to be ready (etcd restarting) up to the timeout.
         self._opts: dict[str, Any] = {"timeout": timeout_s, "wait_for_ready": True}
         self._contacted = False  # a call has succeeded: from then on an outage is waited out, not probed
+        # Keys etcd counted to answer this client's range reads (the `count` of each answer): what a listing
+        # costs etcd, whatever it returned.
+        self.range_keys_counted = 0
 
     async def __aenter__(self) -> EtcdClient:
         return self
@@ -322,6 +325,7 @@ class EtcdClient:
             request = rpc.RangeRequest(key=start, range_end=end, limit=page, keys_only=keys_only,
                                        sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.KEY)
             resp = await self._call("get prefix", lambda kv, _, r=request: kv.Range(r, **self._opts), retry=True)
+            self.range_keys_counted += int(resp.count)
             kvs = [_kv(item) for item in resp.kvs]
             read += len(kvs)
             if kvs:
@@ -329,6 +333,24 @@ class EtcdClient:
             if not resp.more or not kvs or (limit and read >= limit):
                 return
             start = kvs[-1].key + b"\0"  # the next key after the last one read
+
+    async def range_page(self, start: bytes, end: bytes, limit: int, keys_only: bool = False) -> list[KeyValue]:
+        """The keys in [start, end) in key order, at most `limit`, in one request. etcd (3.5) counts every key
+        of [start, end) to answer, whatever the limit: a caller paging through many keys keeps each range small
+        (an open-ended range per page makes a listing quadratic in the keys)."""
+        request = rpc.RangeRequest(key=start, range_end=end, limit=limit, keys_only=keys_only,
+                                   sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.KEY)
+        resp = await self._call("range", lambda kv, _: kv.Range(request, **self._opts), retry=True)
+        self.range_keys_counted += int(resp.count)
+        return [_kv(item) for item in resp.kvs]
+
+    async def last_key(self, prefix: bytes) -> bytes | None:
+        """The largest key under `prefix`, None if there is none (one request, keys only)."""
+        request = rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix), limit=1, keys_only=True,
+                                   sort_order=rpc.RangeRequest.DESCEND, sort_target=rpc.RangeRequest.KEY)
+        resp = await self._call("range", lambda kv, _: kv.Range(request, **self._opts), retry=True)
+        self.range_keys_counted += int(resp.count)
+        return bytes(resp.kvs[0].key) if resp.kvs else None
 
     async def range_from(self, start: bytes, end: bytes) -> bytes | None:
         """The first key in [start, end), None if there is none (one key, keys only)."""

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 
 from octavo.meta.errors import MetadataUnavailableError, NoSuchLedgerError
-from octavo.meta.etcd import TXN_OPS_MAX, EtcdClient, Txn
+from octavo.meta.etcd import TXN_OPS_MAX, EtcdClient, KeyValue, Txn
 from octavo.meta.groupcas import GroupCas
 from octavo.meta.idgen import LedgerIdAllocator
 from octavo.meta.layout import Layout
@@ -24,6 +24,12 @@ log = logging.getLogger(__name__)
 
 # Ids of our block that turn out to exist already before creation gives up (see create_ledger).
 ID_COLLISIONS_MAX = 64
+
+# A listing of the ledgers reads windows of ledger ids, not open-ended pages: etcd (3.5) counts every key from a
+# range's start to its end to answer it, whatever its limit, so an open-ended page costs O(ledgers) and a listing
+# O(ledgers^2 / page). A window starts range_page_keys ids wide, doubles while it finds few ledgers (a gap in the
+# ids) up to this many ids, and is cut at range_page_keys keys.
+LEDGER_WINDOW_IDS_MAX = 1 << 20
 
 
 # The instance key of a decommissioned bookie's data directory names this, then the bookie id: the directory
@@ -132,13 +138,19 @@ class MetadataStore:
     async def iter_ledgers(self) -> AsyncIterator[LedgerMetadata]:
         """Every ledger's metadata in id order, read a page at a time (the etcd client's range_page_keys): the
         caller holds one page, not the whole cluster's ledgers."""
-        async for page in self.etcd.iter_prefix(self.layout.ledgers):
+        async for page in self.ledger_pages():
             for kv in page:
                 yield LedgerMetadata.decode(kv.value)
 
+    async def ledger_pages(self, keys_only: bool = False) -> AsyncIterator[list[KeyValue]]:
+        """Every ledger's key (and metadata, unless keys_only) in id order, a page at a time (id_pages)."""
+        async for page in id_pages(self.etcd, self.layout.ledgers, self.layout.ledger, self.layout.ledger_id_of,
+                                   keys_only):
+            yield page
+
     async def list_ledgers(self) -> list[int]:
-        keys = await self.etcd.get_prefix(self.layout.ledgers, keys_only=True)
-        return [self.layout.ledger_id_of(kv.key) for kv in keys]
+        return [self.layout.ledger_id_of(kv.key) async for page in self.ledger_pages(keys_only=True)
+                for kv in page]
 
     async def ledgers_existing(self, ledger_ids: list[int]) -> set[int]:
         """Which of these ledgers exist in etcd now: read TXN_OPS_MAX keys per transaction (one round trip per
@@ -223,3 +235,29 @@ class MetadataStore:
         """Bind an instance to a bookie id if it is bound to none (cookies written before instance keys
         existed); False if another binding was made first."""
         return await self.etcd.cas_put(self.layout.instance(instance_id), bookie_id.encode(), 0)
+
+
+async def id_pages(etcd: EtcdClient, prefix: bytes, key_of: Callable[[int], bytes], id_of: Callable[[bytes], int],
+                   keys_only: bool = False) -> AsyncIterator[list[KeyValue]]:
+    """The keys under `prefix`, named by ids (key_of(id), zero-padded so key order is id order), in id order,
+    at most range_page_keys per page, each read from a window of ids (see LEDGER_WINDOW_IDS_MAX), up to the
+    largest id when the listing began: keys created after that may not be listed."""
+    last = await etcd.last_key(prefix)
+    if last is None:
+        return
+    top = id_of(last)
+    page_keys = etcd.range_page_keys
+    start, width = 0, page_keys
+    while start <= top:
+        end = min(start + width, top + 1)
+        kvs = await etcd.range_page(key_of(start), key_of(end), page_keys, keys_only)
+        if kvs:
+            yield kvs
+        if len(kvs) >= page_keys:  # cut at the limit: go on after the last key read, in a window as wide as
+            last_read = id_of(kvs[-1].key)  # the ids this page spanned
+            width = max(page_keys, last_read + 1 - start)
+            start = last_read + 1
+            continue
+        start = end
+        if len(kvs) < page_keys // 2:  # a gap in the ids: look further at once
+            width = min(width * 2, LEDGER_WINDOW_IDS_MAX)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from octavo.meta.etcd import EtcdClient, KeyValue, Txn
 from octavo.meta.layout import Layout
+from octavo.meta.metadata import id_pages
 
 MARK_CAS_ATTEMPTS_MAX = 20
 # Marks made by a decommission name a bookie that is still registered (it serves reads while its copies move):
@@ -92,7 +93,9 @@ class UnderReplication:
 
     async def marks(self) -> AsyncIterator[Mark]:
         """Every mark, in ledger-id order, read a page at a time."""
-        async for page in self.etcd.iter_prefix(self.layout.underreplicated):
+        prefix = self.layout.underreplicated
+        async for page in id_pages(self.etcd, prefix, self.layout.underreplicated_ledger,
+                                   lambda key: self.layout.ledger_id_under(prefix, key)):
             for kv in page:
                 yield Mark.decode(kv.value, kv.mod_revision)
 

@@ -307,7 +307,7 @@ class BookieServer:
         # holds this bookie's ledgers, never the whole cluster's.
         store = registration.store
         candidates = storage.ledger_ids()
-        async for page in store.etcd.iter_prefix(store.layout.ledgers, keys_only=True):
+        async for page in store.ledger_pages(keys_only=True):
             candidates.difference_update(store.layout.ledger_id_of(kv.key) for kv in page)
         # Each candidate is confirmed by a read after the listing (a ledger created meanwhile is never taken for
         # deleted), many per etcd transaction.
