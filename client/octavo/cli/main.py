@@ -81,6 +81,7 @@ NODE_SETTING_HELP: dict[str, str] = {
     "replication_rate_bytes_per_s": "most bytes this bookie's replication workers copy per second (0: unlimited)",
     "replication_batch_bytes_max": "most bytes in one add of re-replicated entries",
     "replication_workers_max": "ledgers this bookie re-replicates at once",
+    "etcd_compaction_interval_s": "the auditor compacts etcd's history to the revision of this long ago (0: off)",
     "compaction_enabled": "run scheduled compaction passes (true/false); passes started by hand run regardless",
     "compaction_minor_threshold": "minor compaction rewrites logs whose live share is below this (0-1)",
     "compaction_major_threshold": "major compaction rewrites logs whose live share is below this (0-1, > minor)",

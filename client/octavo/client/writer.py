@@ -49,6 +49,7 @@ from octavo.meta.errors import (
     BufferFullError,
     EntryRefusedError,
     EntryTooLargeError,
+    EtcdSpaceExceededError,
     LedgerClosedError,
     LedgerFencedError,
     MetadataUnavailableError,
@@ -605,7 +606,7 @@ class WriteHandle:
             try:
                 return await self._try_new_segment(failed)
             except MetadataUnavailableError as e:
-                if loop.time() > deadline:
+                if loop.time() > deadline or isinstance(e, EtcdSpaceExceededError):  # a full etcd stays full
                     raise
                 log.info("ledger %d: ensemble change waits for etcd: %s", self.ledger_id, e)
                 await asyncio.sleep(0.5)

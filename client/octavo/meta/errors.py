@@ -11,6 +11,22 @@ class MetadataUnavailableError(OctavoError):
     """etcd could not be reached (every endpoint tried) or refused the call."""
 
 
+class EtcdSpaceExceededError(MetadataUnavailableError):
+    """etcd refused a write because its database reached its quota (--quota-backend-bytes) and it raised its
+    NOSPACE alarm: no write succeeds (no ledger can be created, closed or deleted) until an operator compacts,
+    defragments and disarms the alarm (docs/operations.md, "What an etcd for Octavo needs"). Never retried:
+    the answer stays the same until then."""
+
+
+class EtcdCompactedError(MetadataUnavailableError):
+    """What was asked for is older than etcd's history: a watch's or a read's start revision was compacted
+    away. The caller starts again from the current revision (and finds what it missed by a full scan)."""
+
+    def __init__(self, message: str, compact_revision: int) -> None:
+        super().__init__(message)
+        self.compact_revision = compact_revision  # the oldest revision etcd still has (0: not said)
+
+
 class NoSuchLedgerError(OctavoError):
     pass
 

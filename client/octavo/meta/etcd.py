@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 from aetcd import rpc
 
-from octavo.meta.errors import MetadataUnavailableError
+from octavo.meta.errors import EtcdCompactedError, EtcdSpaceExceededError, MetadataUnavailableError
 from octavo.meta.tls import TlsFiles, aio_channel
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,16 @@ TXN_OPS_MAX = 128
 
 # Refusals that credentials would change: said as such, never retried.
 AUTH_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+# What etcd answers a write once its database reached --quota-backend-bytes (gRPC RESOURCE_EXHAUSTED; every
+# later write too, until the NOSPACE alarm is disarmed), and a read or watch of a revision it compacted away
+# (OUT_OF_RANGE).
+SPACE_EXCEEDED = "database space exceeded"
+SPACE_EXCEEDED_HINT = (
+    "etcd's database is full (it reached its --quota-backend-bytes and raised the NOSPACE alarm): it refuses "
+    "every write, so no ledger can be created, closed or deleted until an operator compacts its history, "
+    "defragments every member and disarms the alarm (etcdctl compact, etcdctl defrag, etcdctl alarm disarm: "
+    "docs/operations.md, \"What an etcd for Octavo needs\")")
+COMPACTED = "required revision has been compacted"
 AUTH_HINT = ("etcd refuses this client: give it credentials (etcd_username with etcd_password_file, or a client "
              "certificate whose common name is an etcd user with a role on the cluster's prefix)")
 
@@ -129,6 +139,26 @@ def prefix_end(prefix: bytes) -> bytes:
             end[i] += 1
             return bytes(end[:i + 1])
     return b"\0"
+
+
+@dataclass
+class WatchPosition:
+    """How far a watch got: every event up to `revision` (inclusive) was delivered to its caller. 0: not
+    started (a watch given it starts after etcd's current revision)."""
+
+    revision: int = 0
+
+
+@dataclass(frozen=True)
+class EtcdStatus:
+    """One etcd member's status: its revision, its database file (db_size_bytes, what the quota counts) and
+    the part of it in use (the rest is free pages that only a defragmentation gives back), and the alarms
+    raised in the cluster (NOSPACE: the quota was reached and every write is refused)."""
+
+    revision: int
+    db_size_bytes: int
+    db_size_in_use_bytes: int
+    alarms: tuple[str, ...]
 
 
 class Txn:
@@ -272,6 +302,11 @@ class EtcdClient:
                         continue
                     raise MetadataUnavailableError(
                         f"etcd {what} refused: {e.code().name}: {e.details()}: {AUTH_HINT}") from e
+                if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and SPACE_EXCEEDED in (e.details() or ""):
+                    raise EtcdSpaceExceededError(
+                        f"etcd refused the {what}: {e.details()}: {SPACE_EXCEEDED_HINT}") from e
+                if e.code() == grpc.StatusCode.OUT_OF_RANGE and COMPACTED in (e.details() or ""):
+                    raise EtcdCompactedError(f"etcd {what}: {e.details()}", 0) from e
                 if e.code() not in RETRYABLE:
                     raise MetadataUnavailableError(f"etcd {what} failed: {e.code().name}: {e.details()}") from e
                 last = e
@@ -359,15 +394,22 @@ class EtcdClient:
         resp = await self._call("range", lambda kv, _: kv.Range(request, **self._opts), retry=True)
         return bytes(resp.kvs[0].key) if resp.kvs else None
 
-    async def watch_deletes(self, prefix: bytes) -> AsyncIterator[list[bytes]]:
+    async def watch_deletes(self, prefix: bytes, position: WatchPosition | None = None) -> AsyncIterator[list[bytes]]:
         """Yield the keys under `prefix` as they are deleted (one list per etcd response), until the stream
-        fails (MetadataUnavailableError: the caller watches again; events in the gap are not replayed, so
-        callers keep a periodic full scan)."""
+        fails (MetadataUnavailableError: the caller watches again). With a `position` the watch starts right
+        after position.revision (0: after the current revision) and moves it past each list once the caller
+        has taken it, so a watch started again with the same position misses nothing in between, unless etcd
+        compacted that history meanwhile: then EtcdCompactedError, and the caller starts from now
+        (position.revision = 0) and finds the deletes it missed by a full scan."""
+        position = position if position is not None else WatchPosition()
+        if position.revision == 0:
+            position.revision = await self.revision()
         self._stubs()
         assert self._channel is not None
         watch = rpc.WatchStub(self._channel)
         create = rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
-            key=prefix, range_end=prefix_end(prefix), filters=[rpc.WatchCreateRequest.NOPUT]))
+            key=prefix, range_end=prefix_end(prefix), filters=[rpc.WatchCreateRequest.NOPUT],
+            start_revision=position.revision + 1))
         requests: asyncio.Queue[Any] = asyncio.Queue()
         requests.put_nowait(create)
 
@@ -380,11 +422,18 @@ class EtcdClient:
         call = watch.Watch(send(), wait_for_ready=True, metadata=self._opts.get("metadata"))
         try:
             async for resp in call:
+                if resp.compact_revision:
+                    raise EtcdCompactedError(
+                        f"etcd compacted its history past this watch's start (revision {position.revision + 1}; the "
+                        f"oldest it keeps is {resp.compact_revision}): deletes in between are not replayed",
+                        int(resp.compact_revision))
                 if resp.canceled:
                     raise MetadataUnavailableError(f"etcd cancelled the watch: {resp.cancel_reason}")
                 keys = [ev.kv.key for ev in resp.events if ev.type == rpc.Event.DELETE]
                 if keys:
                     yield keys
+                if resp.events:
+                    position.revision = max(position.revision, max(int(ev.kv.mod_revision) for ev in resp.events))
         except grpc.aio.AioRpcError as e:
             if _refused_for_credentials(e) and self.auth.username:
                 self._token = ""  # the next watch (or call) takes a new token
@@ -416,6 +465,37 @@ class EtcdClient:
     async def delete(self, key: bytes) -> None:
         await self._call("delete", lambda kv, _: kv.DeleteRange(rpc.DeleteRangeRequest(key=key),
                                                                 **self._opts), retry=True)
+
+    # -- history and space ---------------------------------------------------------------------------
+    async def revision(self) -> int:
+        """etcd's current revision (one count-only range)."""
+        request = rpc.RangeRequest(key=b"\0", count_only=True)
+        resp = await self._call("revision", lambda kv, _: kv.Range(request, **self._opts), retry=True)
+        return int(resp.header.revision)
+
+    async def compact(self, revision: int) -> bool:
+        """Drop etcd's history before `revision` (every key keeps its value as of `revision`). False if it was
+        compacted that far already (by another compactor, or etcd's own auto-compaction): nothing to do."""
+        if revision < 1:
+            raise ValueError(f"compaction revision must be >= 1, got {revision}")
+        request = rpc.CompactionRequest(revision=revision)
+        try:
+            await self._call("compaction", lambda kv, _: kv.Compact(request, **self._opts), retry=False)
+        except EtcdCompactedError:
+            return False
+        return True
+
+    async def status(self) -> EtcdStatus:
+        """The status of the member this client talks to: revision, database sizes, alarms it reports."""
+        def call(_kv: Any, _lease: Any) -> Any:
+            return rpc.MaintenanceStub(self._channel).Status(rpc.StatusRequest(), **self._opts)
+
+        resp = await self._call("status", call, retry=True)
+        alarms = await self._call("alarm list", lambda _kv, _lease: rpc.MaintenanceStub(self._channel).Alarm(
+            rpc.AlarmRequest(action=rpc.AlarmRequest.GET), **self._opts), retry=True)
+        return EtcdStatus(revision=int(resp.header.revision), db_size_bytes=int(resp.dbSize),
+                          db_size_in_use_bytes=int(resp.dbSizeInUse),
+                          alarms=tuple(sorted({rpc.AlarmType.Name(a.alarm) for a in alarms.alarms})))
 
     # -- leases --------------------------------------------------------------------------------------
     async def grant_lease(self, ttl_s: int) -> int:

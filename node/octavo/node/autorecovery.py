@@ -43,6 +43,7 @@ from octavo.meta.ledger_metadata import LedgerMetadata, MetadataError
 from octavo.meta.underreplication import Mark, Taken, UnderReplication
 from octavo.node import faults
 from octavo.node.config import NodeConfig
+from octavo.node.etcdcompaction import EtcdCompaction
 from octavo.node.registration import Registration
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ class AutoRecovery:
         self._writable = writable
         self.auditor = AuditorState()
         self.worker = WorkerState()
+        self.etcd_compaction = EtcdCompaction(config.etcd_compaction_interval_s)  # run by the auditor
         self._next_full_audit = 0.0
         self._retry_at: dict[int, float] = {}
         self._slots = asyncio.Semaphore(config.replication_workers_max)
@@ -117,7 +119,9 @@ class AutoRecovery:
 
             # Two loops: a worker waiting for a free slot must not hold up the auditor, nor the other way round.
             await asyncio.gather(self._every_tick("the auditor", lambda: self._audit(client, marks)),
-                                 self._every_tick("replication", work))
+                                 self._every_tick("replication", work),
+                                 self._every_tick("etcd compaction", lambda: self.etcd_compaction.tick(
+                                     client.etcd, self.auditor.is_auditor, time.monotonic())))
 
     async def _every_tick(self, what: str, step: Callable[[], Awaitable[None]]) -> None:
         quiet = False

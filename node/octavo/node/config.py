@@ -58,6 +58,11 @@ class NodeConfig:
     replication_rate_bytes_per_s: int = 4 * MIB
     replication_batch_bytes_max: int = 4 * MIB
     replication_workers_max: int = 2
+    # The auditor also keeps etcd's history bounded (etcdcompaction.py): every etcd_compaction_interval_s it
+    # notes etcd's revision and compacts etcd to the revision it noted one interval before (so at least one
+    # interval of history stays for watches to resume from). 0: Octavo never compacts, for an etcd that its
+    # owner compacts (auto-compaction, or another program's compaction).
+    etcd_compaction_interval_s: int = 300
 
     # Compaction (compaction.py): a flushed log whose live share is below a threshold is rewritten. Minor
     # passes (small threshold, cheap) run more often than major ones. The rate limit bounds the bytes copied
@@ -202,6 +207,8 @@ class NodeConfig:
         need(64 * KIB <= self.replication_batch_bytes_max <= 1 * GIB,
              f"replication_batch_bytes_max must be in [64 KiB, 1 GiB], got {self.replication_batch_bytes_max}")
         need(1 <= self.replication_workers_max <= 64, "replication_workers_max must be in [1, 64]")
+        need(0 <= self.etcd_compaction_interval_s <= 7 * 86400,
+             f"etcd_compaction_interval_s must be in [0, 604800] (0: off), got {self.etcd_compaction_interval_s}")
         need(-1 <= self.metrics_port <= 65535,
              f"metrics_port must be in [-1, 65535] (-1: off), got {self.metrics_port}")
         need(self.metrics_port <= 0 or self.metrics_port != self.port,
