@@ -117,8 +117,8 @@ def test_etcd_unreachable_at_start_is_a_clear_failure(tmp_path: Path) -> None:
 
 def test_first_add_of_an_unknown_ledger_is_checked_in_etcd(etcd: EtcdProcess, cluster_name: str,
                                                            tmp_path: Path) -> None:
-    """Ledgers that existed before the bookie started are looked up on their first add there (a restart may
-    have lost what the bookie knew of them); ledgers created after its start are not."""
+    """A ledger's first add on a bookie is looked up in etcd (a restart may have lost what the bookie knew of it,
+    and an id etcd never gave out must not be bound to a caller's key), whenever it was created."""
     bookie = BookieProcess(str(tmp_path / "b1"), args=cluster_args(etcd, cluster_name, "bookie-1"))
 
     async def create(state: str, ensemble: tuple[str, ...]) -> int:
@@ -145,11 +145,11 @@ def test_first_add_of_an_unknown_ledger_is_checked_in_etcd(etcd: EtcdProcess, cl
         # A re-replication copy goes to its replacement before the CAS names it there: a recovery add is
         # taken from a bookie not (yet) in the ensembles.
         assert list(conn.add(elsewhere_id, b"k", [0], [b"x"], recovery=True).results[0].codes) == [pb.OK]
-        # Created after the start: no lookup, so the same misrouted add is taken (as BookKeeper would).
-        assert list(conn.add(born_after_id, b"k", [0], [b"x"]).results[0].codes) == [pb.OK]
+        # Created after the start: looked up too, so the same misrouted add is refused.
+        r = conn.add(born_after_id, b"k", [0], [b"x"]).results[0]
+        assert list(r.codes) == [pb.INVALID] and "not in ledger" in r.message
     bookie.stop()
-    # After a restart, the ledger counter is read again: every ledger created so far is looked up, and an
-    # id below the counter that etcd does not know is refused.
+    # After a restart: an id etcd does not know (deleted) is refused.
     async def delete(ledger_id: int) -> None:
         async with EtcdClient(etcd.endpoint) as client:
             await MetadataStore(client, Layout(cluster_name)).delete_ledger(ledger_id)
@@ -258,7 +258,15 @@ def test_a_bookie_whose_registration_lapsed_takes_no_new_ledgers(tmp_path: Path)
     own.start()
     bookie = BookieProcess(str(tmp_path / "b1"), args=cluster_args(own, "c", "bookie-1"))
     address = bookie.start()
-    held, new = 1_000_000, 1_000_001  # ids above etcd's counter: no etcd lookup before their first add
+
+    async def create() -> int:
+        async with EtcdClient(own.endpoint) as client:
+            meta, _ = await MetadataStore(client, Layout("c")).create_ledger(
+                ensemble_size=1, write_quorum=1, ack_quorum=1, ensembles=((0, ("bookie-1",)),),
+                password_digest=password_digest(b"p"), master_key_hex=b"k".hex())
+            return meta.ledger_id
+
+    held, new = asyncio.run(create()), asyncio.run(create())
     try:
         with BookieConnection(address) as conn:
             wait_for(lambda: conn.status().autorecovery.is_auditor, timeout_s=30)  # the only bookie: auditor

@@ -83,7 +83,7 @@ def test_a_fence_and_a_write_close_wake_the_poll(conn: BookieConnection) -> None
     assert a.fenced and a.last_add_confirmed == 0 and not a.write_closed
     assert conn.bookie.WriteClose(pb.WriteCloseRequest(ledger_id=closed, master_key=KEY, last_entry_id=1)).code == pb.OK
     b = held_c.result()  # type: ignore[attr-defined]
-    assert b.write_closed and not b.fenced
+    assert b.write_closed and b.fenced  # a write-close also seals the ledger: its writer's adds are refused
 
 
 def test_an_unknown_ledger_waits_then_says_so(conn: BookieConnection) -> None:

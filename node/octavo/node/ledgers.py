@@ -64,6 +64,11 @@ class LedgerTable:
             self._dirty.add(ledger_id)
         return state
 
+    def seal(self, ledger_id: int, state: LedgerState) -> None:
+        """Fence a ledger whose writer closed it; its row is written by the next flush."""
+        state.fenced = True
+        self._dirty.add(ledger_id)
+
     def raise_lac(self, ledger_id: int, state: LedgerState, last_add_confirmed: int) -> None:
         if last_add_confirmed > state.last_add_confirmed:
             state.last_add_confirmed = last_add_confirmed

@@ -50,23 +50,6 @@ class Registration:
         self.disk_usage_ratio = 0.0
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
-        # Ledger ids from here on were allocated after this bookie started (read at start, before serving):
-        # this bookie cannot have held state for them that a restart lost, so their first add needs no etcd
-        # lookup. None until read: every unknown ledger is looked up.
-        self.new_ledgers_from: int | None = None
-
-    def forget_ledgers(self, ledger_ids: list[int]) -> None:
-        """Ledgers deleted from etcd are about to be dropped here: from now on an add to one of them is looked
-        up in etcd (and refused as NO_SUCH_LEDGER) instead of creating it anew. Their ids are below etcd's
-        counter, so raising the lookup mark past them is enough; ledgers between the old and the new mark that
-        this bookie has not seen yet cost one lookup on their first add."""
-        if ledger_ids and self.new_ledgers_from is not None:
-            self.new_ledgers_from = max(self.new_ledgers_from, max(ledger_ids) + 1)
-
-    async def read_ledger_counter(self) -> None:
-        """Remember the next ledger id etcd will allocate (see new_ledgers_from)."""
-        current = await self.etcd.get(self.store.layout.ledger_id_counter)
-        self.new_ledgers_from = int(current.value) if current else 0
 
     async def check_cookie(self) -> None:
         """Raise CookieMismatchError unless this data directory and this bookie id are bound to each other,

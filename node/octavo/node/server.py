@@ -120,7 +120,6 @@ class BookieServer:
             self.registration = Registration(self.storage, self.bookie_id, advertised)
             self.registration.disk_usage_ratio = max((u.ratio for u in self.disk.usages), default=0.0)
             await self.registration.check_cookie()  # before serving anything from this disk
-            await self.registration.read_ledger_counter()
         self.service = BookieService(self.storage, self.registration)
         await self._start_telemetry(self.service)
         server.add_generic_rpc_handlers((bookie_handler(self.service),))
@@ -256,10 +255,9 @@ class BookieServer:
                 log.error("dropping deleted ledgers failed (%s); the next GC pass retries", e)
 
     async def _drop_deleted(self, ledger_ids: list[int]) -> None:
-        """Forget ledgers etcd deleted. The lookup mark rises first, so an add processed after the drop is
-        checked in etcd and refused (NO_SUCH_LEDGER) rather than bringing the ledger back to life here."""
+        """Forget ledgers etcd deleted. An add or fence processed after the drop meets a ledger this bookie holds
+        nothing of, is checked in etcd and refused (NO_SUCH_LEDGER) rather than bringing the ledger back."""
         assert self.registration is not None and self.storage is not None
-        self.registration.forget_ledgers(ledger_ids)
         await asyncio.get_running_loop().run_in_executor(None, self.storage.drop_ledgers, ledger_ids)
 
     async def _disk_loop(self) -> None:

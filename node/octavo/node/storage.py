@@ -535,11 +535,19 @@ class Storage:
         active.size += len(data)
 
     def write_close(self, ledger_id: int, master_key: bytes) -> None:
-        state = self._table.get(ledger_id)
-        if state is None:
-            raise no_such_ledger(ledger_id)
-        if state.master_key != master_key:
-            raise unauthorized(ledger_id)
+        """The writer closed the ledger: from now on it takes recovery adds only, as after a fence, and so it
+        stays across a restart. Unlike a fence this does not sync (a writer has closed the ledger in etcd first,
+        and its close must stay cheap): the fence record goes in the active log and the row in the next flush,
+        so a process crash keeps it and only a machine crash before that flush can forget it."""
+        with self._lock:
+            state = self._table.get(ledger_id)
+            if state is None:
+                raise no_such_ledger(ledger_id)
+            if state.master_key != master_key:
+                raise unauthorized(ledger_id)
+            if not state.fenced:
+                self._table.seal(ledger_id, state)
+                self._append_fence_record_locked(ledger_id, state.master_key)
         self._roll_for(ledger_id)
 
     def _roll_for(self, ledger_id: int) -> None:
