@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from octavo.meta.etcd import EtcdClient, KeyValue, Txn
 from octavo.meta.layout import Layout
 from octavo.meta.metadata import id_pages
+from octavo.meta.retry import CasRetry
 
 MARK_CAS_ATTEMPTS_MAX = 20
 # Marks made by a decommission name a bookie that is still registered (it serves reads while its copies move):
@@ -66,7 +67,8 @@ class UnderReplication:
         """Mark a ledger as missing the copies of `missing` (merged with an existing mark). True if this call
         wrote the mark, False if an existing mark already named them all."""
         key = self.layout.underreplicated_ledger(ledger_id)
-        for _ in range(MARK_CAS_ATTEMPTS_MAX):
+        retry = CasRetry(f"ledger {ledger_id}: marking it under-replicated", MARK_CAS_ATTEMPTS_MAX)
+        while True:
             current = await self.get(ledger_id)
             if current is not None and set(missing) <= set(current.missing):
                 return False
@@ -77,7 +79,8 @@ class UnderReplication:
                                         .put(key, mark.encode()))
             if ok:
                 return True
-        raise RuntimeError(f"ledger {ledger_id}: could not mark it under-replicated (kept losing the CAS)")
+            await retry.lost(f"another mark (read at revision {current.revision if current else 0}, naming "
+                             f"{', '.join(current.missing) if current else 'nothing'})")
 
     async def mark_new(self, ledger_id: int, missing: Collection[str], by: str) -> bool:
         """mark(), in one etcd round trip when the ledger has no mark yet: the case of every ledger of a bookie
