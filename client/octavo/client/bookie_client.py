@@ -461,13 +461,6 @@ class BookieClient:
             self._close_timer = asyncio.get_running_loop().call_later(CLOSE_LINGER_S, self._closes_now)
         return done
 
-    async def write_close(self, ledger_id: int, master_key: bytes, last_entry_id: int) -> str | None:
-        """The advisory write-close, sent now (on the add stream); returns once the bookie answered: None, or
-        why it was not done (already logged)."""
-        done = self.write_close_soon(ledger_id, master_key, last_entry_id)
-        self._closes_now()
-        return await done
-
     def _closes_now(self) -> None:
         if self._close_timer is not None:
             self._close_timer.cancel()
