@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -16,7 +15,7 @@ from octavo.meta.errors import MetadataUnavailableError
 from octavo.node.adminauth import AdminAuthorizer
 from octavo.node.compaction import CompactionProgress, CompactionReport
 from octavo.node.compaction_plan import MAJOR, MINOR
-from octavo.node.rpc import unary, unary_stream
+from octavo.node.rpc import bad_requests, unary, unary_stream
 from octavo.node.storage import Storage
 from octavo.v1 import bookie_pb2 as pb
 from octavo.v1 import bookie_pb2_grpc as pb_grpc
@@ -24,7 +23,6 @@ from octavo.v1 import bookie_pb2_grpc as pb_grpc
 if TYPE_CHECKING:
     from octavo.node.server import BookieServer
 
-log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
 
@@ -237,7 +235,8 @@ def admin_handler(service: BookieAdminService, authorizer: AdminAuthorizer | Non
         async def check(context: grpc.aio.ServicerContext) -> None:
             refused = authorizer.check(context)
             if refused is not None:
-                log.warning("admin call refused: %s", refused[1], extra={"event": "admin_refused"})
+                # Rate-limited: an unauthenticated peer could otherwise write a line per call.
+                bad_requests.warning("admin_refused", f"admin call refused: {refused[1]}", event="admin_refused")
                 await context.abort(*refused)
 
         if streaming:

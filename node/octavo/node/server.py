@@ -15,8 +15,7 @@ import time
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health, health_pb2
 from opentelemetry.sdk.trace import TracerProvider
 
 from octavo.meta.errors import MetadataUnavailableError
@@ -30,9 +29,11 @@ from octavo.node.config import NodeConfig
 from octavo.node.dataplane import BookieService, bookie_handler
 from octavo.node.disk import DiskMonitor
 from octavo.node.errors import StorageError
+from octavo.node.grpc_services import health_handler, reflection_handler
 from octavo.node.metrics import BookieMetrics
 from octavo.node.registration import Registration
 from octavo.node.repair import TailRepair
+from octavo.node.rpc import limit_grpc_servicer_errors
 from octavo.node.storage import GcReport, Storage
 from octavo.telemetry import Sampling, ServerTls, Telemetry, make_tracer_provider
 from octavo.v1 import bookie_pb2 as pb
@@ -69,7 +70,7 @@ class BookieServer:
         self.tls_credentials: ReloadingServerCredentials | None = None
         self.storage: Storage | None = None
         self.server: grpc.aio.Server | None = None
-        self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
+        self.health = health.aio.HealthServicer()
         self.port = 0
         self.bookie_id = ""
         self.registration: Registration | None = None
@@ -106,9 +107,11 @@ class BookieServer:
                                             f"host): {e}") from e
         if self.port == 0:
             raise StorageError(pb.INTERNAL, f"cannot listen on {address} (in use, or not an address of this host)")
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         names = [pb.DESCRIPTOR.services_by_name[n].full_name for n in ("Bookie", "BookieAdmin")]
-        reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+        # Through our own handlers: a request that does not parse gets INVALID_ARGUMENT and one rate-limited line.
+        limit_grpc_servicer_errors()
+        server.add_generic_rpc_handlers((health_handler(self.health),
+                                         reflection_handler([*names, health.SERVICE_NAME])))
         self.storage = await loop.run_in_executor(None, Storage.open, self.config)
         advertised = self.config.advertised_address or f"{self.config.host}:{self.port}"
         self.advertised = advertised
