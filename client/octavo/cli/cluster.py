@@ -47,6 +47,7 @@ from octavo.cli.common import (
     run_async,
     table,
 )
+from octavo.meta.etcd import SPACE_EXCEEDED_HINT
 from octavo.meta.tls import aio_channel
 
 REPLICATION_RATE_BYTES_PER_S_DEFAULT = 64 << 20
@@ -405,7 +406,8 @@ async def _status(client: Any, args: Namespace) -> int:
         missing.update(mark.missing)
         oldest_ms = mark.marked_unix_ms if oldest_ms is None else min(oldest_ms, mark.marked_unix_ms)
     locks = await client.etcd.get_prefix(layout.root + b"replication-locks/")
-    out = {"cluster": layout.cluster, "bookies": bookies, "auditor": auditor,
+    etcd = await _etcd_status(client)
+    out = {"cluster": layout.cluster, "bookies": bookies, "auditor": auditor, "etcd": etcd,
            "underreplicated": {"ledgers": count, "missing_bookies": sorted(missing),
                                "oldest_mark_age_s": round((now_ms - oldest_ms) / 1000, 1) if oldest_ms else None},
            "replication_in_progress": [{"ledger_id": layout.ledger_id_under(layout.root + b"replication-locks/",
@@ -431,7 +433,26 @@ async def _status(client: Any, args: Namespace) -> int:
               f"oldest mark {fmt_age(ur['oldest_mark_age_s'])} old; {len(locks)} being re-replicated now")
     else:
         print("under-replicated: none")
+    if "error" in etcd:
+        print(f"etcd: status unavailable: {etcd['error']}")
+    else:
+        print(f"etcd: revision {etcd['revision']}, database {etcd['db_size_bytes'] / 2**20:.1f} MiB "
+              f"({etcd['db_size_in_use_bytes'] / 2**20:.1f} MiB in use); alarms: {', '.join(etcd['alarms']) or 'none'}")
+        if "NOSPACE" in etcd["alarms"]:
+            print(f"etcd: {SPACE_EXCEEDED_HINT}")
     return EXIT_OK
+
+
+async def _etcd_status(client: Any) -> dict[str, Any]:
+    """The status of the etcd member the client talks to (its database sizes and the cluster's alarms)."""
+    from octavo.meta.errors import MetadataUnavailableError
+
+    try:
+        st = await client.etcd.status()
+    except MetadataUnavailableError as e:  # Alarm needs etcd's root role when etcd authenticates
+        return {"error": str(e)}
+    return {"revision": st.revision, "db_size_bytes": st.db_size_bytes,
+            "db_size_in_use_bytes": st.db_size_in_use_bytes, "alarms": list(st.alarms)}
 
 
 async def _absent() -> tuple[Any, str]:

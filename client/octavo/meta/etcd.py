@@ -397,8 +397,8 @@ class EtcdClient:
     async def watch_deletes(self, prefix: bytes, position: WatchPosition | None = None) -> AsyncIterator[list[bytes]]:
         """Yield the keys under `prefix` as they are deleted (one list per etcd response), until the stream
         fails (MetadataUnavailableError: the caller watches again). With a `position` the watch starts right
-        after position.revision (0: after the current revision) and moves it past each list once the caller
-        has taken it, so a watch started again with the same position misses nothing in between, unless etcd
+        after position.revision (0: after the current revision) and moves it past each list as it hands it
+        over, so a watch started again with the same position misses nothing in between, unless etcd
         compacted that history meanwhile: then EtcdCompactedError, and the caller starts from now
         (position.revision = 0) and finds the deletes it missed by a full scan."""
         position = position if position is not None else WatchPosition()
@@ -430,10 +430,10 @@ class EtcdClient:
                 if resp.canceled:
                     raise MetadataUnavailableError(f"etcd cancelled the watch: {resp.cancel_reason}")
                 keys = [ev.kv.key for ev in resp.events if ev.type == rpc.Event.DELETE]
+                if resp.events:  # handed over below: delivered
+                    position.revision = max(position.revision, max(int(ev.kv.mod_revision) for ev in resp.events))
                 if keys:
                     yield keys
-                if resp.events:
-                    position.revision = max(position.revision, max(int(ev.kv.mod_revision) for ev in resp.events))
         except grpc.aio.AioRpcError as e:
             if _refused_for_credentials(e) and self.auth.username:
                 self._token = ""  # the next watch (or call) takes a new token

@@ -18,7 +18,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2
 from opentelemetry.sdk.trace import TracerProvider
 
-from octavo.meta.errors import MetadataUnavailableError
+from octavo.meta.errors import EtcdCompactedError, MetadataUnavailableError
+from octavo.meta.etcd import WatchPosition
 from octavo.meta.tls import ReloadingServerCredentials, TlsFiles
 from octavo.node.adminauth import AdminAuthorizer
 from octavo.node.adminplane import BookieAdminService, admin_handler
@@ -215,19 +216,31 @@ class BookieServer:
 
     async def _watch_deletions(self) -> None:
         """Drop ledgers as soon as etcd deletes them (their logs go at the next GC pass). A broken watch is
-        opened again after a pause; deletions in the gap are found by the periodic full scan of GC."""
+        opened again after a pause where it was, so no delete in the gap is missed, unless etcd's history of the
+        gap was compacted meanwhile (the auditor compacts it: etcdcompaction.py): then the watch starts from
+        now and a GC pass at once finds the ledgers deleted in the gap by a full scan."""
         assert self.registration is not None
         registration = self.registration
         layout = registration.store.layout
         pending: set[int] = set()
         arrived = asyncio.Event()
         dropper = asyncio.create_task(self._drop_watched(pending, arrived), name="octavo-watch-drops")
+        position = WatchPosition()
         try:
             while True:
                 try:
-                    async for keys in registration.etcd.watch_deletes(layout.ledgers):
+                    async for keys in registration.etcd.watch_deletes(layout.ledgers, position):
                         pending.update(layout.ledger_id_of(k) for k in keys)
                         arrived.set()
+                except EtcdCompactedError as e:
+                    log.warning("watch on deleted ledgers: %s; watching from now, and a GC pass looks for the "
+                                "ledgers deleted meanwhile", e)
+                    try:
+                        position.revision = await registration.etcd.revision()  # the new watch starts here
+                        await self.collect_garbage()  # so the scan covers every delete before it
+                        continue
+                    except Exception as scan_error:  # the watch goes on; the periodic GC pass looks again
+                        log.warning("the GC pass after a compacted watch failed (%s); the next one looks", scan_error)
                 except MetadataUnavailableError as e:
                     log.warning("watch on deleted ledgers broke (%s); watching again in 1s", e)
                 except ValueError as e:

@@ -1,0 +1,224 @@
+"""etcd's history and space on a real etcd: watches across a compaction, compaction itself, and a full etcd
+("database space exceeded") as Octavo's clients and `octavo cluster status` see it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from octavo.cli.localcluster import EtcdProcess, LocalCluster, etcd_binary
+from octavo.client import Client, ClientOptions
+from octavo.meta.errors import EtcdCompactedError, EtcdSpaceExceededError
+from octavo.meta.etcd import EtcdClient, WatchPosition
+
+QUOTA_BYTES = 4 << 20  # etcd takes any quota; 4 MiB fills in a second
+FAST = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, metadata_timeout_s=3.0)
+
+
+async def next_deletes(watch: object) -> list[bytes]:
+    return await asyncio.wait_for(watch.__anext__(), 10)  # type: ignore[attr-defined]
+
+
+async def test_a_watch_resumed_from_its_position_gets_the_deletes_made_while_it_was_away(
+        etcd: EtcdProcess, cluster_name: str) -> None:
+    prefix = f"/{cluster_name}/".encode()
+    async with EtcdClient(etcd.endpoint) as client:
+        for i in range(4):
+            await client.put(prefix + b"%d" % i, b"v")
+        position = WatchPosition()
+        watch = client.watch_deletes(prefix, position)
+        first = asyncio.ensure_future(next_deletes(watch))
+        await asyncio.sleep(0.5)  # the watch is open (its start revision was read before it)
+        await client.delete(prefix + b"0")
+        assert await first == [prefix + b"0"]
+        await watch.aclose()
+        await client.delete(prefix + b"1")  # nobody watches
+        await client.delete(prefix + b"2")
+        resumed = client.watch_deletes(prefix, position)
+        seen = await next_deletes(resumed)
+        if len(seen) < 2:
+            seen += await next_deletes(resumed)
+        await resumed.aclose()
+        assert seen == [prefix + b"1", prefix + b"2"]
+
+
+async def test_a_watch_whose_start_was_compacted_raises_and_starts_again_from_now(
+        etcd: EtcdProcess, cluster_name: str) -> None:
+    prefix = f"/{cluster_name}/".encode()
+    async with EtcdClient(etcd.endpoint) as client:
+        await client.put(prefix + b"a", b"v")
+        await client.put(prefix + b"b", b"v")
+        position = WatchPosition(await client.revision())
+        await client.delete(prefix + b"a")  # while nobody watches, and then compacted away
+        await client.put(prefix + b"c", b"v")  # etcd keeps the revision compacted to: compact past the delete
+        compacted = await client.revision()
+        assert await client.compact(compacted)
+        with pytest.raises(EtcdCompactedError, match="compacted its history") as caught:
+            async for _ in client.watch_deletes(prefix, position):
+                pytest.fail("a watch behind a compaction delivered events")
+        assert caught.value.compact_revision == compacted
+        position.revision = 0  # what the bookie does: from now on (and a full scan for the gap)
+        watch = client.watch_deletes(prefix, position)
+        seen = asyncio.ensure_future(next_deletes(watch))
+        await asyncio.sleep(0.5)
+        await client.delete(prefix + b"b")
+        assert await seen == [prefix + b"b"]
+        await watch.aclose()
+
+
+async def test_compacting_to_a_revision_compacted_already_is_done(etcd: EtcdProcess, cluster_name: str) -> None:
+    async with EtcdClient(etcd.endpoint) as client:
+        await client.put(f"/{cluster_name}/k".encode(), b"v")
+        revision = await client.revision()
+        assert await client.compact(revision) is True
+        assert await client.compact(revision) is False
+        assert await client.compact(revision - 1) is False
+        with pytest.raises(ValueError):
+            await client.compact(0)
+
+
+@pytest.fixture
+def full_etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
+    proc = EtcdProcess(str(tmp_path / "etcd"), extra_args=["--quota-backend-bytes", str(QUOTA_BYTES)])
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+async def fill(client: EtcdClient) -> None:
+    """Write 512 KiB values until etcd refuses one for space."""
+    with pytest.raises(EtcdSpaceExceededError):
+        for i in range(4 * QUOTA_BYTES // (512 << 10)):
+            await client.put(b"/filler/%d" % i, b"x" * (512 << 10))
+
+
+def etcdctl(endpoint: str, *args: str) -> str:
+    binary = os.path.join(os.path.dirname(etcd_binary()), "etcdctl")
+    done = subprocess.run([binary, "--endpoints", endpoint, *args], capture_output=True, text=True, timeout=60,
+                          check=True)
+    return done.stdout
+
+
+async def test_a_full_etcd_fails_creation_with_a_typed_error_that_says_what_to_do(
+        full_etcd: EtcdProcess, tmp_path: Path) -> None:
+    with LocalCluster(str(tmp_path / "c"), bookies=1, etcd_endpoint=full_etcd.endpoint) as cluster:
+        async with Client(cluster.etcd_endpoint, options=FAST) as client, EtcdClient(full_etcd.endpoint) as etcd:
+            writer = await client.create_ledger(1, 1, 1, password=b"pw")
+            await writer.append(b"before")
+            await fill(etcd)
+            with pytest.raises(EtcdSpaceExceededError) as caught:
+                await client.create_ledger(1, 1, 1, password=b"pw")
+            message = str(caught.value)
+            assert "database space exceeded" in message and "NOSPACE" in message
+            assert "etcdctl defrag" in message and "etcdctl alarm disarm" in message
+            with pytest.raises(EtcdSpaceExceededError):
+                await writer.close()  # a close is a write too
+            assert "NOSPACE" in (await etcd.status()).alarms
+
+            status = subprocess.run([sys.executable, "-m", "octavo.cli.main", "cluster", "status", "--etcd",
+                                     cluster.etcd_endpoint], capture_output=True, text=True, timeout=60)
+            assert status.returncode == 0, status.stderr
+            assert "alarms: NOSPACE" in status.stdout and "etcdctl alarm disarm" in status.stdout
+            as_json = subprocess.run([sys.executable, "-m", "octavo.cli.main", "cluster", "status", "--json",
+                                      "--etcd", cluster.etcd_endpoint], capture_output=True, text=True, timeout=60)
+            assert json.loads(as_json.stdout)["etcd"]["alarms"] == ["NOSPACE"]
+
+            # What docs/operations.md tells the operator: free space, compact, defragment, disarm.
+            for i in range(4 * QUOTA_BYTES // (512 << 10)):
+                await etcd.delete(b"/filler/%d" % i)
+            revision = await etcd.revision()
+            etcdctl(full_etcd.endpoint, "compact", str(revision))
+            etcdctl(full_etcd.endpoint, "defrag")
+            etcdctl(full_etcd.endpoint, "alarm", "disarm")
+            assert (await etcd.status()).alarms == ()
+            again = await client.create_ledger(1, 1, 1, password=b"pw")
+            await again.append(b"after")
+            await again.close()
+
+
+async def compacted_revision(endpoint: str) -> int:
+    """The revision etcd compacted to (0: never compacted), from what it answers a read at revision 1."""
+    import grpc
+    from aetcd import rpc
+
+    async with grpc.aio.insecure_channel(endpoint) as channel:
+        try:
+            await rpc.KVStub(channel).Range(rpc.RangeRequest(key=b"/", revision=1), timeout=5)
+        except grpc.aio.AioRpcError as e:
+            if "compacted" in (e.details() or ""):
+                status = await rpc.MaintenanceStub(channel).Status(rpc.StatusRequest(), timeout=5)
+                return int(status.header.revision)  # bounded below by the compaction; > 0 is what is checked
+            raise
+    return 0
+
+
+async def wait_for(predicate: object, timeout_s: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await predicate():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.2)
+
+
+async def test_a_bookie_drops_deleted_ledgers_across_compactions_and_a_compacted_watch(tmp_path: Path) -> None:
+    """A bookie whose auditor compacts etcd every second drops the ledgers deleted meanwhile through its watch;
+    and when its watch was away while etcd restarted and its history was compacted past the watch's position,
+    it starts again from now and finds the deletes of the gap by a scan (GC is an hour away: only that path can
+    drop them)."""
+    args = ["--etcd-compaction-interval-s", "1", "--gc-interval-ms", "3600000"]
+    with LocalCluster(str(tmp_path), bookies=1, bookie_args=args) as cluster:
+        bookie = cluster.bookies["bookie-0"]
+        etcd_process = cluster.etcd
+        assert etcd_process is not None
+
+        async def ledger_count() -> int:
+            from octavo.node.testing import BookieConnection
+
+            with BookieConnection(bookie.address) as conn:
+                return int(conn.status().ledger_count)
+
+        async with Client(cluster.etcd_endpoint, options=FAST) as client:
+            ids = []
+            for _ in range(30):
+                writer = await client.create_ledger(1, 1, 1, password=b"pw")
+                await writer.append(b"x")
+                await writer.close()
+                ids.append(writer.ledger_id)
+            assert await ledger_count() == 30
+            # The auditor compacts while ledgers are deleted: the live watch sees every delete.
+            for lid in ids[:10]:
+                await client.delete_ledger(lid)
+                await asyncio.sleep(0.3)
+            await wait_for(lambda: compacted_revision(cluster.etcd_endpoint))
+            await wait_for(lambda: _equals(ledger_count, 20))
+
+            # The watch away (the bookie paused) while etcd restarts, ledgers are deleted and that history is
+            # compacted.
+            assert bookie.proc is not None
+            bookie.proc.send_signal(signal.SIGSTOP)
+            try:
+                etcd_process.stop(kill=True)
+                etcd_process.start()
+                for lid in ids[10:20]:
+                    await client.delete_ledger(lid)
+                async with EtcdClient(cluster.etcd_endpoint) as etcd:
+                    await etcd.put(b"/elsewhere", b"v")  # compact past the last delete
+                    assert await etcd.compact(await etcd.revision())
+            finally:
+                bookie.proc.send_signal(signal.SIGCONT)
+            await wait_for(lambda: _equals(ledger_count, 10))
+            assert "compacted its history past this watch's start" in Path(bookie.log_path).read_text()
+            for lid in ids[20:]:  # the ledgers not deleted are still there and readable
+                reader = await client.open_ledger(lid, password=b"pw")
+                assert [e.data async for e in reader.read(0, 0)] == [b"x"]
+
+
+async def _equals(value: object, expected: int) -> bool:
+    return await value() == expected  # type: ignore[operator]
