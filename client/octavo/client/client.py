@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
+from octavo.client.arguments import check_bool, check_bytes, check_instance, check_int, check_str, check_str_map
 from octavo.client.bookie_client import BookieClient
 from octavo.client.dataset import DatasetStore
 from octavo.client.options import ClientOptions
@@ -46,6 +47,7 @@ from octavo.meta.errors import (
     WrongPasswordError,
 )
 from octavo.meta.etcd import EtcdClient
+from octavo.meta.idgen import LEDGER_ID_MAX
 from octavo.meta.layout import DEFAULT_CLUSTER, Layout
 from octavo.meta.ledger_metadata import (
     CUSTOM_METADATA_BYTES_MAX,
@@ -72,6 +74,10 @@ class Client:
         """`meter_provider` / `tracer_provider`: where the client's metrics and spans go (default: the global
         OpenTelemetry providers, no-ops unless the application installed an SDK). Spans are made only for
         the share options.trace_sample_ratio of operations."""
+        check_str("etcd", etcd)
+        check_str("cluster", cluster)
+        if options is not None:
+            check_instance("options", options, ClientOptions, "a ClientOptions or None")
         self.options = options or ClientOptions()
         self.metrics = client_metrics(meter_provider)
         self.tracing = ClientTracing(self.options.trace_sample_ratio, tracer_provider)
@@ -209,12 +215,15 @@ class Client:
 
     async def _create_ledger(self, ensemble_size: int, write_quorum: int, ack_quorum: int, password: bytes,
                              metadata: dict[str, str] | None) -> WriteHandle:
+        ensemble_size = check_int("ensemble_size", ensemble_size)
+        write_quorum = check_int("write_quorum", write_quorum)
+        ack_quorum = check_int("ack_quorum", ack_quorum)
         try:
             check_quorums(ensemble_size, write_quorum, ack_quorum)
         except MetadataError as e:
             raise ValueError(str(e)) from None
-        _check_password(password)
-        custom = dict(metadata or {})
+        password = _check_password(password)
+        custom = check_str_map("metadata", metadata)
         if sum(len(k) + len(v) for k, v in custom.items()) > CUSTOM_METADATA_BYTES_MAX:
             raise ValueError(f"custom metadata is over {CUSTOM_METADATA_BYTES_MAX} bytes")
         writable = await self.writable_bookies()
@@ -236,6 +245,9 @@ class Client:
         Without recovery an open ledger is read up to its last-add-confirmed (the LAC its bookies report: every
         entry up to it was acknowledged), and the writer goes on; entries past the LAC only with
         `read(..., unconfirmed=True)`, which may return entries a later recovery open drops."""
+        ledger_id = _check_ledger_id(ledger_id)
+        password = check_bytes("password", password)
+        check_bool("recovery", recovery)
         meta, _ = await self.metadata_store.read_ledger(ledger_id)
         if meta.password_digest != password_digest(password):
             raise WrongPasswordError(f"wrong password for ledger {ledger_id}")
@@ -256,7 +268,7 @@ class Client:
     async def read_last_add_confirmed(self, ledger_id: int) -> int:
         """A ledger's last readable entry: a closed ledger's last entry, or an open one's LAC as its bookies
         report it (see ReadHandle.read_last_add_confirmed). Needs no password: it tells a number, not data."""
-        meta, _ = await self.metadata_store.read_ledger(ledger_id)
+        meta, _ = await self.metadata_store.read_ledger(_check_ledger_id(ledger_id))
         if meta.closed:
             return meta.last_entry_id
         await self.bookies(refresh=True)
@@ -266,7 +278,7 @@ class Client:
         """The last entry an open ledger's bookies hold on an ack quorum, past its LAC: UNCONFIRMED, a recovery
         open may close the ledger before it (see ReadHandle.read_unconfirmed_last_entry). A closed ledger's
         last entry. Needs no password."""
-        meta, _ = await self.metadata_store.read_ledger(ledger_id)
+        meta, _ = await self.metadata_store.read_ledger(_check_ledger_id(ledger_id))
         if meta.closed:
             return meta.last_entry_id
         await self.bookies(refresh=True)
@@ -275,7 +287,9 @@ class Client:
     async def delete_ledger(self, ledger_id: int, password: bytes | None = None) -> None:
         """Delete a ledger's metadata; its bookies drop it when they learn of it. With a password, the
         ledger's must match (WrongPasswordError otherwise)."""
+        ledger_id = _check_ledger_id(ledger_id)
         if password is not None:
+            password = check_bytes("password", password)
             meta, _ = await self.metadata_store.read_ledger(ledger_id)
             if meta.password_digest != password_digest(password):
                 raise WrongPasswordError(f"wrong password for ledger {ledger_id}")
@@ -293,14 +307,18 @@ class Client:
         return await self.metadata_store.list_ledgers()
 
     async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
-        return (await self.metadata_store.read_ledger(ledger_id))[0]
+        return (await self.metadata_store.read_ledger(_check_ledger_id(ledger_id)))[0]
 
 
-def _check_password(password: bytes) -> None:
-    if not isinstance(password, bytes):
-        raise TypeError("password must be bytes")
-    if len(password) > PASSWORD_BYTES_MAX:
+def _check_ledger_id(ledger_id: Any) -> int:
+    return check_int("ledger_id", ledger_id, minimum=0, maximum=LEDGER_ID_MAX)
+
+
+def _check_password(password: Any) -> bytes:
+    checked = check_bytes("password", password)
+    if len(checked) > PASSWORD_BYTES_MAX:
         raise ValueError(f"password is over {PASSWORD_BYTES_MAX} bytes")
+    return checked
 
 
 # -- the synchronous facade ----------------------------------------------------------------------------
@@ -436,7 +454,7 @@ class SyncWriteHandle(_SyncHandle):
         handle = self._handle
         if type(data) is not bytes or handle._error is not None or handle._closing \
                 or len(data) > handle._entry_limit:
-            data = handle._checked([data])[0]
+            data = handle._checked([data], single=True)[0]
         size = len(data)
         limit = handle._options.inflight_bytes_max
         future = EntryFuture(self._future_lock)

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from dataclasses import replace as copy_with
 from typing import Any
 
+from octavo.client.arguments import check_float, check_instance, check_int, check_str, type_name
 from octavo.meta.errors import NoSuchLedgerError, OctavoError
 from octavo.meta.etcd import EtcdClient
 from octavo.meta.layout import Layout
@@ -64,7 +65,8 @@ class NoSuchDatasetError(DatasetError):
 
 
 def check_name(name: str) -> str:
-    if not DATASET_NAME.match(name or ""):
+    check_str("name", name)
+    if not DATASET_NAME.match(name):
         raise DatasetError(f"dataset name must be 1 to 200 letters, digits, '.', '_' or '-' (not first), "
                            f"got {name!r}")
     return name
@@ -138,6 +140,26 @@ def merge_schemas(stored: str, given: str) -> str | None:
     return json.dumps({**a, "fields": fields}, sort_keys=True, separators=(",", ":"))
 
 
+def _check_commit_arguments(schema: Any, ledgers: Any, mode: Any, key_column: Any, stream: Any,
+                            replace: Any) -> None:
+    """Types only, once per commit (ranges and modes are checked where they are used)."""
+    check_str("schema", schema)
+    check_str("mode", mode)
+    check_str("key_column", key_column)
+    check_instance("ledgers", ledgers, list, "a list of DatasetLedger")
+    for k, ledger in enumerate(ledgers):
+        check_instance(f"ledgers[{k}]", ledger, DatasetLedger, "a DatasetLedger")
+    if stream is not None:
+        if not isinstance(stream, tuple) or len(stream) != 2:
+            raise TypeError(f"stream must be a (stream id, batch id) tuple or None, got {type_name(stream)}")
+        check_str("stream[0]", stream[0])
+        check_int("stream[1]", stream[1])
+    if replace is not None:
+        check_instance("replace", replace, list, "a list of ledger ids or None")
+        for k, ledger_id in enumerate(replace):
+            check_int(f"replace[{k}]", ledger_id, minimum=0)
+
+
 class DatasetStore:
     """Dataset manifests in etcd. Ledger deletion goes through `delete_ledger` (the client's)."""
 
@@ -174,6 +196,7 @@ class DatasetStore:
         and fails if any of them is gone. Ledgers that end up unused (ignored, a replayed batch) are deleted;
         ledgers replaced are deleted after the commit. Deletion failures are logged: orphan collection
         retries them."""
+        _check_commit_arguments(schema, ledgers, mode, key_column, stream, replace)
         if mode not in MODES:
             raise DatasetError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         key = self.key(name)
@@ -265,6 +288,7 @@ class DatasetStore:
 
         The ledgers' metadata is read a page at a time and each page's orphans are deleted before the next
         is read: memory stays one page (the etcd client's range_page_keys), however many ledgers there are."""
+        grace_s = check_float("grace_s", grace_s, minimum=0)
         manifest, _ = await self.read(name)
         referenced = {x.ledger_id for x in manifest.ledgers} if manifest else set()
         cutoff = time.time() * 1000 - grace_s * 1000
@@ -284,6 +308,7 @@ class DatasetStore:
 
     async def has_ledgers(self, name: str) -> bool:
         """Some ledger was written for dataset `name` (committed or not)."""
+        check_name(name)
         async for meta in self._iter_ledgers():
             if meta.custom_metadata.get(META_DATASET) == name:
                 return True

@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, NamedTuple
 
+from octavo.client.arguments import check_bool, check_int
 from octavo.client.context import ClientContext
 from octavo.meta.errors import BookieUnavailableError, MetadataUnavailableError, ReadError
 from octavo.meta.ledger_metadata import LedgerMetadata
@@ -194,7 +195,8 @@ class ReadHandle:
         LAC, up to `last` (read_unconfirmed_last_entry tells how far the bookies hold entries): such entries are
         not acknowledged and may vanish, since a recovery open may close the ledger before them. An entry no
         bookie of its write set holds is a ReadError. A closed ledger is never read past its last entry."""
-        self._check_range(first, last, unconfirmed)
+        first, last = check_int("first", first), check_int("last", last)
+        self._check_range(first, last, check_bool("unconfirmed", unconfirmed))
         opts = self._client.options
         chunk = min(FIRST_CHUNK_ENTRIES, last - first + 1)
         entry_bytes = 0.0  # average payload size seen, 0 before the first chunk
@@ -251,9 +253,7 @@ class ReadHandle:
 
     async def tail_batches(self, from_entry: int = 0) -> AsyncIterator[list[Entry]]:
         """tail(), a list of entries at a time (what one LAC advance made readable, or a catch-up chunk)."""
-        if from_entry < 0:
-            raise ValueError(f"from_entry must be >= 0, got {from_entry}")
-        next_id = from_entry
+        next_id = check_int("from_entry", from_entry, minimum=0)
         stash: dict[int, bytes] = {}  # entries a long-poll answer brought, not yet yielded
         quick_failures = 0
         while True:

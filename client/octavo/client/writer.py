@@ -39,6 +39,7 @@ from typing import Any
 import grpc
 
 from octavo.client import faults
+from octavo.client.arguments import check_bytes, check_entry_list
 from octavo.client.bookie_client import AddCallback, AddGroup, Refusal, add_group
 from octavo.client.context import ClientContext
 from octavo.client.placement import CONNECTING, IDLE, READY, UNREGISTERED, replacement_choice
@@ -153,7 +154,7 @@ class WriteHandle:
     async def append(self, data: bytes) -> int:
         """Append one entry; returns its entry id once it is acknowledged. Many appends may be in flight
         (gather them); they are acknowledged in entry-id order. For many entries, append_many is cheaper."""
-        data = self._checked([data])[0]
+        data = self._checked([data], single=True)[0]
         await self._wait_for_room(len(data))
         future = self._enqueue([data], len(data), want_future=True)
         assert future is not None
@@ -163,6 +164,8 @@ class WriteHandle:
         """Append entries in order, all pipelined; returns their ids once all are acknowledged. Much cheaper
         per entry than gathering append() calls: one future for the whole batch. Every entry is checked
         before any is appended: a bad one fails the call with nothing appended."""
+        if type(entries) is not list:
+            check_entry_list("entries", entries)
         if self._client.tracing.sampling.enabled:
             with self._client.tracing.operation("octavo.append", **{"octavo.ledger_id": self.ledger_id,
                                                                     "octavo.entries": len(entries)}) as span:
@@ -204,7 +207,9 @@ class WriteHandle:
         assert future is not None
         return future
 
-    def _checked(self, entries: Sequence[bytes]) -> list[bytes]:
+    def _checked(self, entries: Sequence[bytes], single: bool = False) -> list[bytes]:
+        """The entries as bytes, checked (type, size) before any is appended. `single`: one entry of append
+        (named `data` in errors), else `entries[k]` of append_many."""
         if self._error is not None:
             raise self._error
         if self._closing:
@@ -213,9 +218,7 @@ class WriteHandle:
         if len(set(map(type, datas))) != 1 or type(datas[0]) is not bytes:  # set(map()) keeps the check in C
             for k, data in enumerate(datas):
                 if type(data) is not bytes:
-                    if not isinstance(data, (bytes, bytearray, memoryview)):
-                        raise TypeError(f"append takes bytes, got {type(data).__name__}")
-                    datas[k] = bytes(data)
+                    datas[k] = check_bytes("data" if single else f"entries[{k}]", data)
         largest = max(map(len, datas))
         if largest > self._entry_limit:
             raise EntryTooLargeError(f"entry of {largest} bytes is over {self._entry_limit_by}'s "
@@ -268,7 +271,7 @@ class WriteHandle:
         `flush()`. Raises at once (nothing appended) for an entry that is too large, not bytes, or a handle that
         failed or is closing."""
         if type(data) is not bytes or self._error is not None or self._closing or len(data) > self._entry_limit:
-            data = self._checked([data])[0]
+            data = self._checked([data], single=True)[0]
         size = len(data)
         inflight = self._inflight_bytes
         if inflight and inflight + size > self._options.inflight_bytes_max:
