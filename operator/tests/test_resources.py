@@ -107,6 +107,8 @@ def test_a_cluster_spec_parses_with_its_defaults() -> None:
     ({"bookie": {"port": 1}}, "spec.bookie.port is set by the operator"),
     ({"bookie": {"lost_bookie_delay_s": "soon"}}, "spec.bookie.lost_bookie_delay_s must be a float"),
     ({"bookie": {"disk_writable_ratio": 0.99}}, "spec.bookie: disk watermarks must satisfy"),
+    ({"bookie": {"etcd_compaction_interval_s": -1}}, r"etcd_compaction_interval_s must be in \[0, 604800\]"),
+    ({"bookie": {"etcd_compaction_interval_s": 1.5}}, "spec.bookie.etcd_compaction_interval_s must be a int"),
     ({"replicaz": 3}, "unknown field replicaz"),
     ({"podTemplate": {"hostNetwork": True}}, "spec.podTemplate.unknown field hostNetwork"),
     ({"clusterName": "Logs_1"}, "must be a DNS label"),
