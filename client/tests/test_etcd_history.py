@@ -9,12 +9,13 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from octavo.cli.localcluster import EtcdProcess, LocalCluster, etcd_binary
+from octavo.cli.localcluster import ETCD_QUOTA_BACKEND_BYTES, EtcdProcess, LocalCluster, etcd_binary
 from octavo.client import Client, ClientOptions
 from octavo.meta.errors import EtcdCompactedError, EtcdSpaceExceededError
 from octavo.meta.etcd import EtcdClient, WatchPosition
@@ -119,6 +120,7 @@ async def test_a_full_etcd_fails_creation_with_a_typed_error_that_says_what_to_d
             message = str(caught.value)
             assert "database space exceeded" in message and "NOSPACE" in message
             assert "etcdctl defrag" in message and "etcdctl alarm disarm" in message
+            await writer.append(b"during")  # adds do not touch etcd: an open ledger still takes entries
             with pytest.raises(EtcdSpaceExceededError):
                 await writer.close()  # a close is a write too
             assert "NOSPACE" in (await etcd.status()).alarms
@@ -172,7 +174,7 @@ async def test_a_bookie_drops_deleted_ledgers_across_compactions_and_a_compacted
     and when its watch was away while etcd restarted and its history was compacted past the watch's position,
     it starts again from now and finds the deletes of the gap by a scan (GC is an hour away: only that path can
     drop them)."""
-    args = ["--etcd-compaction-interval-s", "1", "--gc-interval-ms", "3600000"]
+    args = ["--etcd-compaction-interval-s", "1", "--gc-interval-ms", "3600000", "--metrics-port", "0"]
     with LocalCluster(str(tmp_path), bookies=1, bookie_args=args) as cluster:
         bookie = cluster.bookies["bookie-0"]
         etcd_process = cluster.etcd
@@ -198,6 +200,11 @@ async def test_a_bookie_drops_deleted_ledgers_across_compactions_and_a_compacted
                 await asyncio.sleep(0.3)
             await wait_for(lambda: compacted_revision(cluster.etcd_endpoint))
             await wait_for(lambda: _equals(ledger_count, 20))
+            with urllib.request.urlopen(f"http://{bookie.metrics_address}/metrics", timeout=10) as r:
+                metrics = r.read().decode()
+            compactions = [float(line.split()[-1]) for line in metrics.splitlines()
+                           if line.startswith("octavo_bookie_etcd_compactions_total")]
+            assert compactions and compactions[0] >= 1, metrics[-2000:]
 
             # The watch away (the bookie paused) while etcd restarts, ledgers are deleted and that history is
             # compacted.
@@ -222,3 +229,15 @@ async def test_a_bookie_drops_deleted_ledgers_across_compactions_and_a_compacted
 
 async def _equals(value: object, expected: int) -> bool:
     return await value() == expected  # type: ignore[operator]
+
+
+def test_local_etcd_runs_with_an_explicit_quota(etcd: EtcdProcess) -> None:
+    """`octavo dev up` and the tests' etcd: ETCD_QUOTA_BACKEND_BYTES, as etcd itself reports it."""
+    with urllib.request.urlopen(f"http://{etcd.endpoint}/metrics", timeout=10) as r:
+        quota = [float(line.split()[-1]) for line in r.read().decode().splitlines()
+                 if line.startswith("etcd_server_quota_backend_bytes ")]
+    assert quota == [float(ETCD_QUOTA_BACKEND_BYTES)]
+    assert etcd.proc is not None  # given, not etcd's default that happens to be the same
+    args = Path(f"/proc/{etcd.proc.pid}/cmdline").read_bytes().split(b"\0")
+    assert args[args.index(b"--quota-backend-bytes") + 1] == str(ETCD_QUOTA_BACKEND_BYTES).encode()
+    assert not any(a.startswith(b"--auto-compaction") for a in args)  # the auditor compacts

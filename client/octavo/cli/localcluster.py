@@ -15,6 +15,10 @@ from typing import Any
 from octavo.node.testing import BookieProcess
 
 ETCD_START_TIMEOUT_S = 30.0
+# etcd's database quota (its own default, said explicitly): past it etcd raises its NOSPACE alarm and refuses
+# every write. No --auto-compaction: the bookies' auditor compacts etcd's history (etcd_compaction_interval_s),
+# as it must for any etcd given to Octavo (docs/operations.md, "What an etcd for Octavo needs").
+ETCD_QUOTA_BACKEND_BYTES = 2 * 1024**3
 ETCD_PORT_ATTEMPTS = 5  # fresh port pairs tried when etcd finds a port it was given taken (see EtcdProcess.start)
 
 
@@ -132,13 +136,15 @@ class EtcdProcess:
         peer_url = f"http://127.0.0.1:{self.peer_port}"
         tls_args = ["--cert-file", self.tls.cert_file, "--key-file", self.tls.key_file, "--trusted-ca-file",
                     self.tls.ca_file, "--client-cert-auth"] if self.tls is not None else []
+        quota_args = ([] if any(a.startswith("--quota-backend-bytes") for a in self.extra_args)
+                      else ["--quota-backend-bytes", str(ETCD_QUOTA_BACKEND_BYTES)])
         with open(self.log_path, "ab") as log_file:
             self.proc = subprocess.Popen(
                 [etcd_binary(), "--name", self.name, "--data-dir", self.data_dir,
                  "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
                  "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
                  "--initial-cluster", f"{self.name}={peer_url}", "--log-level", "warn", *tls_args,
-                 *self.extra_args],
+                 *quota_args, *self.extra_args],
                 stdout=log_file, stderr=subprocess.STDOUT, start_new_session=self.new_session)
         deadline = time.monotonic() + timeout_s
         while not self._serving():

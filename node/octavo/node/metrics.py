@@ -20,6 +20,7 @@ from octavo.v1 import bookie_pb2 as pb
 if TYPE_CHECKING:
     from octavo.node.autorecovery import WorkerState
     from octavo.node.compaction import Compactor
+    from octavo.node.etcdcompaction import EtcdCompaction
     from octavo.node.server import BookieServer
     from octavo.node.storage import StorageGauges
 
@@ -170,6 +171,10 @@ class BookieMetrics:
                description="ledgers marked under-replicated (reported by the auditor only)")
         gauge("octavo.bookie.underreplicated.oldest_age", [self._oldest_mark], unit="s",
               description="age of the oldest under-replication mark (reported by the auditor only; 0: none)")
+        counter("octavo.bookie.etcd.compactions", [self._etcd_compaction(lambda c: c.compactions)],
+                unit="{compaction}", description="compactions of etcd's history this bookie made as the auditor")
+        gauge("octavo.bookie.etcd.compacted_revision", [self._etcd_compaction(lambda c: c.compacted_revision)],
+              description="the etcd revision this bookie last compacted etcd to (0: none yet)")
         counter("octavo.bookie.replication.bytes", [self._replication(lambda w: w.bytes_copied)], unit="By",
                 description="bytes this bookie's replication workers copied to new bookies")
         counter("octavo.bookie.replication.entries", [self._replication(lambda w: w.entries_copied)],
@@ -249,6 +254,13 @@ class BookieMetrics:
         def observe(_: CallbackOptions) -> Iterable[Observation]:
             recovery = self.node.autorecovery
             return [Observation(value(recovery.worker))] if recovery is not None else []
+        return observe
+
+    def _etcd_compaction(self, value: Callable[[EtcdCompaction], int]) -> Callable[[CallbackOptions],
+                                                                               Iterable[Observation]]:
+        def observe(_: CallbackOptions) -> Iterable[Observation]:
+            recovery = self.node.autorecovery
+            return [Observation(value(recovery.etcd_compaction))] if recovery is not None else []
         return observe
 
     def _registered(self) -> int:
