@@ -15,6 +15,7 @@ BENCHES = [
     ["spark_bench.py"],
     ["restart_bench.py"],
     ["replication_bench.py"],
+    ["scale_bench.py"],  # about 40 minutes for the full ladder
     ["operator_bench.py"],
     ["read_bench.py"],
     ["observability_bench.py"],
