@@ -55,18 +55,19 @@ RANGE_PAGE_KEYS = 1_000
 TXN_OPS_MAX = 128
 
 
-# Refusals that credentials would change: said as such, never retried.
-AUTH_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
-# What etcd answers a write once its database reached --quota-backend-bytes (gRPC RESOURCE_EXHAUSTED; every
-# later write too, until the NOSPACE alarm is disarmed), and a read or watch of a revision it compacted away
+# What etcd answers a write that adds data once its database reached --quota-backend-bytes (gRPC
+# RESOURCE_EXHAUSTED, until the NOSPACE alarm is disarmed), and a read or watch of a revision it compacted away
 # (OUT_OF_RANGE).
 SPACE_EXCEEDED = "database space exceeded"
 SPACE_EXCEEDED_HINT = (
     "etcd's database is full (it reached its --quota-backend-bytes and raised the NOSPACE alarm): it refuses "
-    "every write, so no ledger can be created, closed or deleted until an operator compacts its history, "
-    "defragments every member and disarms the alarm (etcdctl compact, etcdctl defrag, etcdctl alarm disarm: "
-    "docs/operations.md, \"What an etcd for Octavo needs\")")
+    "every write that adds data, so no ledger can be created, closed or deleted until an operator compacts "
+    "its history, defragments every member and disarms the alarm (etcdctl compact, etcdctl defrag, etcdctl "
+    "alarm disarm: docs/operations.md, \"What an etcd for Octavo needs\")")
 COMPACTED = "required revision has been compacted"
+
+# Refusals that credentials would change: said as such, never retried.
+AUTH_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 AUTH_HINT = ("etcd refuses this client: give it credentials (etcd_username with etcd_password_file, or a client "
              "certificate whose common name is an etcd user with a role on the cluster's prefix)")
 
