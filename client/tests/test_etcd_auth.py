@@ -101,3 +101,24 @@ async def test_a_client_without_credentials_gets_the_reason(auth_etcd: EtcdProce
     async with Client(auth_etcd.endpoint, options=ClientOptions(metadata_timeout_s=2.0)) as client:
         with pytest.raises(MetadataUnavailableError, match="give it credentials"):
             await client.list_ledgers()
+
+
+async def test_a_user_limited_to_the_prefix_watches_deletes_and_compacts(auth_etcd: EtcdProcess) -> None:
+    """What a bookie's etcd user needs beyond its keys: the deletion watch's start revision and the auditor's
+    compaction, both with only the octavo-rw role."""
+    from octavo.meta.etcd import EtcdAuth, EtcdClient, WatchPosition
+
+    auth = EtcdAuth(username="octavo-bookie", password=PASSWORD)
+    async with EtcdClient(auth_etcd.endpoint, auth=auth) as etcd:
+        await etcd.put(b"/octavo/auth-watch/a", b"v")
+        position = WatchPosition()
+        watch = etcd.watch_deletes(b"/octavo/auth-watch/", position)
+        first = asyncio.ensure_future(asyncio.wait_for(watch.__anext__(), 10))
+        await asyncio.sleep(0.5)
+        await etcd.delete(b"/octavo/auth-watch/a")
+        assert await first == [b"/octavo/auth-watch/a"]
+        await watch.aclose()
+        assert position.revision > 0
+        revision = await etcd.revision()
+        assert await etcd.compact(revision) is True
+        assert (await etcd.status()).revision >= revision
