@@ -211,18 +211,21 @@ def tail(conn: BookieConnection, ledger: int) -> pb.ReadResponse:
 
 
 def test_write_closes_ride_the_add_stream(conn: BookieConnection) -> None:
-    """Closes carried by an add request are done after its adds (the flag reaches readers), refusals are listed
+    """Closes carried by an add request are done before its adds (the flag reaches readers), refusals are listed
     by index, a request with only closes is answered, and malformed close columns refuse the whole request."""
-    a, b, c = new_ledger(), new_ledger(), new_ledger()
+    a, b, c, e = new_ledger(), new_ledger(), new_ledger(), new_ledger()
     conn.add(b, KEY, [0], [b"b0"])
-    resp = conn.add_requests([flat(20, [(a, KEY, [0, 1], [b"a0", b"a1"])], close_ledger_ids=[a, b, c, b],
-                                   close_master_keys=[KEY, KEY, KEY, b"x"], close_last_entry_ids=[1, 0, 0, 0])])[0]
+    conn.add(e, KEY, [0], [b"e0"])
+    resp = conn.add_requests([flat(20, [(a, KEY, [0, 1], [b"a0", b"a1"])], close_ledger_ids=[e, b, c, b],
+                                   close_master_keys=[KEY, KEY, KEY, b"x"], close_last_entry_ids=[0, 0, 0, 0])])[0]
     assert not resp.error and resp.group_count == 1 and not resp.refused_groups
     refused = {r.group: (list(r.codes), r.message) for r in resp.refused_closes}
     assert sorted(refused) == [2, 3]
     assert refused[2][0] == [pb.NO_SUCH_LEDGER] and refused[3][0] == [pb.UNAUTHORIZED]
-    assert tail(conn, a).write_closed and tail(conn, b).write_closed
+    assert tail(conn, e).write_closed and tail(conn, b).write_closed and not tail(conn, a).write_closed
     assert conn.read_all(a, 0, 1) == {0: (pb.OK, b"a0"), 1: (pb.OK, b"a1")}
+    # A closed ledger is sealed: its writer's next add is refused.
+    assert conn.add(b, KEY, [1], [b"b1"]).results[0].codes == [pb.FENCED]
     d = new_ledger()
     conn.add(d, KEY, [0], [b"d0"])
     resp = conn.add_requests([pb.AddRequest(request_id=21, close_ledger_ids=[d], close_master_keys=[KEY],

@@ -147,14 +147,15 @@ class BookieService(pb_grpc.BookieServicer):
                                       attributes={"octavo.bookie_id": self.bookie_id})
 
     async def _add(self, request: pb.AddRequest, tenant: Tenant | None = None) -> pb.AddResponse:
+        if not (request.close_ledger_ids or request.close_master_keys or request.close_last_entry_ids):
+            return await self._add_entries(request, tenant)
+        # Closes first: each is of a ledger whose adds were all acknowledged before it was queued, and a close may
+        # roll the active log, which keeps the request's adds (of other ledgers) out of the closed ledger's log.
+        refused = await self._closes(request, tenant)
+        if isinstance(refused, str):
+            return _refused(request, pb.INVALID, refused)
         response = await self._add_entries(request, tenant)
-        if request.close_ledger_ids or request.close_master_keys or request.close_last_entry_ids:
-            if response.error:
-                return response  # nothing of a refused request is done, its closes neither
-            refused = await self._closes(request, tenant)
-            if isinstance(refused, str):
-                return _refused(request, pb.INVALID, refused)
-            response.refused_closes.extend(refused)
+        response.refused_closes.extend(refused)
         return response
 
     async def _add_entries(self, request: pb.AddRequest, tenant: Tenant | None) -> pb.AddResponse:

@@ -203,8 +203,9 @@ class AddRequest(_message.Message):
     def close_ledger_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Advisory write-closes (see WriteClose), carried on the add stream: a writer closing many ledgers costs
         no call per ledger and bookie. Close k is close_ledger_ids[k] with close_master_keys[k] and
-        close_last_entry_ids[k]; all three lists have the same length. The bookie handles them after the
-        request's adds and answers refusals in AddResponse.refused_closes. A bookie older than these fields
+        close_last_entry_ids[k]; all three lists have the same length. The bookie handles them before the
+        request's adds (a closed ledger's adds were all acknowledged before its close was queued) and answers
+        refusals in AddResponse.refused_closes. A bookie older than these fields
         ignores them, which is as harmless as a lost WriteClose.
         """
 
