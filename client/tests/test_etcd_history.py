@@ -95,10 +95,13 @@ def full_etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
 
 
 async def fill(client: EtcdClient) -> None:
-    """Write 512 KiB values until etcd refuses one for space."""
+    """Write 512 KiB values until etcd refuses one for space. etcd checks its quota against the database file's
+    size, which grows when its backend commits (every 100 ms by default): the writes give it time to, and go on
+    well past the quota before the test gives up."""
     with pytest.raises(EtcdSpaceExceededError):
-        for i in range(4 * QUOTA_BYTES // (512 << 10)):
+        for i in range(16 * QUOTA_BYTES // (512 << 10)):
             await client.put(b"/filler/%d" % i, b"x" * (512 << 10))
+            await asyncio.sleep(0.05)
 
 
 def etcdctl(endpoint: str, *args: str) -> str:
