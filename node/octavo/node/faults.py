@@ -6,9 +6,7 @@ on the N-th hit). Production processes never set it; `hit()` then costs one set 
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
+from octavo.meta.faultpoints import FaultPoints
 
 FAULT_POINTS_ENV = "OCTAVO_FAULT_POINTS"
 
@@ -36,26 +34,5 @@ KNOWN_POINTS = frozenset({
 })
 
 
-def _parse(spec: str) -> dict[str, int]:
-    armed: dict[str, int] = {}
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        name, _, nth = item.partition("@")
-        if name not in KNOWN_POINTS:
-            raise ValueError(f"unknown fault point {name!r}; known: {', '.join(sorted(KNOWN_POINTS))}")
-        armed[name] = int(nth) if nth else 1
-    return armed
-
-
-_armed = _parse(os.environ.get(FAULT_POINTS_ENV, ""))
-_hits: dict[str, int] = {}
-_lock = threading.Lock()
-
-
-def hit(name: str) -> None:
-    """Die here with SIGKILL if this point is armed and this is the hit it waits for."""
-    if not _armed or name not in _armed:
-        return
-    with _lock:
-        _hits[name] = _hits.get(name, 0) + 1
-        if _hits[name] >= _armed[name]:
-            os.kill(os.getpid(), signal.SIGKILL)
+_points = FaultPoints(KNOWN_POINTS, FAULT_POINTS_ENV, "fault point")
+hit = _points.hit

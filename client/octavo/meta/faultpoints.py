@@ -1,0 +1,43 @@
+"""Named fault points, shared by the bookie's (octavo.node.faults) and the client's (octavo.client.faults): places
+where a test makes the process die with SIGKILL. Off unless the process's environment variable names them
+(comma-separated `name` or `name@N` to die on the N-th hit), read once; `hit()` then costs one dict lookup."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+
+class FaultPoints:
+    """The points a process knows and those armed in its environment variable (read once, at creation); shared
+    by the client's points here and the bookie's (octavo.node.faults)."""
+
+    def __init__(self, known: frozenset[str], env: str, label: str) -> None:
+        self.known = known
+        self.label = label
+        self._armed = self.parse(os.environ.get(env, ""))
+        self._hits: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def parse(self, spec: str) -> dict[str, int]:
+        """`name` or `name@N` items, comma-separated, to {name: the hit to die on (1-based)}."""
+        armed: dict[str, int] = {}
+        for item in filter(None, (s.strip() for s in spec.split(","))):
+            name, _, nth = item.partition("@")
+            if name not in self.known:
+                raise ValueError(f"unknown {self.label} {name!r}; known: {', '.join(sorted(self.known))}")
+            count = int(nth) if nth else 1
+            if count < 1:
+                raise ValueError(f"{self.label} {name!r}: the hit to die on must be >= 1, got {count}")
+            armed[name] = count
+        return armed
+
+    def hit(self, name: str) -> None:
+        """Die here with SIGKILL if this point is armed and this is the hit it waits for."""
+        if not self._armed or name not in self._armed:
+            return
+        with self._lock:
+            self._hits[name] = self._hits.get(name, 0) + 1
+            if self._hits[name] >= self._armed[name]:
+                os.kill(os.getpid(), signal.SIGKILL)
