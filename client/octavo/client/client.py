@@ -32,7 +32,7 @@ from opentelemetry.trace import TracerProvider
 
 from octavo.client.arguments import check_bool, check_bytes, check_instance, check_int, check_str, check_str_map
 from octavo.client.bookie_client import BookieClient
-from octavo.client.dataset import DatasetStore
+from octavo.client.dataset import BlobLedgers, DatasetStore
 from octavo.client.options import ClientOptions
 from octavo.client.reader import Entry, ReadHandle
 from octavo.client.recovery import recover_ledger
@@ -84,7 +84,7 @@ class Client:
         self.etcd = EtcdClient(etcd, timeout_s=self.options.metadata_timeout_s, auth=self.options.etcd_auth())
         self.metadata_store = MetadataStore(self.etcd, Layout(cluster))
         self.datasets = DatasetStore(self.etcd, self.metadata_store.layout, self.delete_ledger,
-                                     self.metadata_store.iter_ledgers)
+                                     self.metadata_store.iter_ledgers, BlobLedgers(self))
         self._bookie_clients: dict[str, BookieClient] = {}
         self._registrations: dict[str, BookieInfo] = {}
         self._registrations_at = -1e9

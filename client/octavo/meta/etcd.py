@@ -153,13 +153,32 @@ class WatchPosition:
 @dataclass(frozen=True)
 class EtcdStatus:
     """One etcd member's status: its revision, its database file (db_size_bytes, what the quota counts) and
-    the part of it in use (the rest is free pages that only a defragmentation gives back), and the alarms
-    raised in the cluster (NOSPACE: the quota was reached and every write is refused)."""
+    the part of it in use (the rest is free pages that only a defragmentation gives back), the quota etcd
+    reports (db_size_quota_bytes, its --quota-backend-bytes: etcd 3.6 and later; 0 when it does not say), and
+    the alarms raised in the cluster (NOSPACE: the quota was reached and every write is refused)."""
 
     revision: int
     db_size_bytes: int
     db_size_in_use_bytes: int
     alarms: tuple[str, ...]
+    db_size_quota_bytes: int = 0
+
+
+# StatusResponse.dbSizeQuota (int64), added in etcd 3.6: the stubs `aetcd` ships predate it, so the field
+# arrives as an unknown field of the parsed answer.
+STATUS_DB_SIZE_QUOTA_FIELD = 12
+
+
+def reported_quota_bytes(resp: Any) -> int:
+    """The quota an etcd Status answer reports (dbSizeQuota), or 0 when it has none (etcd 3.5 and older)."""
+    from google.protobuf.unknown_fields import UnknownFieldSet
+
+    unknown = UnknownFieldSet(resp)
+    for i in range(len(unknown)):
+        f = unknown[i]
+        if f.field_number == STATUS_DB_SIZE_QUOTA_FIELD and isinstance(f.data, int):
+            return max(0, f.data - (1 << 64) if f.data >= 1 << 63 else f.data)  # int64 as a varint
+    return 0
 
 
 class Txn:
@@ -182,6 +201,11 @@ class Txn:
 
     def delete(self, key: bytes) -> Txn:
         self.success.append(rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key)))
+        return self
+
+    def delete_range(self, start: bytes, end: bytes) -> Txn:
+        """Delete every key in [start, end) on success."""
+        self.success.append(rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=start, range_end=end)))
         return self
 
     def get(self, key: bytes, keys_only: bool = False) -> Txn:
@@ -501,7 +525,8 @@ class EtcdClient:
             rpc.AlarmRequest(action=rpc.AlarmRequest.GET), **self._opts), retry=True)
         return EtcdStatus(revision=int(resp.header.revision), db_size_bytes=int(resp.dbSize),
                           db_size_in_use_bytes=int(resp.dbSizeInUse),
-                          alarms=tuple(sorted({rpc.AlarmType.Name(a.alarm) for a in alarms.alarms})))
+                          alarms=tuple(sorted({rpc.AlarmType.Name(a.alarm) for a in alarms.alarms})),
+                          db_size_quota_bytes=reported_quota_bytes(resp))
 
     # -- leases --------------------------------------------------------------------------------------
     async def grant_lease(self, ttl_s: int) -> int:
