@@ -128,13 +128,22 @@ async def test_a_full_etcd_fails_creation_with_a_typed_error_that_says_what_to_d
                 await writer.close()  # a close is a write too
             assert "NOSPACE" in (await etcd.status()).alarms
 
-            status = subprocess.run([sys.executable, "-m", "octavo.cli.main", "cluster", "status", "--etcd",
-                                     cluster.etcd_endpoint], capture_output=True, text=True, timeout=60)
+            # cluster status says it first and loudly, with where the recovery steps are; like every unhealthy
+            # state it reports, with exit code 0 (the command itself worked).
+            status = cluster_status(cluster.etcd_endpoint, "--etcd-quota-bytes", str(QUOTA_BYTES))
             assert status.returncode == 0, status.stderr
-            assert "alarms: NOSPACE" in status.stdout and "etcdctl alarm disarm" in status.stdout
-            as_json = subprocess.run([sys.executable, "-m", "octavo.cli.main", "cluster", "status", "--json",
-                                      "--etcd", cluster.etcd_endpoint], capture_output=True, text=True, timeout=60)
-            assert json.loads(as_json.stdout)["etcd"]["alarms"] == ["NOSPACE"]
+            first = status.stdout.splitlines()[0]
+            assert first.startswith("!!! etcd REFUSES WRITES: its NOSPACE alarm is raised"), status.stdout
+            assert "no ledger can be created" in first and "docs/operations.md#recovering-a-full-etcd-nospace" in first
+            assert "etcdctl alarm disarm" in first
+            assert "of a 4.0 MiB quota" in status.stdout and "alarms: NOSPACE" in status.stdout
+            as_json = cluster_status(cluster.etcd_endpoint, "--json", "--etcd-quota-bytes", str(QUOTA_BYTES))
+            health = json.loads(as_json.stdout)["etcd"]
+            assert health["alarms"] == ["NOSPACE"] and health["refuses_writes"] is True
+            assert health["quota_bytes"] == QUOTA_BYTES and health["quota_source"] == "setting"
+            assert health["db_size_ratio"] >= 0.9 and health["db_size_bytes"] >= 0.9 * QUOTA_BYTES
+            assert health["problems"][0].startswith("etcd REFUSES WRITES")
+            assert health["recovery"] == "docs/operations.md#recovering-a-full-etcd-nospace"
 
             # What docs/operations.md tells the operator: free space, compact, defragment, disarm.
             for i in range(4 * QUOTA_BYTES // (512 << 10)):
@@ -147,6 +156,39 @@ async def test_a_full_etcd_fails_creation_with_a_typed_error_that_says_what_to_d
             again = await client.create_ledger(1, 1, 1, password=b"pw")
             await again.append(b"after")
             await again.close()
+
+
+def cluster_status(endpoint: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "octavo.cli.main", "cluster", "status", "--etcd", endpoint,
+                           "--allow-empty", *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})
+
+
+async def test_cluster_status_shows_etcds_database_against_its_quota(etcd: EtcdProcess, cluster_name: str) -> None:
+    """etcd 3.5 does not report its quota: the status measures against the setting, etcd's default 2 GiB unless
+    --etcd-quota-bytes (or $OCTAVO_ETCD_QUOTA_BYTES) says otherwise, and warns near it."""
+    as_json = cluster_status(etcd.endpoint, "--json", "--cluster", cluster_name)
+    assert as_json.returncode == 0, as_json.stderr
+    health = json.loads(as_json.stdout)["etcd"]
+    assert health["quota_bytes"] == ETCD_QUOTA_BACKEND_BYTES and health["quota_source"] == "setting"
+    assert 0 < health["db_size_in_use_bytes"] <= health["db_size_bytes"]
+    assert health["db_size_ratio"] == round(health["db_size_bytes"] / ETCD_QUOTA_BACKEND_BYTES, 4)
+    assert health["alarms"] == [] and health["refuses_writes"] is False and health["problems"] == []
+    text = cluster_status(etcd.endpoint, "--cluster", cluster_name).stdout
+    assert "of a 2048.0 MiB quota (0%; quota from setting)" in text and "alarms: none" in text
+    assert "!!!" not in text and "WARNING" not in text
+
+    # A quota the database already fills: a warning before etcd refuses anything.
+    size = health["db_size_bytes"]
+    near = cluster_status(etcd.endpoint, "--cluster", cluster_name, env={"OCTAVO_ETCD_QUOTA_BYTES": str(size)})
+    assert near.returncode == 0, near.stderr
+    assert f"of a {size / 2**20:.1f} MiB quota (100%" in near.stdout
+    assert "etcd: etcd's database is at 100% of its quota (warning at 80%)" in near.stdout and "!!!" not in near.stdout
+    flag = json.loads(cluster_status(etcd.endpoint, "--json", "--cluster", cluster_name, "--etcd-quota-bytes",
+                                     str(size * 4)).stdout)["etcd"]
+    assert flag["quota_bytes"] == size * 4 and flag["problems"] == []
+    bad = cluster_status(etcd.endpoint, "--cluster", cluster_name, env={"OCTAVO_ETCD_QUOTA_BYTES": "lots"})
+    assert bad.returncode == 2 and "OCTAVO_ETCD_QUOTA_BYTES" in bad.stderr
 
 
 async def compacted_revision(endpoint: str) -> int:

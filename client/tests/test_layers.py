@@ -55,7 +55,8 @@ EXCEPTIONS = {("octavo.node.repair", "octavo.client"), ("octavo.node.autorecover
 PURE = {
     "octavo.node.record", "octavo.node.config", "octavo.node.errors", "octavo.node.files",
     "octavo.node.startup_cases", "octavo.node.watermarks", "octavo.node.compaction_plan", "octavo.node.rolling",
-    "octavo.meta.layout", "octavo.meta.ledger_metadata", "octavo.meta.errors", "octavo.client.quorums",
+    "octavo.meta.layout", "octavo.meta.ledger_metadata", "octavo.meta.errors", "octavo.meta.etcdhealth",
+    "octavo.client.quorums",
     "octavo.client.arguments",
     "octavo.operator.windows", "octavo.operator.policy", "octavo.operator.resources", "octavo.operator.builders",
     "octavo.operator.status",

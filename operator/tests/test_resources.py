@@ -47,7 +47,7 @@ def test_the_crds_name_the_group_kinds_and_short_names_users_type() -> None:
     scale = crd("bookieclusters")["spec"]["versions"][0]["subresources"]["scale"]
     assert scale["specReplicasPath"] == ".spec.replicas"
     columns = [c["name"] for c in crd("bookieclusters")["spec"]["versions"][0]["additionalPrinterColumns"]]
-    assert columns == ["Ready", "Writable", "Read-Only", "Disk-Max", "Age"]
+    assert columns == ["Ready", "Writable", "Read-Only", "Disk-Max", "Etcd-DB", "Age"]
 
 
 def test_the_policy_fields_and_defaults_agree() -> None:
@@ -96,6 +96,13 @@ def test_a_cluster_spec_parses_with_its_defaults() -> None:
     assert c.policy_name == "nightly" and c.etcd.secret == ("etcd", "endpoints")
 
 
+def test_the_etcd_quota_defaults_to_etcds_own_in_the_crd_and_the_operator() -> None:
+    quota = spec_schema("bookieclusters")["properties"]["etcd"]["properties"]["quotaBytes"]
+    assert quota["default"] == parse_cluster("logs", CLUSTER).etcd.quota_bytes == 2 << 30 and quota["minimum"] == 1
+    c = parse_cluster("logs", {**CLUSTER, "etcd": {"endpoints": "etcd:2379", "quotaBytes": 8 << 30}})
+    assert c.etcd.quota_bytes == 8 << 30 and c.etcd.endpoints == "etcd:2379"
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"replicas": 2}, r"spec.replicas \(2\) must be at least spec.minWritableBookies \(3\)"),
     ({"replicas": "3"}, "spec.replicas must be an integer"),
@@ -103,6 +110,8 @@ def test_a_cluster_spec_parses_with_its_defaults() -> None:
     ({"storage": {"size": "lots"}}, "spec.storage.size must be a size like 100Gi"),
     ({"etcd": {}}, "set exactly one of endpoints and endpointsFrom"),
     ({"etcd": {"endpoints": "etcd"}}, "must be host:port"),
+    ({"etcd": {"endpoints": "etcd:2379", "quotaBytes": 0}}, "spec.etcd.quotaBytes must be >= 1"),
+    ({"etcd": {"endpoints": "etcd:2379", "quotaBytes": "2Gi"}}, "spec.etcd.quotaBytes must be an integer"),
     ({"bookie": {"no_such_setting": 1}}, "unknown setting no_such_setting"),
     ({"bookie": {"port": 1}}, "spec.bookie.port is set by the operator"),
     ({"bookie": {"lost_bookie_delay_s": "soon"}}, "spec.bookie.lost_bookie_delay_s must be a float"),

@@ -11,12 +11,15 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from octavo.meta.etcd import EtcdStatus
+from octavo.meta.etcdhealth import ETCD_RECOVERY_DOC, EtcdHealth, etcd_health
 from octavo.operator.policy import Memory, Observed, Policy, Shape, decide
 from octavo.operator.status import (
     COMPACTION_WINDOW_OPEN,
     CONDITION_TYPES,
     DEGRADED,
     DISK_PRESSURE,
+    ETCD_HEALTHY,
     READY,
     cluster_status,
     memory_from_status,
@@ -33,12 +36,17 @@ def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in status["conditions"]}
 
 
+MiB = 1 << 20
+ETCD_OK = etcd_health(EtcdStatus(revision=9, db_size_bytes=40 * MiB, db_size_in_use_bytes=30 * MiB, alarms=()))
+
+
 def build(bookies: list[Observed], old: dict[str, Any] | None = None, now: datetime = NOW,
-          spec_error: str = "", ready: int = 4) -> dict[str, Any]:
+          spec_error: str = "", ready: int = 4, etcd: EtcdHealth | None = ETCD_OK,
+          etcd_error: str = "") -> dict[str, Any]:
     decision = None if spec_error else decide(now, POLICY, SHAPE, bookies, memory_from_status(old))
     return cluster_status(now, generation=3, replicas=4, ready_replicas=ready, selector="app=x", bookies=bookies,
                           pods={b.bookie_id: b.bookie_id for b in bookies}, decision=decision,
-                          spec_error=spec_error, old=old)
+                          spec_error=spec_error, old=old, etcd=None if spec_error else etcd, etcd_error=etcd_error)
 
 
 def test_a_healthy_cluster_in_its_window() -> None:
@@ -51,6 +59,48 @@ def test_a_healthy_cluster_in_its_window() -> None:
         c[COMPACTION_WINDOW_OPEN]["message"]
     assert status["writableBookies"] == 4 and status["diskUsageMax"] == "50%"
     assert status["observedGeneration"] == 3 and [b["id"] for b in status["bookies"]] == [f"logs-{i}" for i in range(4)]
+    assert c[ETCD_HEALTHY]["status"] == "True" and c[ETCD_HEALTHY]["reason"] == "EtcdHealthy"
+    assert status["etcd"] == {"dbSizeBytes": 40 * MiB, "dbSizeInUseBytes": 30 * MiB, "quotaBytes": 2 << 30,
+                              "quotaSource": "setting", "dbSizeRatio": "2%", "alarms": [], "refusesWrites": False,
+                              "error": ""}
+
+
+def test_an_etcd_that_refuses_writes_is_loud_in_the_conditions() -> None:
+    bookies = [Observed(f"logs-{i}", disk_usage_ratio=0.2) for i in range(4)]
+    first = build(bookies)
+    full = etcd_health(EtcdStatus(9, 100 * MiB, 90 * MiB, ("NOSPACE",)), 100 * MiB)
+    later = NOW + timedelta(minutes=1)
+    status = build(bookies, old=first, now=later, etcd=full)
+    c = conditions(status)
+    assert c[ETCD_HEALTHY]["status"] == "False" and c[ETCD_HEALTHY]["reason"] == "EtcdNoSpace"
+    assert c[ETCD_HEALTHY]["message"].startswith("etcd REFUSES WRITES: its NOSPACE alarm is raised")
+    assert ETCD_RECOVERY_DOC in c[ETCD_HEALTHY]["message"] and "100.0 MiB quota (100%" in c[ETCD_HEALTHY]["message"]
+    assert c[ETCD_HEALTHY]["lastTransitionTime"] == "2026-05-04T02:11:00Z"
+    assert c[DEGRADED]["status"] == "True" and c[DEGRADED]["reason"] == "EtcdRefusesWrites"
+    assert "no ledger can be created" in c[DEGRADED]["message"]
+    assert c[READY]["status"] == "True"  # the bookies are fine: reads and open ledgers' adds go on
+    assert status["etcd"]["refusesWrites"] is True and status["etcd"]["alarms"] == ["NOSPACE"]
+    assert status["etcd"]["dbSizeRatio"] == "100%"
+    # With a bookie down too, both causes are in the message.
+    bookies[2] = replace(bookies[2], reachable=False)
+    both = conditions(build(bookies, old=status, etcd=full, ready=3))[DEGRADED]
+    assert both["reason"] == "EtcdRefusesWrites" and "not answering: logs-2" in both["message"]
+
+
+def test_etcd_near_its_quota_unreachable_or_not_asked() -> None:
+    bookies = [Observed("logs-0")]
+    near = etcd_health(EtcdStatus(9, 85 * MiB, 20 * MiB, (), db_size_quota_bytes=100 * MiB), 8 << 30)
+    status = build(bookies, etcd=near)
+    c = conditions(status)
+    assert c[ETCD_HEALTHY]["status"] == "False" and c[ETCD_HEALTHY]["reason"] == "EtcdNearQuota"
+    assert c[DEGRADED]["reason"] != "EtcdRefusesWrites"
+    assert status["etcd"]["quotaSource"] == "etcd" and status["etcd"]["quotaBytes"] == 100 * MiB
+    down = build(bookies, old=status, etcd=None, etcd_error="cannot read etcd's status: etcd unreachable")
+    assert conditions(down)[ETCD_HEALTHY]["reason"] == "EtcdUnreachable"
+    assert down["etcd"] == {"error": "cannot read etcd's status: etcd unreachable"}
+    invalid = build(bookies, old=status, spec_error="spec.replicas: no")
+    assert conditions(invalid)[ETCD_HEALTHY]["status"] == "Unknown"
+    assert invalid["etcd"] == status["etcd"]  # the last reading stays
 
 
 def test_pressure_a_missing_bookie_and_the_transition_times() -> None:
@@ -120,7 +170,10 @@ def test_every_status_field_the_operator_writes_is_in_the_crd() -> None:
     schema = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     bookies = [Observed("logs-0", disk_usage_ratio=0.95), Observed("logs-1", reachable=False),
                Observed("logs-2", window_until_unix_ms=1, last_compaction_unix_ms=5)]
-    for status in (build(bookies), build(bookies, spec_error="spec.replicas: no")):
+    for status in (build(bookies), build(bookies, spec_error="spec.replicas: no"),
+                   build(bookies, etcd=None, etcd_error="unreachable")):
         status.update({SPEC_ERROR_FIELD: "x", SCALE_DOWN_FIELD: "y"})
         assert _unknown_fields(status, schema, "status") == []
     assert _unknown_fields({"bookies": [{"nope": 1}]}, schema, "status") == ["status.bookies[0].nope"]
+    kinds = schema["properties"]["conditions"]["items"]["properties"]["type"]["enum"]
+    assert kinds == list(CONDITION_TYPES)

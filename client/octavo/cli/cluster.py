@@ -2,9 +2,11 @@
 
     octavo cluster recover BOOKIE [--dry-run] [--recover-open] [--rate-bytes-per-s N] [--json] [--no-progress]
                                   copy a dead bookie's share of every ledger from the other replicas
-    octavo cluster status [--json]
+    octavo cluster status [--json] [--etcd-quota-bytes N]
                                   every bookie (writable, read-only, forced, gone) with its disk and compaction,
-                                  the auditor, under-replicated ledgers and re-replication in progress
+                                  the auditor, under-replicated ledgers and re-replication in progress, and
+                                  etcd's health: its alarms and its database against its quota (a raised NOSPACE
+                                  or CORRUPT alarm comes first, in capitals: etcd refuses writes)
     octavo cluster underreplicated [--json]
                                   the ledgers marked as missing copies, and who is restoring them
     octavo cluster check [--entries N] [--entry-bytes N] [--ensemble E --write-quorum W --ack-quorum A] [--json]
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 import time
 from argparse import ArgumentTypeError, Namespace
@@ -47,11 +50,13 @@ from octavo.cli.common import (
     run_async,
     table,
 )
-from octavo.meta.etcd import SPACE_EXCEEDED_HINT
+from octavo.meta.etcdhealth import ETCD_QUOTA_BYTES_DEFAULT, etcd_health
 from octavo.meta.tls import aio_channel
 
 REPLICATION_RATE_BYTES_PER_S_DEFAULT = 64 << 20
 REPLICATION_BATCH_BYTES_MAX_DEFAULT = 4 << 20
+# The etcd quota `cluster status` measures the database against when etcd does not report its own (3.5 does not).
+ETCD_QUOTA_BYTES_ENV = "OCTAVO_ETCD_QUOTA_BYTES"
 
 
 def add_parser(sub: Any) -> None:
@@ -71,6 +76,10 @@ def add_parser(sub: Any) -> None:
     add_etcd_arguments(s)
     s.add_argument("--json", action="store_true", help="print JSON")
     s.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each bookie (default: 3)")
+    s.add_argument("--etcd-quota-bytes", type=_quota_bytes, default=None,
+                   help="the --quota-backend-bytes etcd runs with, used when etcd does not report its quota (3.5 "
+                        f"does not; default: ${ETCD_QUOTA_BYTES_ENV}, or etcd's own default "
+                        f"{ETCD_QUOTA_BYTES_DEFAULT})")
     u = csub.add_parser("underreplicated", help="list the ledgers marked as missing copies")
     add_etcd_arguments(u)
     u.add_argument("--json", action="store_true", help="print JSON")
@@ -87,6 +96,8 @@ def add_parser(sub: Any) -> None:
 
 CHECK_ENTRIES_MAX = 100_000
 CHECK_ENTRY_BYTES_MAX = 1 << 20
+# No etcd takes a quota this large (etcd suggests at most 8 GiB): a bigger number is a typo.
+ETCD_QUOTA_BYTES_MAX = 1 << 40
 
 
 def _bounded(text: str, high: int) -> int:
@@ -97,6 +108,10 @@ def _bounded(text: str, high: int) -> int:
     if not 1 <= value <= high:
         raise ArgumentTypeError(f"must be in 1..{high}, got {value}")
     return value
+
+
+def _quota_bytes(text: str) -> int:
+    return _bounded(text, ETCD_QUOTA_BYTES_MAX)
 
 
 def _check_count(text: str) -> int:
@@ -406,7 +421,7 @@ async def _status(client: Any, args: Namespace) -> int:
         missing.update(mark.missing)
         oldest_ms = mark.marked_unix_ms if oldest_ms is None else min(oldest_ms, mark.marked_unix_ms)
     locks = await client.etcd.get_prefix(layout.root + b"replication-locks/")
-    etcd = await _etcd_status(client)
+    etcd, etcd_summary = await _etcd_status(client, _etcd_quota_setting(args))
     out = {"cluster": layout.cluster, "bookies": bookies, "auditor": auditor, "etcd": etcd,
            "underreplicated": {"ledgers": count, "missing_bookies": sorted(missing),
                                "oldest_mark_age_s": round((now_ms - oldest_ms) / 1000, 1) if oldest_ms else None},
@@ -416,6 +431,10 @@ async def _status(client: Any, args: Namespace) -> int:
     if args.json:
         print_json(out)
         return EXIT_OK
+    # What stops the whole cluster comes first, where nobody can miss it (and again beside etcd's figures).
+    for problem in etcd.get("problems", []):
+        if "REFUSES" in problem:
+            print(f"!!! {problem}")
     print(f"cluster {layout.cluster}: {sum(1 for b in bookies if b['state'] != 'gone')} of {len(bookies)} bookies "
           f"registered; auditor {auditor or '(none)'}")
     print(table(["BOOKIE", "STATE", "DISK", "COMPACTION", "REPLICATING", "ADDRESS", "METRICS"], [
@@ -436,23 +455,36 @@ async def _status(client: Any, args: Namespace) -> int:
     if "error" in etcd:
         print(f"etcd: status unavailable: {etcd['error']}")
     else:
-        print(f"etcd: revision {etcd['revision']}, database {etcd['db_size_bytes'] / 2**20:.1f} MiB "
-              f"({etcd['db_size_in_use_bytes'] / 2**20:.1f} MiB in use); alarms: {', '.join(etcd['alarms']) or 'none'}")
-        if "NOSPACE" in etcd["alarms"]:
-            print(f"etcd: {SPACE_EXCEEDED_HINT}")
+        print(f"etcd: {etcd_summary}")
+        for problem in etcd["problems"]:
+            print(f"etcd: {problem}")
     return EXIT_OK
 
 
-async def _etcd_status(client: Any) -> dict[str, Any]:
-    """The status of the etcd member the client talks to (its database sizes and the cluster's alarms)."""
+def _etcd_quota_setting(args: Namespace) -> int:
+    """--etcd-quota-bytes, else $OCTAVO_ETCD_QUOTA_BYTES, else etcd's own default."""
+    if args.etcd_quota_bytes is not None:
+        return int(args.etcd_quota_bytes)
+    text = os.environ.get(ETCD_QUOTA_BYTES_ENV, "")
+    if not text:
+        return ETCD_QUOTA_BYTES_DEFAULT
+    try:
+        return _quota_bytes(text)
+    except ArgumentTypeError as e:
+        raise CliError(f"${ETCD_QUOTA_BYTES_ENV}: {e}", EXIT_USAGE) from None
+
+
+async def _etcd_status(client: Any, quota_bytes_setting: int) -> tuple[dict[str, Any], str]:
+    """The health of the etcd member the client talks to (its database against its quota, and the cluster's
+    alarms: docs/operations.md, "What an etcd for Octavo needs"), and its one-line summary."""
     from octavo.meta.errors import MetadataUnavailableError
 
     try:
         st = await client.etcd.status()
     except MetadataUnavailableError as e:  # the rest of the status stays useful without it
-        return {"error": str(e)}
-    return {"revision": st.revision, "db_size_bytes": st.db_size_bytes,
-            "db_size_in_use_bytes": st.db_size_in_use_bytes, "alarms": list(st.alarms)}
+        return {"error": str(e)}, ""
+    health = etcd_health(st, quota_bytes_setting)
+    return health.to_json(), health.summary()
 
 
 async def _absent() -> tuple[Any, str]:

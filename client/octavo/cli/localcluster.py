@@ -12,13 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from octavo.meta.etcdhealth import ETCD_QUOTA_BYTES_DEFAULT
 from octavo.node.testing import BookieProcess
 
 ETCD_START_TIMEOUT_S = 30.0
 # etcd's database quota (its own default, said explicitly): past it etcd raises its NOSPACE alarm and refuses
 # every write. No --auto-compaction: the bookies' auditor compacts etcd's history (etcd_compaction_interval_s),
 # as it must for any etcd given to Octavo (docs/operations.md, "What an etcd for Octavo needs").
-ETCD_QUOTA_BACKEND_BYTES = 2 * 1024**3
+ETCD_QUOTA_BACKEND_BYTES = ETCD_QUOTA_BYTES_DEFAULT
 ETCD_PORT_ATTEMPTS = 5  # fresh port pairs tried when etcd finds a port it was given taken (see EtcdProcess.start)
 
 

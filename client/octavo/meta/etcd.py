@@ -25,6 +25,7 @@ import grpc
 from aetcd import rpc
 
 from octavo.meta.errors import EtcdCompactedError, EtcdSpaceExceededError, MetadataUnavailableError
+from octavo.meta.etcdhealth import EtcdStatus
 from octavo.meta.tls import TlsFiles, aio_channel
 
 log = logging.getLogger(__name__)
@@ -148,20 +149,6 @@ class WatchPosition:
     started (a watch given it starts after etcd's current revision)."""
 
     revision: int = 0
-
-
-@dataclass(frozen=True)
-class EtcdStatus:
-    """One etcd member's status: its revision, its database file (db_size_bytes, what the quota counts) and
-    the part of it in use (the rest is free pages that only a defragmentation gives back), the quota etcd
-    reports (db_size_quota_bytes, its --quota-backend-bytes: etcd 3.6 and later; 0 when it does not say), and
-    the alarms raised in the cluster (NOSPACE: the quota was reached and every write is refused)."""
-
-    revision: int
-    db_size_bytes: int
-    db_size_in_use_bytes: int
-    alarms: tuple[str, ...]
-    db_size_quota_bytes: int = 0
 
 
 # StatusResponse.dbSizeQuota (int64), added in etcd 3.6: the stubs `aetcd` ships predate it, so the field

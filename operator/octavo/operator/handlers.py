@@ -6,7 +6,8 @@ resume handlers (the owned objects at once) and from a timer every `poll_interva
    Warning event, nothing applied);
 2. apply the owned objects (ConfigMap, Services, PDB, StatefulSet; owned through kopf.adopt, patched only when
    what the operator would write changed: a hash of it is kept in an annotation);
-3. observe every bookie through BookieAdmin, `decide`, carry out the actions, one Event each;
+3. observe every bookie through BookieAdmin, and etcd (its alarms, its database against its quota), `decide`,
+   carry out the actions, one Event each (and a Warning event when etcd turns unhealthy);
 4. scale down through decommission (`scaling.py`): the StatefulSet keeps its replicas until the highest
    ordinal is retired, then loses one, and the pod's volumes are deleted;
 5. write the status (merge-patched: what is gone is removed).
@@ -29,6 +30,9 @@ from typing import Any
 
 import kopf
 
+from octavo.meta.errors import MetadataUnavailableError
+from octavo.meta.etcd import EtcdAuth, EtcdClient
+from octavo.meta.etcdhealth import EtcdHealth, etcd_health
 from octavo.meta.tls import TlsError, TlsFiles
 from octavo.operator import builders
 from octavo.operator.bookies import ADMIN_TIMEOUT_S, PLAINTEXT, Reach, after, apply, observe
@@ -44,9 +48,10 @@ from octavo.operator.resources import (
     parse_cluster,
     parse_policy,
 )
-from octavo.operator.scaling import ScaleDownStep, decommission_step
+from octavo.operator.scaling import ScaleDownStep, decommission_step, operator_etcd_settings
 from octavo.operator.status import (
     COMPACTION_WINDOW_OPEN,
+    ETCD_HEALTHY,
     cluster_status,
     condition,
     memory_from_status,
@@ -217,6 +222,22 @@ async def etcd_endpoints(kube: Kube, namespace: str, spec: ClusterSpec) -> str:
     return str(value).strip()
 
 
+async def observe_etcd(kube: Kube, namespace: str, spec: ClusterSpec,
+                       timeout_s: float) -> tuple[EtcdHealth | None, str]:
+    """etcd's health (alarms, database against spec.etcd.quotaBytes or the quota etcd reports), or None and why
+    it could not be read. etcd is reached with the operator's own etcd settings ($OCTAVO_ETCD_*)."""
+    try:
+        endpoints = await etcd_endpoints(kube, namespace, spec)
+        secure = operator_etcd_settings()
+        auth = EtcdAuth.from_settings(secure["etcd_tls_ca_file"], secure["etcd_tls_cert_file"],
+                                      secure["etcd_tls_key_file"], secure["etcd_username"],
+                                      secure["etcd_password_file"])
+        async with EtcdClient(endpoints, timeout_s=timeout_s, auth=auth) as etcd:
+            return etcd_health(await etcd.status(), spec.etcd.quota_bytes), ""
+    except (SpecError, ValueError, MetadataUnavailableError) as e:
+        return None, f"cannot read etcd's status: {e}"
+
+
 def applied_hash(obj: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -348,11 +369,13 @@ async def _poll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], 
             kopf.info(dict(body), reason=action.kind,  # type: ignore[arg-type]
                       message=f"bookie {action.bookie_id}: {action.reason}")
     scale_message = await _scale_down(kube, name, namespace, body, spec, target)
+    etcd, etcd_error = await observe_etcd(kube, namespace, spec, CONFIG.admin_timeout_s)
     ready = int(((statefulset or {}).get("status") or {}).get("readyReplicas") or 0)
     new = cluster_status(now, generation=int(body.get("metadata", {}).get("generation") or 0),
                          replicas=spec.replicas, ready_replicas=ready, selector=builders.selector_string(name),
                          bookies=observed, pods={b: b for b in ids if b in pods}, decision=decision,
-                         spec_error="", old=status)
+                         spec_error="", old=status, etcd=etcd, etcd_error=etcd_error)
+    _warn_etcd(body, status, new)
     if reach_problem:
         for c in new["conditions"]:
             if c["type"] == "Degraded":
@@ -363,6 +386,16 @@ async def _poll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], 
             if c["type"] == "Progressing":
                 c.update(status="True", reason="ScalingDown", message=scale_message)
     _write_status(patch, status, new, "")
+
+
+def _warn_etcd(body: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+    """A Warning event when EtcdHealthy turns False or changes its reason (one per change, not per poll)."""
+    def etcd_condition(status: Mapping[str, Any]) -> Mapping[str, Any]:
+        return next((c for c in status.get("conditions") or [] if c.get("type") == ETCD_HEALTHY), {})
+
+    now, before = etcd_condition(new), etcd_condition(old)
+    if now.get("status") == "False" and (before.get("status"), before.get("reason")) != ("False", now.get("reason")):
+        kopf.warn(dict(body), reason=str(now.get("reason")), message=str(now.get("message")))  # type: ignore[arg-type]
 
 
 def _write_status(patch: kopf.Patch, old: Mapping[str, Any], new: dict[str, Any], spec_error: str) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
+from octavo.meta.etcdhealth import ETCD_QUOTA_BYTES_DEFAULT
 from octavo.node.config import NodeConfig
 from octavo.operator.policy import OUTSIDE_WAIT, Policy, PolicyError, Watermarks
 from octavo.operator.windows import Window, WindowError, parse_duration
@@ -152,6 +153,9 @@ class EtcdSpec:
     tls_client_certificate: bool = True
     # etcd authentication: a Secret with the keys `username` and `password`.
     credentials_secret: str = ""
+    # The --quota-backend-bytes this etcd runs with: what the status measures its database against when etcd
+    # does not report its quota (3.5 does not).
+    quota_bytes: int = ETCD_QUOTA_BYTES_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -254,7 +258,7 @@ def parse_cluster(name: str, spec: Mapping[str, Any]) -> ClusterSpec:
     etcd = spec.get("etcd")
     if not isinstance(etcd, Mapping) or ("endpoints" in etcd) == ("endpointsFrom" in etcd):
         raise SpecError("spec.etcd: set exactly one of endpoints and endpointsFrom")
-    _refuse_unknown(etcd, {"endpoints", "endpointsFrom", "tls", "credentials"}, "spec.etcd.")
+    _refuse_unknown(etcd, {"endpoints", "endpointsFrom", "tls", "credentials", "quotaBytes"}, "spec.etcd.")
     if "endpoints" in etcd:
         endpoints = str(etcd["endpoints"]).strip()
         if not endpoints or any(":" not in e for e in endpoints.split(",")):
@@ -270,7 +274,8 @@ def parse_cluster(name: str, spec: Mapping[str, Any]) -> ClusterSpec:
             raise SpecError(f"spec.etcd.endpointsFrom.{kind} needs a name and a key")
         pair = (str(key_ref["name"]), str(key_ref["key"]))
         etcd_spec = EtcdSpec(config_map=pair) if kind == "configMapKeyRef" else EtcdSpec(secret=pair)
-    etcd_spec = _etcd_security(etcd, etcd_spec)
+    etcd_spec = replace(_etcd_security(etcd, etcd_spec), quota_bytes=_integer(
+        etcd, "quotaBytes", ETCD_QUOTA_BYTES_DEFAULT, "spec.etcd.", minimum=1))
     cluster_name = str(spec.get("clusterName") or name)
     if not CLUSTER_NAME.match(cluster_name) or len(cluster_name) > 63:
         raise SpecError(f"spec.clusterName {cluster_name!r} must be a DNS label (lower case, digits, '-')")

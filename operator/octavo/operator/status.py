@@ -3,10 +3,15 @@
 Conditions (type, status, reason, message), each keeping its lastTransitionTime while its status stays:
 - Ready: every bookie of the spec answers and the StatefulSet has them all ready;
 - Progressing: the operator has not yet seen this generation through (pods rolling, scaling);
-- Degraded: a bookie does not answer, or the spec cannot be applied (the message says why);
+- Degraded: a bookie does not answer, the spec cannot be applied, or etcd refuses writes (the message says
+  why);
 - DiskPressure: a bookie is past warnRatio, or was left writable above readOnlyRatio to keep the cluster
   writable (each message names the bookie);
-- CompactionWindowOpen: a window of the policy is open, until when; the next one otherwise.
+- CompactionWindowOpen: a window of the policy is open, until when; the next one otherwise;
+- EtcdHealthy: etcd answers, raises no alarm and its database is below ETCD_QUOTA_WARN_RATIO of its quota;
+  False with reason EtcdNoSpace (NOSPACE: etcd refuses every write, no ledger can be created anywhere; Degraded
+  too), EtcdCorrupt, EtcdNearQuota or EtcdUnreachable, the message saying what to do; Unknown when the spec
+  could not be read (no etcd to ask). `status.etcd` carries the figures.
 And the operator's memory of its own decisions (`memory`), so that a restarted operator carries on.
 """
 
@@ -16,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from octavo.meta.etcdhealth import CORRUPT, NOSPACE, EtcdHealth
 from octavo.operator.policy import Decision, Memory, Observed
 
 READY = "Ready"
@@ -23,7 +29,8 @@ PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 DISK_PRESSURE = "DiskPressure"
 COMPACTION_WINDOW_OPEN = "CompactionWindowOpen"
-CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, DISK_PRESSURE, COMPACTION_WINDOW_OPEN)
+ETCD_HEALTHY = "EtcdHealthy"
+CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, DISK_PRESSURE, COMPACTION_WINDOW_OPEN, ETCD_HEALTHY)
 
 
 def timestamp(t: datetime) -> str:
@@ -68,19 +75,44 @@ def memory_from_status(status: Mapping[str, Any] | None) -> Memory:
                   last_run_at_open_unix_ms=ints("lastRunAtOpenUnixMs"))
 
 
-def condition(old: Sequence[Mapping[str, Any]], kind: str, ok: bool, reason: str, message: str,
+def condition(old: Sequence[Mapping[str, Any]], kind: str, ok: bool | None, reason: str, message: str,
               now: datetime) -> dict[str, Any]:
-    status = "True" if ok else "False"
+    """`ok` None: Unknown (nothing was observed to say either way)."""
+    status = "Unknown" if ok is None else "True" if ok else "False"
     previous = next((c for c in old if c.get("type") == kind), None)
     since = previous.get("lastTransitionTime") if previous and previous.get("status") == status else None
     return {"type": kind, "status": status, "reason": reason, "message": message,
             "lastTransitionTime": since or timestamp(now)}
 
 
+def etcd_condition(old: Sequence[Mapping[str, Any]], etcd: EtcdHealth | None, etcd_error: str,
+                   now: datetime) -> dict[str, Any]:
+    """EtcdHealthy from what was read of etcd: `etcd` None and `etcd_error` empty when etcd was not asked."""
+    if etcd is None:
+        if etcd_error:
+            return condition(old, ETCD_HEALTHY, False, "EtcdUnreachable", etcd_error, now)
+        return condition(old, ETCD_HEALTHY, None, "NotObserved", "etcd was not asked (the spec is invalid)", now)
+    problems = etcd.problems()
+    reason = ("EtcdNoSpace" if NOSPACE in etcd.alarms else "EtcdCorrupt" if CORRUPT in etcd.alarms else
+              "EtcdAlarm" if etcd.alarms else "EtcdNearQuota" if problems else "EtcdHealthy")
+    return condition(old, ETCD_HEALTHY, not problems, reason, " ".join([*problems, etcd.summary()]), now)
+
+
+def etcd_to_status(etcd: EtcdHealth | None, etcd_error: str) -> dict[str, Any]:
+    if etcd is None:
+        return {"error": etcd_error} if etcd_error else {}
+    return {"dbSizeBytes": etcd.db_size_bytes, "dbSizeInUseBytes": etcd.db_size_in_use_bytes,
+            "quotaBytes": etcd.quota_bytes, "quotaSource": etcd.quota_source,
+            "dbSizeRatio": f"{etcd.db_size_ratio:.0%}", "alarms": list(etcd.alarms),
+            "refusesWrites": etcd.refuses_writes, "error": ""}
+
+
 def cluster_status(now: datetime, *, generation: int, replicas: int, ready_replicas: int, selector: str,
                    bookies: Sequence[Observed], pods: Mapping[str, str], decision: Decision | None,
-                   spec_error: str, old: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The status to write. `pods` maps bookie id to pod name; `decision` is None when the spec is invalid."""
+                   spec_error: str, old: Mapping[str, Any] | None, etcd: EtcdHealth | None = None,
+                   etcd_error: str = "") -> dict[str, Any]:
+    """The status to write. `pods` maps bookie id to pod name; `decision` is None when the spec is invalid;
+    `etcd` is etcd's health as read now (None: not read, and `etcd_error` says why if it was tried)."""
     old = old or {}
     old_conditions = list(old.get("conditions") or [])
     reachable = [b for b in bookies if b.reachable]
@@ -106,9 +138,7 @@ def cluster_status(now: datetime, *, generation: int, replicas: int, ready_repli
         condition(old_conditions, PROGRESSING, ready_replicas != replicas,
                   "Rolling" if ready_replicas != replicas else "Stable",
                   f"{ready_replicas} of {replicas} pods ready", now),
-        condition(old_conditions, DEGRADED, bool(spec_error or missing),
-                  "InvalidSpec" if spec_error else "BookiesNotAnswering" if missing else "AsExpected",
-                  spec_error or (f"not answering: {', '.join(missing)}" if missing else ""), now),
+        _degraded(old_conditions, spec_error, missing, etcd, now),
         condition(old_conditions, DISK_PRESSURE, bool(decision and decision.disk_pressure),
                   "DiskUsageHigh" if decision and decision.disk_pressure else "DiskUsageNormal",
                   "; ".join(decision.disk_pressure) if decision else "", now),
@@ -119,6 +149,7 @@ def cluster_status(now: datetime, *, generation: int, replicas: int, ready_repli
         old_conditions, COMPACTION_WINDOW_OPEN, window is not None, "WindowOpen" if window else "WindowClosed",
         f"open until {timestamp(window[1])}" if window else
         f"next window {timestamp(upcoming[0])} to {timestamp(upcoming[1])}" if upcoming else "no windows", now))
+    conditions.append(etcd_condition(old_conditions, etcd, etcd_error, now))
     usage = max((b.disk_usage_ratio for b in reachable), default=0.0)
     status: dict[str, Any] = {
         "observedGeneration": generation, "replicas": replicas, "readyReplicas": ready_replicas,
@@ -126,6 +157,11 @@ def cluster_status(now: datetime, *, generation: int, replicas: int, ready_repli
         "readOnlyBookies": sum(1 for b in reachable if not b.writable), "diskUsageMax": f"{usage:.0%}",
         "windowOpen": window is not None, "bookies": entries, "conditions": conditions,
     }
+    etcd_status = etcd_to_status(etcd, etcd_error)
+    if etcd_status:
+        status["etcd"] = etcd_status
+    elif old.get("etcd"):
+        status["etcd"] = old["etcd"]  # not read this time (an invalid spec): the last reading stays
     if upcoming:
         status["nextWindow"] = {"start": timestamp(upcoming[0]), "end": timestamp(upcoming[1])}
     if decision is not None:
@@ -133,6 +169,22 @@ def cluster_status(now: datetime, *, generation: int, replicas: int, ready_repli
     elif old.get("memory"):
         status["memory"] = old["memory"]
     return status
+
+
+def _degraded(old: Sequence[Mapping[str, Any]], spec_error: str, missing: Sequence[str], etcd: EtcdHealth | None,
+              now: datetime) -> dict[str, Any]:
+    """Degraded, its reason the most serious cause (an invalid spec, etcd refusing writes, bookies not
+    answering), its message every cause."""
+    refusing = etcd is not None and etcd.refuses_writes
+    messages = [spec_error] if spec_error else []
+    if refusing:
+        messages.append(f"etcd refuses writes (alarms: {', '.join(etcd.alarms) if etcd else ''}): no ledger can be "
+                        "created, closed or deleted; see condition EtcdHealthy")
+    if missing:
+        messages.append(f"not answering: {', '.join(missing)}")
+    reason = ("InvalidSpec" if spec_error else "EtcdRefusesWrites" if refusing else
+              "BookiesNotAnswering" if missing else "AsExpected")
+    return condition(old, DEGRADED, bool(messages), reason, "; ".join(messages), now)
 
 
 def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
