@@ -64,6 +64,8 @@ log = logging.getLogger(__name__)
 
 # How long closing a client waits for the bookies to answer the write-closes of its ledgers.
 CLOSE_FLUSH_TIMEOUT_S = 1.0
+# A ledger's master key: a SHA-256 digest (octavo.meta.ledger_metadata.master_key).
+MASTER_KEY_BYTES = 32
 
 T = TypeVar("T")
 
@@ -224,8 +226,18 @@ class Client:
             raise ValueError(str(e)) from None
         password = _check_password(password)
         custom = check_str_map("metadata", metadata)
+        return await self._create_keyed_ledger(ensemble_size, write_quorum, ack_quorum, password_digest(password),
+                                               master_key(password), custom)
+
+    async def _create_keyed_ledger(self, ensemble_size: int, write_quorum: int, ack_quorum: int, digest: str,
+                                   key: bytes, custom: dict[str, str]) -> WriteHandle:
+        """Create a ledger given its password's digest and master key instead of the password (a merge of a
+        dataset's ledgers writes a ledger with its sources' password without knowing it). Quorums checked."""
         if sum(len(k) + len(v) for k, v in custom.items()) > CUSTOM_METADATA_BYTES_MAX:
             raise ValueError(f"custom metadata is over {CUSTOM_METADATA_BYTES_MAX} bytes")
+        if len(key) != MASTER_KEY_BYTES or not digest:
+            raise ValueError(f"a master key is {MASTER_KEY_BYTES} bytes (got {len(key)}) and a password digest is "
+                             f"not empty (got {digest!r})")
         writable = await self.writable_bookies()
         if len(writable) < ensemble_size:
             raise NotEnoughBookiesError(f"an ensemble of {ensemble_size} needs {ensemble_size} writable bookies; "
@@ -233,9 +245,8 @@ class Client:
         ensemble = tuple(random.sample(writable, ensemble_size))
         meta, revision = await self.metadata_store.create_ledger(
             ensemble_size=ensemble_size, write_quorum=write_quorum, ack_quorum=ack_quorum,
-            ensembles=((0, ensemble),), password_digest=password_digest(password), custom_metadata=custom,
-            master_key_hex=master_key(password).hex())
-        writer = WriteHandle(self, meta, revision, master_key(password))
+            ensembles=((0, ensemble),), password_digest=digest, custom_metadata=custom, master_key_hex=key.hex())
+        writer = WriteHandle(self, meta, revision, key)
         self._writers.add(writer)
         return writer
 
