@@ -4,12 +4,17 @@ Every command finds etcd with --etcd, OCTAVO_ETCD or --data-dir of a dev cluster
 
     octavo dataset ls      --etcd E [--cluster C] [--json]
     octavo dataset show NAME --etcd E [--json]
-    octavo dataset compact NAME --etcd E [--slots N] [--tombstone-column C] [--tombstone-retention-s S] [--json]
+    octavo dataset compact NAME --etcd E [--merge] [--target-bytes B] [--small-bytes B] [--budget-bytes B]
+                               [--slots N] [--tombstone-column C] [--tombstone-retention-s S] [--json]
                                [--spark [--spark-master M]]    both passes as Spark jobs
     octavo dataset drop NAME --etcd E [--yes]           asks first on a terminal
     octavo dataset gc NAME --etcd E [--grace-s S]        delete ledgers no manifest references (orphans)
 
-`compact` keeps the latest row per key of a keyed dataset (needs the `spark` extra: pyarrow).
+`compact` on a dataset without a key column merges its small ledgers (adjacent ledgers under --small-bytes,
+half the target by default) into ledgers of up to --target-bytes, copying at most --budget-bytes
+(octavo.client.datasetmerge; no pyarrow needed). On a keyed dataset it keeps the latest row per key (key
+compaction, needs the `spark` extra: pyarrow); with --merge it merges small ledgers instead.
+`ls` reads only each dataset's head (its counts), never its list of ledgers.
 Exit codes: 0 success, 1 the operation failed (message on stderr), 2 bad usage.
 """
 
@@ -26,6 +31,7 @@ from typing import Any
 from octavo.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
+    EXIT_USAGE,
     CliError,
     add_etcd_arguments,
     add_password_arguments,
@@ -33,6 +39,7 @@ from octavo.cli.common import (
     confirm,
     fmt_age,
     fmt_bytes,
+    non_negative_int,
     positive_float,
     print_json,
     resolve_password,
@@ -45,7 +52,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("dataset", help="list, show, compact and drop datasets")
     dsub = p.add_subparsers(dest="dataset_cmd", required=True)
     for name, help_text in (("ls", "list datasets"), ("show", "show a dataset's manifest"),
-                            ("compact", "key compaction: keep the latest row per key"),
+                            ("compact", "merge small ledgers; on a keyed dataset, keep the latest row per key"),
                             ("drop", "delete a dataset and its ledgers"),
                             ("gc", "delete the dataset's ledgers that no manifest references")):
         c = dsub.add_parser(name, help=help_text)
@@ -57,7 +64,16 @@ def add_parser(sub: Any) -> None:
             c.add_argument("--yes", action="store_true", help="do not ask for confirmation")
         if name == "compact":
             from octavo.client.dataset import KEY_MAP_SLOTS_DEFAULT, TOMBSTONE_RETENTION_S_DEFAULT
+            from octavo.client.datasetmerge import MERGE_BUDGET_BYTES_DEFAULT, MERGE_TARGET_BYTES_DEFAULT
 
+            c.add_argument("--merge", action="store_true",
+                           help="merge small ledgers, also on a keyed dataset (without a key column it is the default)")
+            c.add_argument("--target-bytes", type=non_negative_int, default=MERGE_TARGET_BYTES_DEFAULT,
+                           help="a merged ledger holds at most this many payload bytes")
+            c.add_argument("--small-bytes", type=non_negative_int, default=None,
+                           help="ledgers under this many bytes are merged (default: half of --target-bytes)")
+            c.add_argument("--budget-bytes", type=non_negative_int, default=MERGE_BUDGET_BYTES_DEFAULT,
+                           help="copy at most this many bytes in this run (run again for the rest)")
             c.add_argument("--slots", type=int, default=KEY_MAP_SLOTS_DEFAULT,
                            help="offset-map slots (24 bytes each; a key collision only keeps a duplicate)")
             c.add_argument("--tombstone-column", default="deleted", help="boolean column marking deletes")
@@ -111,10 +127,10 @@ async def _run(args: Namespace) -> dict[str, Any]:
         cmd = args.dataset_cmd
         if cmd == "ls":
             now = time.time()
-            manifests = [await client.datasets.get(n) for n in await client.datasets.names()]
-            rows = [{"name": m.name, "version": m.version, "ledgers": len(m.ledgers), "rows": m.rows,
-                     "payload_bytes": m.payload_bytes, "key_column": m.key_column or None,
-                     "updated_unix_ms": m.updated_unix_ms} for m in manifests]
+            heads = [await client.datasets.head(n) for n in await client.datasets.names()]
+            rows = [{"name": h.name, "version": h.version, "ledgers": h.ledger_count, "rows": h.rows,
+                     "payload_bytes": h.payload_bytes, "key_column": h.key_column or None,
+                     "updated_unix_ms": h.updated_unix_ms} for h in heads]
             text = table(["DATASET", "VERSION", "LEDGERS", "ROWS", "SIZE", "KEY", "UPDATED"], [
                 [r["name"], str(r["version"]), str(r["ledgers"]), str(r["rows"]), fmt_bytes(r["payload_bytes"]),
                  r["key_column"] or "-",
@@ -143,6 +159,9 @@ async def _run(args: Namespace) -> dict[str, Any]:
             doomed = await client.datasets.collect_orphans(args.name, args.grace_s)
             return {"deleted": doomed, "text": f"deleted {len(doomed)} orphan ledgers"}
         assert cmd == "compact"
+        head = await client.datasets.head(args.name)
+        if args.merge or not head.key_column:
+            return await _merge(client, args)
         from octavo.spark.arrowio import Options
         from octavo.spark.keycompact import compact_dataset
 
@@ -155,9 +174,28 @@ async def _run(args: Namespace) -> dict[str, Any]:
         else:
             r = await compact_dataset(opts, slots=args.slots, tombstone_column=args.tombstone_column,
                                       tombstone_retention_s=args.tombstone_retention_s)
-        return {**asdict(r), "text": (f"compacted {r.dataset}: {r.rows_before} rows in {r.ledgers_before} ledgers -> "
-                                      f"{r.rows_after} rows in {r.ledgers_after}; {r.tombstones_dropped} tombstones "
-                                      f"dropped; {r.duration_s:.1f}s")}
+        return {"operation": "key compaction", **asdict(r),
+                "text": (f"compacted {r.dataset}: {r.rows_before} rows in {r.ledgers_before} ledgers -> "
+                         f"{r.rows_after} rows in {r.ledgers_after}; {r.tombstones_dropped} tombstones "
+                         f"dropped; {r.duration_s:.1f}s")}
+
+
+async def _merge(client: Any, args: Namespace) -> dict[str, Any]:
+    from octavo.client.datasetmerge import merge_dataset
+
+    small = args.small_bytes
+    if small is not None and small > args.target_bytes:
+        raise CliError(f"--small-bytes ({small}) must be at most --target-bytes ({args.target_bytes})", EXIT_USAGE)
+    r = await merge_dataset(client, args.name, target_bytes=args.target_bytes, small_bytes=small,
+                            budget_bytes=args.budget_bytes)
+    out = {"operation": "merge", **asdict(r)}
+    text = (f"merged {r.dataset}: {r.ledgers_merged} small ledgers into {r.merges} ({fmt_bytes(r.bytes_merged)}, "
+            f"{r.rows_merged} rows); {r.ledgers_before} ledgers -> {r.ledgers_after}; {r.duration_s:.1f}s")
+    if r.abandoned:
+        text += f"; {r.abandoned} merges abandoned (an overwrite or another merge replaced their ledgers first)"
+    if not r.merges and not r.abandoned:
+        text = f"merged {r.dataset}: nothing to merge ({r.ledgers_before} ledgers, none in a run of small ones)"
+    return {**out, "text": text}
 
 
 def _compact_with_spark(args: Namespace, opts: Any) -> Any:
