@@ -82,6 +82,12 @@ NODE_SETTING_HELP: dict[str, str] = {
     "replication_batch_bytes_max": "most bytes in one add of re-replicated entries",
     "replication_workers_max": "ledgers this bookie re-replicates at once",
     "etcd_compaction_interval_s": "the auditor compacts etcd's history to the revision of this long ago (0: off)",
+    "dataset_maintenance_interval_s": "how often the auditor checkpoints datasets' logs and merges small ledgers "
+                                      "(0: off)",
+    "dataset_merge_target_bytes": "the auditor merges a dataset's small ledgers into ledgers of up to this size",
+    "dataset_merge_budget_bytes": "most bytes the auditor's merges copy per maintenance interval (0: no merging)",
+    "dataset_orphan_interval_s": "how often the auditor deletes ledgers no dataset version needs (0: off)",
+    "dataset_orphan_grace_s": "an unreferenced dataset ledger is deleted only once this old (a write may be running)",
     "compaction_enabled": "run scheduled compaction passes (true/false); passes started by hand run regardless",
     "compaction_minor_threshold": "minor compaction rewrites logs whose live share is below this (0-1)",
     "compaction_major_threshold": "major compaction rewrites logs whose live share is below this (0-1, > minor)",

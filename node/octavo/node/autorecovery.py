@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from octavo.client import Client, ClientOptions
+from octavo.client.datasetmerge import MergeResult, merge_dataset
 from octavo.client.replication import (
     DELETED,
     LOST,
@@ -43,6 +44,7 @@ from octavo.meta.ledger_metadata import LedgerMetadata, MetadataError
 from octavo.meta.underreplication import Mark, Taken, UnderReplication
 from octavo.node import faults
 from octavo.node.config import NodeConfig
+from octavo.node.datasetmaintenance import DatasetMaintenance, DatasetMaintenanceSettings
 from octavo.node.etcdcompaction import EtcdCompaction
 from octavo.node.registration import Registration
 
@@ -97,6 +99,9 @@ class AutoRecovery:
         self.auditor = AuditorState()
         self.worker = WorkerState()
         self.etcd_compaction = EtcdCompaction(config.etcd_compaction_interval_s)  # run by the auditor
+        self.dataset_maintenance = DatasetMaintenance(DatasetMaintenanceSettings(  # run by the auditor
+            config.dataset_maintenance_interval_s, config.dataset_merge_target_bytes,
+            config.dataset_merge_budget_bytes, config.dataset_orphan_interval_s, config.dataset_orphan_grace_s))
         self._next_full_audit = 0.0
         self._retry_at: dict[int, float] = {}
         self._slots = asyncio.Semaphore(config.replication_workers_max)
@@ -117,11 +122,16 @@ class AutoRecovery:
                 if self._writable():
                     await self._work(client, marks, replicator)
 
+            async def merge(name: str, target_bytes: int, budget_bytes: int) -> MergeResult:
+                return await merge_dataset(client, name, target_bytes=target_bytes, budget_bytes=budget_bytes)
+
             # Two loops: a worker waiting for a free slot must not hold up the auditor, nor the other way round.
             await asyncio.gather(self._every_tick("the auditor", lambda: self._audit(client, marks)),
                                  self._every_tick("replication", work),
                                  self._every_tick("etcd compaction", lambda: self.etcd_compaction.tick(
-                                     client.etcd, self.auditor.is_auditor, time.monotonic())))
+                                     client.etcd, self.auditor.is_auditor, time.monotonic())),
+                                 self._every_tick("dataset maintenance", lambda: self.dataset_maintenance.tick(
+                                     client.datasets, merge, self.auditor.is_auditor, time.monotonic())))
 
     async def _every_tick(self, what: str, step: Callable[[], Awaitable[None]]) -> None:
         quiet = False

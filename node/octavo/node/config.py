@@ -63,6 +63,17 @@ class NodeConfig:
     # interval of history stays for watches to resume from). 0: Octavo never compacts, for an etcd that its
     # owner compacts (auto-compaction, or another program's compaction).
     etcd_compaction_interval_s: int = 300
+    # The auditor also maintains datasets (datasetmaintenance.py): every dataset_maintenance_interval_s it folds
+    # each dataset's commit log into a checkpoint once the log is long, then merges runs of small ledgers into
+    # ledgers of dataset_merge_target_bytes, copying at most dataset_merge_budget_bytes per interval over all
+    # datasets (0 interval: off). Every dataset_orphan_interval_s it deletes the ledgers written for datasets that
+    # no version needs and that are older than dataset_orphan_grace_s (failed tasks', abandoned writes', merged
+    # or overwritten ledgers past their retention), in one pass over the cluster's ledgers (0 interval: off).
+    dataset_maintenance_interval_s: int = 60
+    dataset_merge_target_bytes: int = 128 * MIB
+    dataset_merge_budget_bytes: int = 256 * MIB
+    dataset_orphan_interval_s: int = 600
+    dataset_orphan_grace_s: int = 3600
 
     # Compaction (compaction.py): a flushed log whose live share is below a threshold is rewritten. Minor
     # passes (small threshold, cheap) run more often than major ones. The rate limit bounds the bytes copied
@@ -209,6 +220,18 @@ class NodeConfig:
         need(1 <= self.replication_workers_max <= 64, "replication_workers_max must be in [1, 64]")
         need(0 <= self.etcd_compaction_interval_s <= 7 * 86400,
              f"etcd_compaction_interval_s must be in [0, 604800] (0: off), got {self.etcd_compaction_interval_s}")
+        need(0 <= self.dataset_maintenance_interval_s <= 7 * 86400,
+             "dataset_maintenance_interval_s must be in [0, 604800] (0: off), got "
+             f"{self.dataset_maintenance_interval_s}")
+        need(64 * KIB <= self.dataset_merge_target_bytes <= 4 * GIB,
+             f"dataset_merge_target_bytes must be in [64 KiB, 4 GiB], got {self.dataset_merge_target_bytes}")
+        need(0 <= self.dataset_merge_budget_bytes <= 64 * GIB,
+             "dataset_merge_budget_bytes must be in [0, 64 GiB] (0: no merging), got "
+             f"{self.dataset_merge_budget_bytes}")
+        need(0 <= self.dataset_orphan_interval_s <= 7 * 86400,
+             f"dataset_orphan_interval_s must be in [0, 604800] (0: off), got {self.dataset_orphan_interval_s}")
+        need(0 <= self.dataset_orphan_grace_s <= 30 * 86400,
+             f"dataset_orphan_grace_s must be in [0, 2592000], got {self.dataset_orphan_grace_s}")
         need(-1 <= self.metrics_port <= 65535,
              f"metrics_port must be in [-1, 65535] (-1: off), got {self.metrics_port}")
         need(self.metrics_port <= 0 or self.metrics_port != self.port,

@@ -20,6 +20,7 @@ from octavo.v1 import bookie_pb2 as pb
 if TYPE_CHECKING:
     from octavo.node.autorecovery import WorkerState
     from octavo.node.compaction import Compactor
+    from octavo.node.datasetmaintenance import DatasetMaintenance
     from octavo.node.etcdcompaction import EtcdCompaction
     from octavo.node.server import BookieServer
     from octavo.node.storage import StorageGauges
@@ -175,6 +176,19 @@ class BookieMetrics:
                 unit="{compaction}", description="compactions of etcd's history this bookie made as the auditor")
         gauge("octavo.bookie.etcd.compacted_revision", [self._etcd_compaction(lambda c: c.compacted_revision)],
               description="the etcd revision this bookie last compacted etcd to (0: none yet)")
+        counter("octavo.bookie.datasets.checkpoints", [self._datasets(lambda d: d.checkpoints)],
+                unit="{checkpoint}", description="dataset logs this bookie folded into checkpoints as the auditor")
+        counter("octavo.bookie.datasets.merges", [self._datasets(lambda d: d.merges)], unit="{ledger}",
+                description="merged ledgers this bookie's dataset maintenance swapped in (each replaces a run of "
+                            "small ledgers)")
+        counter("octavo.bookie.datasets.ledgers_merged", [self._datasets(lambda d: d.ledgers_merged)],
+                unit="{ledger}", description="small dataset ledgers replaced by merged ones")
+        counter("octavo.bookie.datasets.bytes_merged", [self._datasets(lambda d: d.bytes_merged)], unit="By",
+                description="payload bytes copied into merged dataset ledgers")
+        counter("octavo.bookie.datasets.orphans_deleted", [self._datasets(lambda d: d.orphans_deleted)],
+                unit="{ledger}", description="dataset ledgers no version needed, deleted by orphan collection")
+        counter("octavo.bookie.datasets.maintenance_failures", [self._datasets(lambda d: d.failures)],
+                unit="{failure}", description="datasets whose maintenance step failed (logged; retried next interval)")
         counter("octavo.bookie.replication.bytes", [self._replication(lambda w: w.bytes_copied)], unit="By",
                 description="bytes this bookie's replication workers copied to new bookies")
         counter("octavo.bookie.replication.entries", [self._replication(lambda w: w.entries_copied)],
@@ -261,6 +275,13 @@ class BookieMetrics:
         def observe(_: CallbackOptions) -> Iterable[Observation]:
             recovery = self.node.autorecovery
             return [Observation(value(recovery.etcd_compaction))] if recovery is not None else []
+        return observe
+
+    def _datasets(self, value: Callable[[DatasetMaintenance], int]) -> Callable[[CallbackOptions],
+                                                                           Iterable[Observation]]:
+        def observe(_: CallbackOptions) -> Iterable[Observation]:
+            recovery = self.node.autorecovery
+            return [Observation(value(recovery.dataset_maintenance))] if recovery is not None else []
         return observe
 
     def _registered(self) -> int:
