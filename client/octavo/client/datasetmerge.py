@@ -33,6 +33,8 @@ import asyncio
 import logging
 import os
 import time
+from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from octavo.client.client import Client
@@ -66,6 +68,9 @@ MERGE_BUDGET_BYTES_DEFAULT = 4096 * MIB
 # Appends in flight while copying: groups of about this many bytes, at most this many groups at once.
 COPY_GROUP_BYTES = 1 * MIB
 COPY_GROUPS_IN_FLIGHT_MAX = 8
+# Source ledgers read ahead of the copy, at once: at most this many, holding at most this many bytes.
+PREFETCH_LEDGERS_MAX = 16
+PREFETCH_BYTES_MAX = 16 * MIB
 
 
 @dataclass(frozen=True)
@@ -265,7 +270,7 @@ async def _merge_group(client: Client, name: str, schema: str, group: list[Datas
         first.ensemble_size, first.write_quorum, first.ack_quorum, first.password_digest,
         bytes.fromhex(first.master_key_hex), {META_DATASET: name, META_WRITE: write_id})
     try:
-        copied = await _copy(client, handle, [metas[x.ledger_id] for x in group])
+        copied = await _copy(client, handle, [(metas[x.ledger_id], x.bytes) for x in group])
         await handle.close()
     except BaseException as e:
         handle.abandon(OctavoError(f"the merge of ledgers {[x.ledger_id for x in group]} failed: {e}"))
@@ -298,9 +303,44 @@ async def _gone(client: Client, name: str, ids: list[int]) -> bool:
     return not set(ids) <= present
 
 
-async def _copy(client: Client, handle: WriteHandle, sources: list[LedgerMetadata]) -> int:
-    """Append every entry of `sources` (closed ledgers), in order, to `handle`; returns the bytes copied. At most
-    COPY_GROUPS_IN_FLIGHT_MAX groups of about COPY_GROUP_BYTES are in flight."""
+async def _read_whole(client: Client, meta: LedgerMetadata) -> list[bytes]:
+    reader = ReadHandle(client, meta, meta.last_entry_id)
+    return [entry.data async for batch in reader.read_batches(0, meta.last_entry_id) for entry in batch]
+
+
+async def _source_entries(client: Client, sources: list[tuple[LedgerMetadata, int]]) -> AsyncIterator[list[bytes]]:
+    """The entries of `sources` in order, a list at a time. Small ledgers are read ahead, several at once (at
+    most PREFETCH_LEDGERS_MAX ledgers and PREFETCH_BYTES_MAX bytes read and not yet copied): one at a time, a
+    merge of tiny ledgers waits on a round trip per ledger. A larger ledger is read in its turn, streaming."""
+    ahead: deque[asyncio.Task[list[bytes]] | None] = deque()
+    ahead_bytes: deque[int] = deque()
+    nxt = 0
+    try:
+        for meta, _ in sources:
+            while nxt < len(sources) and len(ahead) < PREFETCH_LEDGERS_MAX and (
+                    not ahead or sum(ahead_bytes) + sources[nxt][1] <= PREFETCH_BYTES_MAX):
+                m, b = sources[nxt]
+                small = b <= PREFETCH_BYTES_MAX and m.last_entry_id >= 0
+                ahead.append(asyncio.ensure_future(_read_whole(client, m)) if small else None)
+                ahead_bytes.append(b if small else 0)
+                nxt += 1
+            task = ahead.popleft()
+            ahead_bytes.popleft()
+            if task is not None:
+                yield await task
+            elif meta.last_entry_id >= 0:
+                reader = ReadHandle(client, meta, meta.last_entry_id)
+                async for batch in reader.read_batches(0, meta.last_entry_id):
+                    yield [entry.data for entry in batch]
+    finally:
+        for t in ahead:
+            if t is not None:
+                t.cancel()
+
+
+async def _copy(client: Client, handle: WriteHandle, sources: list[tuple[LedgerMetadata, int]]) -> int:
+    """Append every entry of `sources` (closed ledgers, with their payload bytes), in order, to `handle`; returns
+    the bytes copied. At most COPY_GROUPS_IN_FLIGHT_MAX groups of about COPY_GROUP_BYTES are in flight."""
     in_flight: list[asyncio.Future[list[int]]] = []
     group: list[bytes] = []
     group_bytes = copied = 0
@@ -313,17 +353,13 @@ async def _copy(client: Client, handle: WriteHandle, sources: list[LedgerMetadat
             await in_flight.pop(0)
 
     try:
-        for meta in sources:
-            if meta.last_entry_id < 0:
-                continue
-            reader = ReadHandle(client, meta, meta.last_entry_id)
-            async for batch in reader.read_batches(0, meta.last_entry_id):
-                for entry in batch:
-                    group.append(entry.data)
-                    group_bytes += len(entry.data)
-                    copied += len(entry.data)
-                    if group_bytes >= COPY_GROUP_BYTES:
-                        await send()
+        async for datas in _source_entries(client, sources):
+            for data in datas:
+                group.append(data)
+                group_bytes += len(data)
+                copied += len(data)
+                if group_bytes >= COPY_GROUP_BYTES:
+                    await send()
         if group:
             await send()
         for f in in_flight:
