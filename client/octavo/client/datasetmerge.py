@@ -34,7 +34,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from octavo.client.client import Client
@@ -135,7 +135,7 @@ def small_runs(ledgers: list[DatasetLedger], small_bytes: int) -> list[tuple[int
     return runs
 
 
-def plan_merges(candidates: list[tuple[DatasetLedger, Shape | None]], target_bytes: int, small_bytes: int,
+def plan_merges(candidates: Sequence[tuple[DatasetLedger, Shape | None]], target_bytes: int, small_bytes: int,
                 ledgers_max: int, budget_bytes: int) -> list[list[DatasetLedger]]:
     """The groups to merge, each of at least two ledgers adjacent in `candidates` (the dataset's order): every
     ledger under `small_bytes` with a shape (None: not mergeable: open, without a master key, unread), all of
