@@ -114,6 +114,11 @@ class NoSuchDatasetError(DatasetError):
     pass
 
 
+class DatasetConflictError(DatasetError):
+    """A swap (`replace`) over ledgers that are gone: an overwrite, a merge or another compaction won. The
+    caller's new ledgers were not published; it may read the dataset again and start over."""
+
+
 def check_name(name: str) -> str:
     check_str("name", name)
     if not DATASET_NAME.match(name):
@@ -593,8 +598,8 @@ class DatasetStore:
                     present = {x.ledger_id: x for x in state.ledgers}
                     missing = sorted(set(body["replace"]) - set(present))
                     if missing:
-                        raise DatasetError(f"dataset {name!r} changed under the compaction: ledgers {missing} are "
-                                           "gone")
+                        raise DatasetConflictError(f"dataset {name!r} changed under the compaction: ledgers "
+                                                   f"{missing} are gone")
                     removed = [present[i] for i in body["replace"]]
                 else:
                     removed = list(state.ledgers)
@@ -683,6 +688,32 @@ class DatasetStore:
         if ok:
             log.info("dataset %s: moved to format %d at version %d (%d ledgers)", name, FORMAT, version,
                      len(manifest.ledgers))
+
+    async def set_retention(self, name: str, retention_s: float) -> None:
+        """How long ledgers that left the dataset (overwrite, merge, key compaction) stay readable before
+        orphan collection deletes them: long enough for the longest read planned before a swap to finish."""
+        retention_s = check_float("retention_s", retention_s, minimum=0)
+        if retention_s > RETIRED_RETENTION_S_MAX:
+            raise DatasetError(f"retention_s must be at most {RETIRED_RETENTION_S_MAX:.0f}, got {retention_s}")
+        retry = CasRetry(f"dataset {name}: retention", COMMIT_ATTEMPTS_MAX, delay_ms_max=COMMIT_DELAY_MS_MAX,
+                         error=DatasetError)
+        deadline = time.monotonic() + COMMIT_CONTENTION_TIMEOUT_S
+        while True:
+            head, revision, v1 = await self._read_head(name)
+            if head is None:
+                raise NoSuchDatasetError(f"dataset {name!r} does not exist")
+            if v1 is not None:
+                await self._migrate(name, v1, revision)
+                continue
+            head.retention_s = retention_s
+            key = self.key(name)
+            ok, _ = await self.etcd.txn(Txn().mod_revision_is(key, revision).put(key, head.encode()))
+            if ok:
+                return
+            if time.monotonic() > deadline:
+                raise DatasetError(f"dataset {name!r}: retention change lost its race for "
+                                   f"{COMMIT_CONTENTION_TIMEOUT_S:.0f}s")
+            await retry.lost("a commit to the dataset")
 
     # -- checkpoints --------------------------------------------------------------------------------------
     async def _checkpoint_value(self, name: str, state: _State, retired: list[tuple[int, int]]) -> bytes:

@@ -9,6 +9,9 @@
     /octavo/<cluster>/underreplicated/<ledger id>      a ledger with copies missing: which bookies (JSON)
     /octavo/<cluster>/replication-locks/<ledger id>    the worker re-replicating it, on the worker's lease
     /octavo/<cluster>/auditor                          the bookie id of the auditor, on its lease
+    /octavo/<cluster>/datasets/<name>                  a dataset's head; its schema, commit log and checkpoints
+                                                       under dataset-schemas/, dataset-log/, dataset-checkpoints/
+                                                       (octavo.client.dataset)
 
 Ledger ids are zero-padded so keys sort in id order.
 """

@@ -26,6 +26,11 @@ from octavo.meta.errors import EntryTooLargeError, OctavoError
 GROUP_BYTES = 1024 * 1024
 ENTRY_BYTES_MAX = 4 * 1024 * 1024 - 64 * 1024  # under the bookies' default entry limit, room for framing
 COMPRESSIONS = ("lz4", "zstd", "none")
+# Reads plan by size, as Spark's spark.sql.files.maxPartitionBytes does for files: small ledgers share an input
+# partition up to this many payload bytes, and a larger ledger is split into entry ranges of about this size.
+MAX_PARTITION_BYTES_DEFAULT = 128 * 1024 * 1024
+MAX_PARTITION_BYTES_MIN = 1024
+MAX_PARTITION_BYTES_MAX = 1 << 40
 
 
 class OptionError(ValueError):
@@ -46,7 +51,8 @@ class Options:
     key_column: str = ""
     orphan_grace_s: float = 3600.0
     stream_id: str = "default"
-    entries_per_partition: int = 0  # reads: 0 = one partition per ledger
+    entries_per_partition: int = 0  # reads: split ledgers into ranges of this many entries (0: by size)
+    max_partition_bytes: int = MAX_PARTITION_BYTES_DEFAULT  # reads: small ledgers grouped up to this many bytes
     columns: tuple[str, ...] = ()  # reads: project to these columns (empty: all)
     if_exists: str = "append"  # batch writes with Spark's mode append: append | error | ignore
     otlp_endpoint: str = ""  # push the tasks' and the client's metrics to this OpenTelemetry collector
@@ -106,6 +112,8 @@ class Options:
                        key_column=o.get("key_column", ""), orphan_grace_s=grace,
                        stream_id=o.get("stream_id", "default"),
                        entries_per_partition=integer("entries_per_partition", 0, 0, 1 << 40), columns=columns,
+                       max_partition_bytes=integer("max_partition_bytes", MAX_PARTITION_BYTES_DEFAULT,
+                                                   MAX_PARTITION_BYTES_MIN, MAX_PARTITION_BYTES_MAX),
                        if_exists=if_exists, otlp_endpoint=o.get("otlp_endpoint", ""),
                        tls=tuple((name, o[name]) for name in TLS_OPTIONS if o.get(name)))
 
@@ -152,33 +160,36 @@ def client_options(opts: Options | None = None) -> ClientOptions:
     return ClientOptions(add_timeout_s=30.0, read_timeout_s=30.0, metadata_timeout_s=10.0, **tls)
 
 
-async def write_ledger(opts: Options, batches: Iterable[pa.RecordBatch] | AsyncIterable[pa.RecordBatch],
-                       write_id: str, in_flight_max: int = 8) -> DatasetLedger:
-    """Write record batches into a new ledger of the dataset; returns what the commit needs."""
+async def write_ledger(opts: Options, batches: Iterable[Any] | AsyncIterable[Any], write_id: str,
+                       in_flight_max: int = 8, with_seqs: bool = False) -> DatasetLedger | None:
+    """Write record batches into a new ledger of the dataset; returns what the commit needs, or None when
+    there was no row (no ledger is created for an empty partition). With `with_seqs` the batches come as
+    (seq, batch) pairs, in seq order, and the ledger records which entries hold which seq (its segments:
+    key compaction and merges keep the seq of every row)."""
     from octavo.spark.metrics import spark_metrics
 
     measured = spark_metrics(opts.otlp_endpoint)
     try:
-        written = await _write_ledger(opts, batches, write_id, in_flight_max, measured.provider)
-        measured.rows_written.add(written.rows)
-        measured.bytes_written.add(written.bytes)
-        measured.ledgers_written.add(1)
+        written = await _write_ledger(opts, batches, write_id, in_flight_max, measured.provider, with_seqs)
+        if written is not None:
+            measured.rows_written.add(written.rows)
+            measured.bytes_written.add(written.bytes)
+            measured.ledgers_written.add(1)
     finally:
         measured.flush()
     return written
 
 
-async def _write_ledger(opts: Options, batches: Iterable[pa.RecordBatch] | AsyncIterable[pa.RecordBatch],
-                        write_id: str, in_flight_max: int, meter_provider: Any) -> DatasetLedger:
+async def _write_ledger(opts: Options, batches: Iterable[Any] | AsyncIterable[Any], write_id: str,
+                        in_flight_max: int, meter_provider: Any, with_seqs: bool) -> DatasetLedger | None:
     async with Client(opts.etcd, opts.cluster, client_options(opts), meter_provider=meter_provider) as client:
-        handle = await client.create_ledger(opts.ensemble_size, opts.write_quorum, opts.ack_quorum,
-                                            password=opts.password,
-                                            metadata={META_DATASET: opts.dataset, META_WRITE: write_id})
+        handle: Any = None
         try:
             rows = nbytes = entries = 0
             group: list[bytes] = []
             group_bytes = 0
             in_flight: list[asyncio.Future[list[int]]] = []
+            segments: list[tuple[int, int]] = []
 
             async def send() -> None:
                 nonlocal group, group_bytes
@@ -187,9 +198,16 @@ async def _write_ledger(opts: Options, batches: Iterable[pa.RecordBatch] | Async
                 while len(in_flight) >= in_flight_max:
                     await in_flight.pop(0)
 
-            async def take(batch: pa.RecordBatch) -> None:
-                nonlocal group_bytes, rows, nbytes, entries
+            async def take(item: Any) -> None:
+                nonlocal group_bytes, rows, nbytes, entries, handle
+                seq, batch = item if with_seqs else (0, item)
                 for data, n in encode_entries(batch, opts.rows_per_entry, opts.compression):
+                    if handle is None:  # created at the first row: an empty partition writes no ledger
+                        handle = await client.create_ledger(
+                            opts.ensemble_size, opts.write_quorum, opts.ack_quorum, password=opts.password,
+                            metadata={META_DATASET: opts.dataset, META_WRITE: write_id})
+                    if with_seqs and (not segments or segments[-1][1] != seq):
+                        segments.append((entries, seq))
                     group.append(data)
                     group_bytes += len(data)
                     rows += n
@@ -199,22 +217,26 @@ async def _write_ledger(opts: Options, batches: Iterable[pa.RecordBatch] | Async
                         await send()
 
             if isinstance(batches, AsyncIterable):
-                async for batch in batches:
-                    await take(batch)
+                async for item in batches:
+                    await take(item)
             else:
-                for batch in batches:
-                    await take(batch)
+                for item in batches:
+                    await take(item)
+            if handle is None:
+                return None
             if group:
                 await send()
             for f in in_flight:
                 await f
             await handle.close()
         except BaseException as e:
-            handle.abandon(OctavoError(f"the write of this partition failed: {e}"))
-            with contextlib.suppress(Exception):  # else an orphan: collected after the grace period
-                await client.delete_ledger(handle.ledger_id)
+            if handle is not None:
+                handle.abandon(OctavoError(f"the write of this partition failed: {e}"))
+                with contextlib.suppress(Exception):  # else an orphan: collected after the grace period
+                    await client.delete_ledger(handle.ledger_id)
             raise
-        return DatasetLedger(handle.ledger_id, rows, nbytes, entries)
+        top = max((seq for _, seq in segments), default=0)
+        return DatasetLedger(handle.ledger_id, rows, nbytes, entries, seq=top, segments=tuple(segments))
 
 
 def new_write_id() -> str:

@@ -26,6 +26,7 @@ the offset map plus one entry at a time, whatever the dataset's size.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
@@ -40,10 +41,12 @@ from octavo.client.dataset import (
     KEY_MAP_SLOTS_DEFAULT,
     KEY_MAP_SLOTS_MAX,
     TOMBSTONE_RETENTION_S_DEFAULT,
+    DatasetConflictError,
     DatasetError,
     DatasetLedger,
     Manifest,
 )
+from octavo.meta.errors import OctavoError
 from octavo.spark.arrowio import Options, client_options, decode_entry, new_write_id, write_ledger
 
 
@@ -135,8 +138,18 @@ class CompactionResult:
     duration_s: float
 
 
+def seq_of_entry(ledger: DatasetLedger, entry_id: int) -> int:
+    """The commit seq of an entry's rows (a merged or compacted ledger's entries keep theirs)."""
+    seq = ledger.seq
+    for first, _, run_seq in ledger.seq_runs():
+        if first > entry_id:
+            break
+        seq = run_seq
+    return seq
+
+
 def _rows(client: Client, opts: Options, ledgers: list[DatasetLedger]) -> Any:
-    """Async iterator of (ledger, record batch) in manifest order."""
+    """Async iterator of (ledger, seq, record batch) in dataset order."""
 
     async def gen() -> Any:
         for x in ledgers:
@@ -144,8 +157,9 @@ def _rows(client: Client, opts: Options, ledgers: list[DatasetLedger]) -> Any:
                 continue
             handle = await client.open_ledger(x.ledger_id, password=opts.password, recovery=False)
             async for entry in handle.read(0, x.entries - 1):
+                seq = seq_of_entry(x, entry.entry_id)
                 for batch in decode_entry(entry.data):
-                    yield x, batch
+                    yield x, seq, batch
 
     return gen()
 
@@ -171,10 +185,26 @@ def _keep_mask(batch: pa.RecordBatch, key_column: str, tombstone_column: str, of
     return mask, dropped_tombstones
 
 
+# A compaction whose swap finds its ledgers gone (a merge by the auditor's dataset maintenance, an overwrite)
+# starts over from the new version this many times before it gives up.
+COMPACTION_ATTEMPTS_MAX = 3
+
+
 async def compact_dataset(opts: Options, slots: int = KEY_MAP_SLOTS_DEFAULT, tombstone_column: str = "deleted",
                           tombstone_retention_s: float = TOMBSTONE_RETENTION_S_DEFAULT,
                           seed: bytes | None = None) -> CompactionResult:
     """Compact a keyed dataset in this process (bounded memory: the offset map plus one entry at a time)."""
+    for attempt in range(1, COMPACTION_ATTEMPTS_MAX + 1):
+        try:
+            return await _compact_once(opts, slots, tombstone_column, tombstone_retention_s, seed)
+        except DatasetConflictError:
+            if attempt == COMPACTION_ATTEMPTS_MAX:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def _compact_once(opts: Options, slots: int, tombstone_column: str, tombstone_retention_s: float,
+                        seed: bytes | None) -> CompactionResult:
     t0 = time.monotonic()
     seed = seed or os.urandom(16)
     async with Client(opts.etcd, opts.cluster, client_options(opts)) as client:
@@ -185,7 +215,7 @@ async def compact_dataset(opts: Options, slots: int = KEY_MAP_SLOTS_DEFAULT, tom
         snapshot = list(manifest.ledgers)
         offset_map = OffsetMap(slots, seed)
         position = 0
-        async for _, batch in _rows(client, opts, snapshot):
+        async for _, _, batch in _rows(client, opts, snapshot):
             if key not in batch.schema.names:
                 raise DatasetError(f"dataset {opts.dataset!r}: key column {key!r} is not in its rows")
             for value in batch.column(key).to_pylist():
@@ -196,28 +226,31 @@ async def compact_dataset(opts: Options, slots: int = KEY_MAP_SLOTS_DEFAULT, tom
         state = {"position": 0, "tombstones": 0}
 
         async def kept() -> Any:
-            async for ledger, batch in _rows(client, opts, snapshot):
+            async for ledger, seq, batch in _rows(client, opts, snapshot):
                 expired = now_ms - ledger.committed_unix_ms >= tombstone_retention_s * 1000
                 mask, dropped = _keep_mask(batch, key, tombstone_column, offset_map, state["position"], expired)
                 state["position"] += batch.num_rows
                 state["tombstones"] += dropped
                 filtered = batch.filter(pa.array(mask, type=pa.bool_()))
                 if filtered.num_rows:
-                    yield filtered
+                    yield seq, filtered
 
-        new = await write_ledger(opts, kept(), new_write_id())
-        if new.rows == 0:
-            await client.delete_ledger(new.ledger_id)
-            ledgers = []
-        else:
-            ledgers = [new]
-        await client.datasets.commit(opts.dataset, manifest.schema, ledgers, replace=[x.ledger_id for x in snapshot])
-        return CompactionResult(opts.dataset, sum(x.rows for x in snapshot), new.rows, len(snapshot), len(ledgers),
-                                state["tombstones"], time.monotonic() - t0)
+        # Each kept row keeps its commit seq (the new ledger's segments), so a streaming reader resuming from
+        # any offset neither reads a row again nor skips one.
+        new = await write_ledger(opts, kept(), new_write_id(), with_seqs=True)
+        ledgers = [] if new is None else [new]
+        try:
+            await client.datasets.commit(opts.dataset, manifest.schema, ledgers,
+                                         replace=[x.ledger_id for x in snapshot])
+        except DatasetConflictError:
+            await _delete_quietly(client, [x.ledger_id for x in ledgers])
+            raise
+        return CompactionResult(opts.dataset, sum(x.rows for x in snapshot), new.rows if new else 0, len(snapshot),
+                                len(ledgers), state["tombstones"], time.monotonic() - t0)
 
 
 def _ledger_rows(opts: Options, ledger: DatasetLedger) -> Any:
-    """(batch) of one ledger, in order, through a blocking client (inside a Spark task)."""
+    """(seq, batch) of one ledger, in order, through a blocking client (inside a Spark task)."""
     from octavo.client.client import SyncClient
 
     if ledger.entries <= 0:
@@ -225,30 +258,50 @@ def _ledger_rows(opts: Options, ledger: DatasetLedger) -> Any:
     with SyncClient(opts.etcd, opts.cluster, client_options(opts)) as client:
         handle = client.open_ledger(ledger.ledger_id, password=opts.password, recovery=False)
         for entry in handle.read(0, ledger.entries - 1):
-            yield from decode_entry(entry.data)
+            seq = seq_of_entry(ledger, entry.entry_id)
+            for batch in decode_entry(entry.data):
+                yield seq, batch
 
 
 def _kept_rows(opts: Options, ledger: DatasetLedger, index: int, key: str, tombstone_column: str,
                offset_map: OffsetMap, expired: bool, counts: dict[str, int]) -> Any:
     rank = 0
-    for batch in _ledger_rows(opts, ledger):
+    for seq, batch in _ledger_rows(opts, ledger):
         mask, dropped = _keep_mask(batch, key, tombstone_column, offset_map,
                                    (index << POSITION_LEDGER_SHIFT) | rank, expired)
         rank += batch.num_rows
         counts["tombstones"] += dropped
         filtered = batch.filter(pa.array(mask, type=pa.bool_()))
         if filtered.num_rows:
-            yield filtered
+            yield seq, filtered
 
 
 # A row's position in a Spark pass: its ledger's index in the manifest, then its rank in the ledger.
 POSITION_LEDGER_SHIFT = 40
 
 
+async def _delete_quietly(client: Client, ledger_ids: list[int]) -> None:
+    for lid in ledger_ids:
+        with contextlib.suppress(OctavoError):  # else an orphan: orphan collection deletes it
+            await client.delete_ledger(lid)
+
+
 def compact_with_spark(spark: Any, opts: Options, slots: int = KEY_MAP_SLOTS_DEFAULT,
                        tombstone_column: str = "deleted",
                        tombstone_retention_s: float = TOMBSTONE_RETENTION_S_DEFAULT,
                        seed: bytes | None = None) -> CompactionResult:
+    """_compact_spark_once, started over (COMPACTION_ATTEMPTS_MAX times) when its swap finds its ledgers gone."""
+    for attempt in range(1, COMPACTION_ATTEMPTS_MAX + 1):
+        try:
+            return _compact_spark_once(spark, opts, slots, tombstone_column, tombstone_retention_s, seed)
+        except DatasetConflictError:
+            if attempt == COMPACTION_ATTEMPTS_MAX:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _compact_spark_once(spark: Any, opts: Options, slots: int, tombstone_column: str, tombstone_retention_s: float,
+                        seed: bytes | None) -> CompactionResult:
     """Key compaction as two Spark jobs, one task per ledger: (1) each task hashes its keys and sends back the
     latest position of each digest it saw, which the driver folds into the offset map (memory: the map);
     (2) the map is broadcast and each task writes the rows it keeps into a new ledger; the driver swaps them
@@ -277,7 +330,7 @@ def compact_with_spark(spark: Any, opts: Options, slots: int = KEY_MAP_SLOTS_DEF
         for index, ledger in part:
             latest: dict[tuple[int, int], int] = {}
             rank = 0
-            for batch in _ledger_rows(opts, ledger):
+            for _, batch in _ledger_rows(opts, ledger):
                 for value in batch.column(key).to_pylist():
                     if value is not None:
                         latest[probe.digest(value)] = (index << POSITION_LEDGER_SHIFT) | rank
@@ -298,18 +351,20 @@ def compact_with_spark(spark: Any, opts: Options, slots: int = KEY_MAP_SLOTS_DEF
             expired = now_ms - ledger.committed_unix_ms >= tombstone_retention_s * 1000
             counts = {"tombstones": 0}
             batches = _kept_rows(opts, ledger, index, key, tombstone_column, local, expired, counts)
-            written = asyncio.run(write_ledger(opts, batches, write_id))
+            written = asyncio.run(write_ledger(opts, batches, write_id, with_seqs=True))
             yield written, counts["tombstones"]
 
     results = indexed.mapPartitions(rewrite).collect()
-    new = [x for x, _ in results if x.rows > 0]
-    empty = [x.ledger_id for x, _ in results if x.rows == 0]
+    new = [x for x, _ in results if x is not None]
 
     async def swap() -> None:
         async with Client(opts.etcd, opts.cluster, client_options(opts)) as client:
-            for lid in empty:
-                await client.delete_ledger(lid)
-            await client.datasets.commit(opts.dataset, manifest.schema, new, replace=[x.ledger_id for x in ledgers])
+            try:
+                await client.datasets.commit(opts.dataset, manifest.schema, new,
+                                             replace=[x.ledger_id for x in ledgers])
+            except DatasetConflictError:
+                await _delete_quietly(client, [x.ledger_id for x in new])
+                raise
 
     asyncio.run(swap())
     return CompactionResult(opts.dataset, sum(x.rows for x in ledgers), sum(x.rows for x in new), len(ledgers),

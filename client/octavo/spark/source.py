@@ -7,9 +7,11 @@ it was told about; a failed task's ledger (no message) is an orphan, deleted by 
 dataset once older than `orphan_grace_s`. Streaming writes record the batch id in the same transaction:
 a batch replayed after a failure or a restart is applied once.
 
-Read: one input partition per ledger (or per `entries_per_partition` entries), the schema from the manifest.
-Streaming read: offsets are the manifest's commit sequence numbers; each micro-batch reads the ledgers
-committed since the last offset.
+Read: input partitions planned by size, as Spark plans files: small ledgers share a partition up to
+`max_partition_bytes` (each counted at least LEDGER_OPEN_COST_BYTES), a large ledger is split into entry
+ranges of about that size (or of `entries_per_partition` entries). The schema comes from the dataset's head.
+Streaming read: offsets are commit sequence numbers; each micro-batch reads the entries whose seq is past the
+last offset (a merged ledger keeps each entry's seq, so a merge neither repeats nor skips a row).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from octavo.client.client import Client, SyncClient
-from octavo.client.dataset import DatasetExistsError, DatasetLedger, NoSuchDatasetError
+from octavo.client.dataset import DatasetExistsError, DatasetHead, DatasetLedger, NoSuchDatasetError
 from octavo.meta.errors import NotEnoughBookiesError
 from octavo.spark.arrowio import Options, client_options, decode_entry, new_write_id, write_ledger
 from octavo.spark.metrics import spark_metrics
@@ -42,14 +44,19 @@ from octavo.spark.metrics import spark_metrics
 
 @dataclass
 class LedgerWritten(WriterCommitMessage):  # type: ignore[misc]
-    ledger: DatasetLedger
+    ledger: DatasetLedger | None  # None: the partition had no row, no ledger was written
 
 
 @dataclass
-class LedgerSlice(InputPartition):  # type: ignore[misc]
-    ledger_id: int
-    first: int
-    last: int
+class LedgerSlices(InputPartition):  # type: ignore[misc]
+    """One input partition: entry ranges (ledger id, first entry, last entry), read in order."""
+
+    pieces: tuple[tuple[int, int, int], ...]
+
+
+# Like spark.sql.files.openCostInBytes: what opening one more ledger costs a task, counted as bytes when small
+# ledgers are grouped, so a partition of tiny ledgers does not open tens of thousands of them.
+LEDGER_OPEN_COST_BYTES = 4 * 1024 * 1024
 
 
 def _run(coro: Any) -> Any:
@@ -61,13 +68,23 @@ async def _manifest(opts: Options) -> Any:
         return await client.datasets.get(opts.dataset)
 
 
+async def _head(opts: Options) -> DatasetHead:
+    """The dataset's head: schema, version, next seq (two small etcd keys, whatever the dataset's size)."""
+    async with Client(opts.etcd, opts.cluster, client_options(opts)) as client:
+        return await client.datasets.head(opts.dataset)
+
+
 async def _preflight(opts: Options, mode: str) -> None:
     """On the driver, while Spark plans the write, before any task runs: etcd must answer (an unreachable one
     fails here at once, not after every task has failed), enough bookies must be writable for the ensemble,
     and error-if-exists fails here when the dataset exists (the commit checks it again, atomically)."""
     async with Client(opts.etcd, opts.cluster, client_options(opts)) as client:
-        manifest, _ = await client.datasets.read(opts.dataset)
-        if manifest is not None and mode == "error":
+        try:
+            await client.datasets.head(opts.dataset)
+            exists = True
+        except NoSuchDatasetError:
+            exists = False
+        if exists and mode == "error":
             raise DatasetExistsError(f"dataset {opts.dataset!r} already exists (if_exists error); use append or "
                                      "overwrite")
         writable = await client.writable_bookies()
@@ -77,18 +94,13 @@ async def _preflight(opts: Options, mode: str) -> None:
                                         f"{len(writable)} are registered ({', '.join(writable) or 'none'})")
 
 
-# Orphan collection reads every ledger's metadata (a page at a time): every batch write does it, a stream every
-# this many batches.
-ORPHAN_SCAN_EVERY_STREAM_BATCHES = 50
-
-
 async def _commit(opts: Options, schema: str, ledgers: list[DatasetLedger], mode: str,
                   stream: tuple[str, int] | None = None) -> None:
     async with Client(opts.etcd, opts.cluster, client_options(opts)) as client:
+        # Orphans (a failed task's ledger) are collected by the auditor's dataset maintenance, in the
+        # background, not here: a scan of the cluster's ledgers after every commit grew with the cluster.
         await client.datasets.commit(opts.dataset, schema, ledgers, mode=mode, key_column=opts.key_column,
                                      stream=stream)
-        if stream is None or stream[1] % ORPHAN_SCAN_EVERY_STREAM_BATCHES == 0:
-            await client.datasets.collect_orphans(opts.dataset, opts.orphan_grace_s)
     measured = spark_metrics(opts.otlp_endpoint)
     measured.commits.add(1, {"kind": "stream" if stream is not None else "batch"})
     measured.flush()
@@ -99,6 +111,11 @@ async def _delete(opts: Options, ledger_ids: list[int]) -> None:
         for lid in ledger_ids:
             with contextlib.suppress(Exception):  # else an orphan: collected after the grace period
                 await client.delete_ledger(lid)
+
+
+def _written(messages: Any) -> list[DatasetLedger]:
+    """The ledgers the tasks wrote (a task whose partition had no row wrote none)."""
+    return [m.ledger for m in messages if m is not None and m.ledger is not None]
 
 
 class OctavoDataSource(DataSource):  # type: ignore[misc]
@@ -114,11 +131,11 @@ class OctavoDataSource(DataSource):  # type: ignore[misc]
 
     def schema(self) -> StructType:
         try:
-            manifest = _run(_manifest(self.opts))
+            head = _run(_head(self.opts))
         except NoSuchDatasetError:
             raise NoSuchDatasetError(f"dataset {self.opts.dataset!r} does not exist in cluster "
                                      f"{self.opts.cluster!r} (etcd {self.opts.etcd})") from None
-        schema = StructType.fromJson(json.loads(manifest.schema))
+        schema = StructType.fromJson(json.loads(head.schema))
         if self.opts.columns:
             missing = [c for c in self.opts.columns if c not in schema.fieldNames()]
             if missing:
@@ -144,14 +161,43 @@ class OctavoDataSource(DataSource):  # type: ignore[misc]
         return OctavoStreamReader(self.opts, schema)
 
 
-def _slices(opts: Options, ledgers: Sequence[DatasetLedger]) -> list[LedgerSlice]:
+def _pieces(opts: Options, ledgers: Sequence[DatasetLedger], after_seq: int | None = None,
+            upto_seq: int = 0) -> list[tuple[int, int, int, int]]:
+    """(ledger id, first entry, last entry, estimated bytes) to read, in dataset order: every entry, or those
+    whose seq is in (after_seq, upto_seq]. A ledger over max_partition_bytes (or entries_per_partition
+    entries) is cut into ranges."""
     out = []
     for x in ledgers:
         if x.entries <= 0:
             continue
-        step = opts.entries_per_partition or x.entries
-        out += [LedgerSlice(x.ledger_id, first, min(first + step, x.entries) - 1)
-                for first in range(0, x.entries, step)]
+        span = (0, x.entries - 1) if after_seq is None else x.entries_in(after_seq, upto_seq)
+        if span is None:
+            continue
+        per_entry = x.bytes / x.entries
+        step = opts.entries_per_partition or max(1, int(opts.max_partition_bytes // max(per_entry, 1.0)))
+        for first in range(span[0], span[1] + 1, step):
+            last = min(first + step, span[1] + 1) - 1
+            out.append((x.ledger_id, first, last, int(per_entry * (last - first + 1))))
+    return out
+
+
+def _plan(opts: Options, pieces: list[tuple[int, int, int, int]]) -> list[LedgerSlices]:
+    """Input partitions: consecutive pieces grouped up to max_partition_bytes, each piece counted at least
+    LEDGER_OPEN_COST_BYTES (spark.sql.files.openCostInBytes' role); with entries_per_partition, one piece each."""
+    if opts.entries_per_partition:
+        return [LedgerSlices((p[:3],)) for p in pieces]
+    out: list[LedgerSlices] = []
+    group: list[tuple[int, int, int]] = []
+    size = 0
+    for lid, first, last, nbytes in pieces:
+        cost = max(nbytes, LEDGER_OPEN_COST_BYTES)
+        if group and size + cost > opts.max_partition_bytes:
+            out.append(LedgerSlices(tuple(group)))
+            group, size = [], 0
+        group.append((lid, first, last))
+        size += cost
+    if group:
+        out.append(LedgerSlices(tuple(group)))
     return out
 
 
@@ -161,18 +207,19 @@ def _arrow_schema(schema: StructType) -> pa.Schema:
     return to_arrow_schema(schema)
 
 
-def _read_slice(opts: Options, target: pa.Schema, part: LedgerSlice) -> Iterator[pa.RecordBatch]:
-    """The slice's rows as batches of exactly the dataset's schema (rows appended with another nullability
-    are cast: the manifest's schema is the union)."""
+def _read_slice(opts: Options, target: pa.Schema, part: LedgerSlices) -> Iterator[pa.RecordBatch]:
+    """The partition's rows as batches of exactly the dataset's schema (rows appended with another nullability
+    are cast: the dataset's schema is the union)."""
     measured = spark_metrics(opts.otlp_endpoint)
     rows = 0
     try:
         with SyncClient(opts.etcd, opts.cluster, client_options(opts), meter_provider=measured.provider) as client:
-            handle = client.open_ledger(part.ledger_id, password=opts.password, recovery=False)
-            for entry in handle.read(part.first, part.last):
-                for batch in decode_entry(entry.data, opts.columns):
-                    rows += batch.num_rows
-                    yield batch if batch.schema == target else batch.cast(target)
+            for ledger_id, first, last in part.pieces:
+                handle = client.open_ledger(ledger_id, password=opts.password, recovery=False)
+                for entry in handle.read(first, last):
+                    for batch in decode_entry(entry.data, opts.columns):
+                        rows += batch.num_rows
+                        yield batch if batch.schema == target else batch.cast(target)
     finally:
         measured.rows_read.add(rows)
         measured.flush()
@@ -183,9 +230,9 @@ class OctavoReader(DataSourceReader):  # type: ignore[misc]
         self.opts = opts
         self.target = _arrow_schema(schema)
 
-    def partitions(self) -> list[LedgerSlice]:
+    def partitions(self) -> list[LedgerSlices]:
         manifest = _run(_manifest(self.opts))
-        return _slices(self.opts, manifest.ledgers)
+        return _plan(self.opts, _pieces(self.opts, manifest.ledgers))
 
     def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
         return _read_slice(self.opts, self.target, partition)
@@ -202,11 +249,10 @@ class OctavoWriter(DataSourceArrowWriter):  # type: ignore[misc]
         return LedgerWritten(_run(write_ledger(self.opts, iterator, self.write_id)))
 
     def commit(self, messages: Any) -> None:
-        ledgers = [m.ledger for m in messages if m is not None]
-        _run(_commit(self.opts, self.schema_json, ledgers, self.mode))
+        _run(_commit(self.opts, self.schema_json, _written(messages), self.mode))
 
     def abort(self, messages: Any) -> None:
-        _run(_delete(self.opts, [m.ledger.ledger_id for m in messages if m is not None]))
+        _run(_delete(self.opts, [x.ledger_id for x in _written(messages)]))
 
 
 class OctavoStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
@@ -219,14 +265,11 @@ class OctavoStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
         return LedgerWritten(_run(write_ledger(self.opts, iterator, self.write_id)))
 
     def commit(self, messages: Any, batchId: int) -> None:
-        ledgers = [m.ledger for m in messages if m is not None and m.ledger.rows > 0]
-        empty = [m.ledger.ledger_id for m in messages if m is not None and m.ledger.rows == 0]
-        if empty:
-            _run(_delete(self.opts, empty))
-        _run(_commit(self.opts, self.schema_json, ledgers, "append", stream=(self.opts.stream_id, batchId)))
+        _run(_commit(self.opts, self.schema_json, _written(messages), "append",
+                     stream=(self.opts.stream_id, batchId)))
 
     def abort(self, messages: Any, batchId: int) -> None:
-        _run(_delete(self.opts, [m.ledger.ledger_id for m in messages if m is not None]))
+        _run(_delete(self.opts, [x.ledger_id for x in _written(messages)]))
 
 
 class OctavoStreamReader(DataSourceStreamReader):  # type: ignore[misc]
@@ -241,15 +284,16 @@ class OctavoStreamReader(DataSourceStreamReader):  # type: ignore[misc]
 
     def latestOffset(self, *args: Any) -> dict[str, int]:
         try:
-            manifest = _run(_manifest(self.opts))
+            head = _run(_head(self.opts))
         except NoSuchDatasetError:
             return {"seq": 0}
-        return {"seq": max((x.seq for x in manifest.ledgers), default=0)}
+        return {"seq": head.last_seq}
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[LedgerSlice]:
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[LedgerSlices]:
+        if end["seq"] <= start["seq"]:
+            return []
         manifest = _run(_manifest(self.opts))
-        fresh = [x for x in manifest.ledgers if start["seq"] < x.seq <= end["seq"]]
-        return _slices(self.opts, fresh)
+        return _plan(self.opts, _pieces(self.opts, manifest.ledgers, start["seq"], end["seq"]))
 
     def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
         return _read_slice(self.opts, self.target, partition)
