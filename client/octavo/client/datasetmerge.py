@@ -41,6 +41,7 @@ from octavo.client.client import Client
 from octavo.client.dataset import (
     META_DATASET,
     META_WRITE,
+    DatasetConflictError,
     DatasetError,
     DatasetLedger,
     NoSuchDatasetError,
@@ -284,23 +285,15 @@ async def _merge_group(client: Client, name: str, schema: str, group: list[Datas
     ids = [x.ledger_id for x in group]
     try:
         await client.datasets.commit(name, schema, [merged], replace=ids)
-    except DatasetError:
-        if not await _gone(client, name, ids):
-            raise  # not a lost swap; the new ledger may be committed: orphan collection decides
+    except DatasetConflictError:
         await _delete_quietly(client, handle.ledger_id)
         log.info("dataset %s: merge of ledgers %s abandoned (an overwrite or another merge replaced them first)",
                  name, ids)
         return None
+    except NoSuchDatasetError:
+        await _delete_quietly(client, handle.ledger_id)
+        raise NoSuchDatasetError(f"dataset {name!r} does not exist (it was dropped under the merge)") from None
     return Merged(merged, ids)
-
-
-async def _gone(client: Client, name: str, ids: list[int]) -> bool:
-    """Some of `ids` left the dataset (or the dataset is gone): a merge over them lost its swap."""
-    manifest, _ = await client.datasets.read(name)
-    if manifest is None:
-        raise NoSuchDatasetError(f"dataset {name!r} does not exist (it was dropped under the merge)")
-    present = {x.ledger_id for x in manifest.ledgers}
-    return not set(ids) <= present
 
 
 async def _read_whole(client: Client, meta: LedgerMetadata) -> list[bytes]:
