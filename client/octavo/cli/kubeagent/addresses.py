@@ -53,11 +53,12 @@ class BridgeNetwork:
     `*.svc` names in each pod's /etc/hosts (kept up to date by `sync`), and the `kubernetes` Service at its
     ClusterIP. Every node of the agent shares the bridge; its gateway address is the nodes' InternalIP."""
 
-    def __init__(self, root: Path, api_host: str, api_port: int) -> None:
+    def __init__(self, root: Path, api_host: str, api_port: int, bridge: str = "") -> None:
         from octavo.cli.kubeagent import network
 
         self._network = network
-        self.net = network.PodNetwork(root / "network", api_server=(api_host, api_port))
+        self.net = network.PodNetwork(root / "network", bridge=bridge or network.BRIDGE,
+                                      api_server=(api_host, api_port))
         self.root = root
         self._pods: dict[str, dict[str, Any]] = {}  # uid -> pod, for the hosts files
         self._lock = threading.Lock()

@@ -68,6 +68,7 @@ class AgentConfig:
     nodes: tuple[NodeIdentity, ...]
     network: str = "bridge"
     kubelet_port: int = 0
+    bridge: str = ""  # the bridge network's bridge name; empty: network.BRIDGE (one agent per name at a time)
 
     def write(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -80,7 +81,7 @@ class AgentConfig:
 
 
 def agent_config(plane: Any, root: str | Path, nodes: int = NODES_DEFAULT, network: str = "bridge",
-                 kubelet_port: int = 0) -> AgentConfig:
+                 kubelet_port: int = 0, bridge: str = "") -> AgentConfig:
     """Credentials from a started KubeControlPlane for `nodes` nodes named node-0, node-1, ..."""
     names = [f"node-{i}" for i in range(nodes)]
     identities = []
@@ -91,7 +92,7 @@ def agent_config(plane: Any, root: str | Path, nodes: int = NODES_DEFAULT, netwo
     return AgentConfig(root=str(Path(root).resolve()), server=plane.server, ca_file=plane.ca_file,
                        admin_cert_file=str(plane.pki / "admin.crt"), admin_key_file=str(plane.pki / "admin.key"),
                        serving_cert_file=cert, serving_key_file=key, nodes=tuple(identities), network=network,
-                       kubelet_port=kubelet_port)
+                       kubelet_port=kubelet_port, bridge=bridge)
 
 
 def check_host(network: str) -> None:
@@ -133,7 +134,7 @@ class NodeAgent:
         host, port = _host_port(self.config.server)
         try:
             if self.config.network == "bridge":
-                self.network = BridgeNetwork(self.root, host, port).start()
+                self.network = BridgeNetwork(self.root, host, port, self.config.bridge).start()
             else:
                 self.network = LoopbackNetwork(host, port)
             address = self.network.node_ip("")

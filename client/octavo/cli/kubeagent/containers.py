@@ -127,7 +127,8 @@ class Container:
         """Start it again from its last Launch; the terminated state becomes lastState."""
         if self.launch is None:
             raise RuntimeError(f"container {self.name} never started")
-        self.last_state = self.state
+        if "terminated" in self.state:  # else it was kept when the back-off began (pods.py)
+            self.last_state = self.state
         self.restart_count += 1
         self.start(self.launch, now)
 
