@@ -119,9 +119,11 @@ class PodWorker:
     def _main(self) -> None:
         try:
             self._run()
-        except Exception:
+        except Exception as e:
             log.exception("pod %s/%s: the worker failed", self.namespace, self.name)
             self._kill_all()
+            self._waiting_all("CreateContainerError", f"the node agent failed on this pod: {e!r}")
+            self._publish(force=True)
 
     def _run(self) -> None:
         while not self._deleting.is_set() and not self._prepare():

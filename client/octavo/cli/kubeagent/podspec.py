@@ -90,7 +90,7 @@ def resource_value(container: dict[str, Any], ref: dict[str, Any], allocatable: 
         raw = (resources.get("limits") or {}).get(resource)
     if raw is None:
         raw = allocatable.get(resource, "0") if kind == "limits" else "0"
-    divisor = quantity(ref.get("divisor") or "1")
+    divisor = quantity(ref.get("divisor") or "1") or Decimal(1)  # the API server defaults it to "0"
     return str(max(0 if kind == "requests" else 1, math.ceil(quantity(raw) / divisor)))
 
 
