@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from octavo.cli.kubeagent import api as k
-from octavo.cli.kubeagent import images
+from octavo.cli.kubeagent import events, images
 from octavo.cli.kubeagent.containers import Container, Launch, rfc3339
 from octavo.cli.kubeagent.podspec import MissingReference, environment, expand, service_variables
 from octavo.cli.kubeagent.status import pod_status
@@ -166,8 +166,16 @@ class PodWorker:
             c.waiting("PodInitializing" if c.init else "ContainerCreating")
         return True
 
+    def _event(self, container: str, reason: str, message: str, kind: str = "Normal") -> None:
+        with self.lock:
+            pod = self.pod
+        events.record(self.node.api, self.node.name, pod, container, reason, message, kind)
+
     def _waiting_all(self, reason: str, message: str) -> None:
         log.info("pod %s/%s: %s: %s", self.namespace, self.name, reason, message)
+        if message != self.message:  # once per distinct trouble, not once per retry
+            self.message = message
+            self._event("", "Failed", f"{reason}: {message}", "Warning")
         for c in [*self.init, *self.containers]:
             c.waiting(reason, message)
 
@@ -205,6 +213,7 @@ class PodWorker:
         if c.proc is None:
             assert c.launch is not None
             c.start(c.launch, now)
+            self._event(c.name, "Started", f"Started container {c.name}")
             return index
         if c.poll_exit(now) and c.exit_code == 0:
             c.ready = True
@@ -219,6 +228,7 @@ class PodWorker:
                 return index  # the pod has failed; nothing more runs
             if c.restart_due(now):
                 c.restart(now)
+                self._event(c.name, "Started", f"Started container {c.name} (restart {c.restart_count})")
             else:
                 c.waiting("CrashLoopBackOff", f"back-off {c.backoff_s:.0f}s restarting failed container")
         return index
@@ -229,6 +239,7 @@ class PodWorker:
             if c.proc is None:
                 assert c.launch is not None
                 c.start(c.launch, now)
+                self._event(c.name, "Started", f"Started container {c.name}")
                 continue
             if c.poll_exit(now):
                 log.info("pod %s/%s: container %s exited with %s", self.namespace, self.name, c.name, c.exit_code)
@@ -237,13 +248,18 @@ class PodWorker:
                 if c.should_restart(self.policy):
                     if c.restart_due(now):
                         c.restart(now)
+                        self._event(c.name, "Started", f"Started container {c.name} (restart {c.restart_count})")
                     elif "terminated" in c.state and now - c.exited_mono > TICK_S * 2:
                         c.last_state = c.state
                         c.waiting("CrashLoopBackOff", f"back-off {c.backoff_s:.0f}s restarting failed container")
+                        self._event(c.name, "BackOff", f"Back-off {c.backoff_s:.0f}s restarting container {c.name} "
+                                    f"(exit code {c.exit_code})", "Warning")
                 continue
             if c.run_probes(now, ip) == "restart":
                 log.info("pod %s/%s: container %s failed its liveness or start-up probe: restarting",
                          self.namespace, self.name, c.name)
+                self._event(c.name, "Unhealthy", f"Container {c.name} failed its liveness or start-up probe, "
+                            f"it will be restarted", "Warning")
                 self._stop_container(c, float(self.pod["spec"].get("terminationGracePeriodSeconds",
                                                                    GRACE_S_DEFAULT)))
                 c.poll_exit(time.monotonic())
@@ -264,6 +280,7 @@ class PodWorker:
         else:
             running = [c for c in [*self.init, *self.containers] if c.running()]
             for c in running:
+                self._event(c.name, "Killing", f"Stopping container {c.name} (grace period {self._grace_s:.0f}s)")
                 c.signal(signal.SIGTERM)
             deadline = time.monotonic() + self._grace_s
             while any(c.running() for c in running) and time.monotonic() < deadline and not self._gone.is_set():
