@@ -13,7 +13,7 @@ PROMTOOL := $(TOOLS)/promtool
 # Java for local Spark, npm for tools/get-helm.sh, unshare for the disk-full tests' private tmpfs.
 SYSTEM_PACKAGES := nft=nftables ip=iproute2 java=openjdk-17-jre-headless npm=npm unshare=util-linux
 
-.PHONY: setup system-packages demo demo-cluster demo-bookie test lint typecheck pytest bench proto clean helm promtool chart e2e e2e-kind image image-smoke chaos netfaults
+.PHONY: setup system-packages demo demo-cluster demo-bookie test lint typecheck pytest bench proto clean helm promtool kube chart e2e e2e-kind image image-smoke chaos netfaults
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,17 @@ $(PROMTOOL): tools/get-promtool.sh
 
 promtool: $(PROMTOOL)
 
+# The real Kubernetes control plane (kube-apiserver, kube-controller-manager, kube-scheduler) built from
+# k8s.io/kubernetes at the version tools/kube/go.mod pins, into .tools/kube/<version> (rebuilt only when the pin
+# changes; nothing of it is committed). The e2e tests and `octavo dev up --kubernetes` run on it.
+KUBE_VERSION := $(shell sed -n 's/^[[:space:]]*k8s.io\/kubernetes \(v[0-9][0-9.]*\).*$$/\1/p' tools/kube/go.mod | head -1)
+KUBE := .tools/kube/$(KUBE_VERSION)/kube-apiserver
+
+$(KUBE): tools/build-kube.sh tools/kube/go.mod tools/kube/go.sum
+	sh tools/build-kube.sh
+
+kube: $(KUBE)
+
 demo: setup
 	$(BIN)/python examples/spark_pipeline.py
 
@@ -50,7 +61,7 @@ demo-bookie: setup
 	$(BIN)/python examples/bookie_crash_demo.py
 
 # Under CI=true (.ci/run sets it) a test that skips fails the run, except the kind and Docker ones (conftest.py).
-test: setup system-packages helm promtool lint typecheck pytest
+test: setup system-packages helm promtool kube lint typecheck pytest
 
 lint: setup
 	$(BIN)/ruff check .

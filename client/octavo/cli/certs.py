@@ -50,9 +50,10 @@ class CertificateAuthority:
         return self.cert.public_bytes(serialization.Encoding.PEM)
 
     def issue(self, common_name: str, sans: Sequence[str] = DEFAULT_SANS, server: bool = True, client: bool = True,
-              not_before: datetime.datetime | None = None,
-              not_after: datetime.datetime | None = None) -> tuple[bytes, bytes]:
-        """(certificate PEM, key PEM) for `common_name`, with DNS names and IP addresses in `sans`."""
+              not_before: datetime.datetime | None = None, not_after: datetime.datetime | None = None,
+              organization: str = "") -> tuple[bytes, bytes]:
+        """(certificate PEM, key PEM) for `common_name` (and `organization`: Kubernetes reads a client
+        certificate's O as the user's group), with DNS names and IP addresses in `sans`."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         names: list[x509.GeneralName] = []
@@ -65,7 +66,9 @@ class CertificateAuthority:
             ([ExtendedKeyUsageOID.CLIENT_AUTH] if client else [])
         builder = (
             x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+                                    + ([x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization)]
+                                       if organization else [])))
             .issuer_name(self.cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(not_before or now - datetime.timedelta(minutes=5))
             .not_valid_after(not_after or now + datetime.timedelta(days=VALID_DAYS))
