@@ -182,8 +182,8 @@ async def test_a_commit_whose_answer_was_lost_is_applied_once(cluster: LocalClus
     real_txn = EtcdClient.txn
     dropped = []
 
-    async def answer_lost(self: EtcdClient, txn: object) -> object:
-        result = await real_txn(self, txn)  # type: ignore[arg-type]
+    async def answer_lost(self: EtcdClient, txn: object, read_only: bool = False) -> object:
+        result = await real_txn(self, txn, read_only)  # type: ignore[arg-type]
         if not dropped and result[0] and any(op.HasField("request_put") and b"/dataset-log/lost/" in
                                               op.request_put.key for op in txn.success):  # type: ignore[attr-defined]
             dropped.append(True)

@@ -390,7 +390,7 @@ class DatasetStore:
         """(head, its mod revision, the whole manifest if the dataset is still in the format before 2): the
         head and the schema in one transaction, so they agree."""
         key = self.key(name)
-        _, resp = await self.etcd.txn(Txn().get(key).get(self._schema_key(name)))
+        _, resp = await self.etcd.txn(Txn().get(key).get(self._schema_key(name)), read_only=True)
         heads, schemas = resp.responses[0].response_range.kvs, resp.responses[1].response_range.kvs
         if not heads:
             return None, 0, None

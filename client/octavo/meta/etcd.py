@@ -454,10 +454,11 @@ class EtcdClient:
             call.cancel()
         raise MetadataUnavailableError("etcd ended the watch")
 
-    async def txn(self, txn: Txn) -> tuple[bool, Any]:
-        """Run a transaction; returns (succeeded, raw response)."""
+    async def txn(self, txn: Txn, read_only: bool = False) -> tuple[bool, Any]:
+        """Run a transaction; returns (succeeded, raw response). A transaction that writes is not retried (its
+        answer may be lost after it was applied: the caller decides); a `read_only` one is, like a get."""
         request = rpc.TxnRequest(compare=txn.compare, success=txn.success, failure=txn.failure)
-        resp = await self._call("transaction", lambda kv, _: kv.Txn(request, **self._opts), retry=False)
+        resp = await self._call("transaction", lambda kv, _: kv.Txn(request, **self._opts), retry=read_only)
         return bool(resp.succeeded), resp
 
     async def cas_put(self, key: bytes, value: bytes, expected_mod_revision: int, lease: int = 0) -> bool:
