@@ -110,6 +110,45 @@ def test_empty_partitions_write_no_ledger(spark, cluster: LocalCluster) -> None:
     assert read(spark, cluster, "sparse").count() == 3
 
 
+def test_every_spark_type_reads_back_whatever_the_session_time_zone(spark, cluster: LocalCluster) -> None:  # type: ignore[no-untyped-def]
+    import datetime
+    from decimal import Decimal
+
+    schema = ("ts TIMESTAMP, ntz TIMESTAMP_NTZ, day DATE, dec DECIMAL(38,10), small DECIMAL(5,2), "
+              "nested STRUCT<a: INT, b: ARRAY<STRING>>, m MAP<STRING, DOUBLE>, bin BINARY, f DOUBLE, "
+              "text STRING, flag BOOLEAN, tiny TINYINT, span INTERVAL DAY TO SECOND")
+    stamp = datetime.datetime(2026, 3, 29, 1, 30, 15, 123456)
+    rows = [
+        (stamp, stamp, datetime.date(1970, 1, 1), Decimal("1234567890123456789012345678.0123456789"),
+         Decimal("-1.25"), (7, ["x", None, "yé"]), {"k": 1.5, "n": None}, b"\x00\xff", float("inf"),
+         "naïve — ünïcödé", True, -128, datetime.timedelta(days=2, microseconds=5)),
+        (None,) * 13,
+    ]
+    original = spark.conf.get("spark.sql.session.timeZone")
+    try:
+        for zone in ("UTC", "America/Los_Angeles"):
+            spark.conf.set("spark.sql.session.timeZone", zone)
+            df = spark.createDataFrame(rows, schema)
+            name = "types-" + zone.replace("/", "-").lower()
+            write(df, cluster, name)
+            back = read(spark, cluster, name)
+            assert back.schema == df.schema
+            assert sorted(map(repr, back.collect())) == sorted(map(repr, df.collect())), zone
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", original)
+
+
+def test_options_are_checked_by_name(spark, cluster: LocalCluster) -> None:  # type: ignore[no-untyped-def]
+    write(frame(spark, 10, parts=1), cluster, "options")
+    with pytest.raises(Exception, match="unknown option entrie_per_partition; did you mean entries_per_partition"):
+        read(spark, cluster, "options", entrie_per_partition="7").count()
+    with pytest.raises(Exception, match="unknown option if_exist; did you mean if_exists"):
+        write(frame(spark, 10, parts=1), cluster, "options", if_exist="error")
+    assert read(spark, cluster, "options", ENTRIES_PER_PARTITION="1").count() == 10  # names are case-insensitive
+    with pytest.raises(Exception, match="got no options.*CREATE TEMPORARY VIEW"):
+        frame(spark, 1, parts=1).write.format("octavo").mode("append").saveAsTable("octavo_table")
+
+
 def test_append_twice_and_overwrite(spark, cluster: LocalCluster) -> None:  # type: ignore[no-untyped-def]
     first, second = frame(spark, 1000), frame(spark, 500, parts=2, offset=1000)
     write(first, cluster, "twice")

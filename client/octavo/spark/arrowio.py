@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import os
 from collections.abc import AsyncIterable, Iterable, Iterator
 from dataclasses import dataclass
@@ -62,6 +63,9 @@ class Options:
     @staticmethod
     def parse(options: Any) -> Options:
         o = {str(k).lower(): str(v) for k, v in dict(options).items()}
+        unknown = sorted(set(o) - KNOWN_OPTIONS - SPARK_OPTIONS)
+        if unknown:
+            raise OptionError("; ".join(_unknown_option(name) for name in unknown))
 
         def integer(name: str, default: int, lo: int, hi: int) -> int:
             raw = o.get(name)
@@ -76,6 +80,11 @@ class Options:
             return value
 
         etcd = o.get("etcd", "")
+        if not o:
+            raise OptionError("the octavo data source got no options: PySpark passes none to a Python data source "
+                              "for a catalog table (saveAsTable, CREATE TABLE ... USING octavo); read with "
+                              "CREATE TEMPORARY VIEW v USING octavo OPTIONS (etcd '...', path '...') and write with "
+                              "df.write.format('octavo').option('etcd', ...).save(name) (docs/spark.md, \"SQL\")")
         if not etcd:
             raise OptionError("option etcd is required: etcd endpoints host:port[,host:port...]")
         dataset = o.get("dataset") or o.get("path") or ""
@@ -150,9 +159,24 @@ def decode_entry(data: bytes, columns: tuple[str, ...] = ()) -> list[pa.RecordBa
     return batches
 
 
+def _unknown_option(name: str) -> str:
+    close = difflib.get_close_matches(name, sorted(KNOWN_OPTIONS), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else f"; the options are {', '.join(sorted(KNOWN_OPTIONS))}"
+    return f"unknown option {name}{hint}"
+
+
 # Options passed as they are to ClientOptions: files every executor must be able to read (mount them).
 TLS_OPTIONS = ("tls_ca_file", "tls_cert_file", "tls_key_file", "etcd_tls_ca_file", "etcd_tls_cert_file",
                "etcd_tls_key_file", "etcd_username", "etcd_password_file")
+# Every option of the data source (docs/spark.md, "Options"); names are case-insensitive. Any other is refused
+# at planning with the closest known name: a misspelled option must not read or write as if it were absent.
+KNOWN_OPTIONS = frozenset({
+    "etcd", "dataset", "path", "cluster", "ensemble_size", "write_quorum", "ack_quorum", "password",
+    "password_file", "rows_per_entry", "compression", "key_column", "orphan_grace_s", "stream_id",
+    "entries_per_partition", "max_partition_bytes", "columns", "if_exists", "otlp_endpoint", *TLS_OPTIONS})
+# Options Spark itself passes to a data source on some paths (a load's paths, a stream's checkpoint location):
+# accepted and ignored.
+SPARK_OPTIONS = frozenset({"checkpointlocation", "paths"})
 
 
 def client_options(opts: Options | None = None) -> ClientOptions:

@@ -204,7 +204,9 @@ def _plan(opts: Options, pieces: list[tuple[int, int, int, int]]) -> list[Ledger
 def _arrow_schema(schema: StructType) -> pa.Schema:
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    return to_arrow_schema(schema)
+    # Timestamps as PySpark's read planner requires them (plan_data_source_read.py): timestamp[us, tz=UTC],
+    # whatever the session's time zone.
+    return to_arrow_schema(schema, timezone="UTC")
 
 
 def _read_slice(opts: Options, target: pa.Schema, part: LedgerSlices) -> Iterator[pa.RecordBatch]:
