@@ -211,6 +211,20 @@ def test_etcd_on_a_port_the_caller_chose_says_it_is_taken(tmp_path: Path) -> Non
         assert etcd.client_port == taken
 
 
+def test_etcd_on_another_host_address_listens_there_only(tmp_path: Path) -> None:
+    """The local control plane's pods reach the host on its gateway address, never on 127.0.0.1: an etcd for them
+    listens on the address it is given (here 127.0.0.2, which every Linux routes to lo) and says so."""
+    etcd = EtcdProcess(str(tmp_path / "etcd" / "data"), host="127.0.0.2")
+    endpoint = etcd.start()
+    try:
+        assert endpoint == f"127.0.0.2:{etcd.client_port}"
+        socket.create_connection(("127.0.0.2", etcd.client_port), timeout=2).close()
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", etcd.client_port), timeout=2).close()
+    finally:
+        etcd.stop()
+
+
 def test_free_ports_lie_outside_the_ephemeral_range_and_are_never_handed_out_twice() -> None:
     low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     ports = [free_port() for _ in range(200)]

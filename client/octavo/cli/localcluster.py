@@ -82,13 +82,17 @@ def port_is_free(port: int) -> bool:
 
 
 class EtcdProcess:
-    """One etcd member on 127.0.0.1 with its data in `data_dir`."""
+    """One etcd member on `host` (127.0.0.1 by default) with its data in `data_dir`."""
 
     def __init__(self, data_dir: str, client_port: int = 0, peer_port: int = 0, name: str = "octavo-etcd",
-                 new_session: bool = False, tls: Any = None, extra_args: list[str] | None = None) -> None:
+                 new_session: bool = False, tls: Any = None, extra_args: list[str] | None = None,
+                 host: str = "127.0.0.1") -> None:
         """`tls`: an octavo.meta.tls.TlsFiles (etcd's server certificate, key and the CA of its clients): etcd
-        then serves clients over TLS only and requires a client certificate of that CA."""
+        then serves clients over TLS only and requires a client certificate of that CA. `host`: the address
+        etcd listens on for clients (the local control plane's pods reach the gateway address, not the host's
+        127.0.0.1); the ports are checked free on 127.0.0.1, and peers stay on 127.0.0.1."""
         self.tls = tls
+        self.host = host
         self.extra_args = list(extra_args or [])
         self.data_dir = data_dir
         self.new_session = new_session
@@ -103,7 +107,7 @@ class EtcdProcess:
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
+        return f"{self.host}:{self.client_port}"
 
     def start(self, timeout_s: float = ETCD_START_TIMEOUT_S) -> str:
         """Start etcd and wait until it serves; returns its client endpoint. A first start on ports picked here
@@ -133,7 +137,7 @@ class EtcdProcess:
     def _start_once(self, timeout_s: float) -> str:
         os.makedirs(self.data_dir, exist_ok=True)
         scheme = "https" if self.tls is not None else "http"
-        client_url = f"{scheme}://127.0.0.1:{self.client_port}"
+        client_url = f"{scheme}://{self.host}:{self.client_port}"
         peer_url = f"http://127.0.0.1:{self.peer_port}"
         tls_args = ["--cert-file", self.tls.cert_file, "--key-file", self.tls.key_file, "--trusted-ca-file",
                     self.tls.ca_file, "--client-cert-auth"] if self.tls is not None else []
@@ -169,7 +173,7 @@ class EtcdProcess:
             context.load_cert_chain(self.tls.cert_file, self.tls.key_file)
         scheme = "https" if self.tls is not None else "http"
         try:
-            with urllib.request.urlopen(f"{scheme}://127.0.0.1:{self.client_port}/health", timeout=0.5,
+            with urllib.request.urlopen(f"{scheme}://{self.host}:{self.client_port}/health", timeout=0.5,
                                         context=context) as r:
                 return b'"health":"true"' in r.read()
         except OSError:
