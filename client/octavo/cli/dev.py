@@ -47,8 +47,9 @@ def add_parser(sub: Any) -> None:
                     help="run the bookies with mutual TLS: a throwaway CA and certificates in DIR/tls (the octavo "
                          "commands given --data-dir DIR use the client certificate)")
     up.add_argument("--kubernetes", action="store_true",
-                    help="run the operator on a local, emulated Kubernetes API: it creates a BookieCluster of "
-                         "--bookies bookies (real processes); prints the kubeconfig to reach the API")
+                    help="run the operator on a real, local Kubernetes control plane (`make kube`) with a node "
+                         "agent running pods as local processes (needs root): it creates a BookieCluster of "
+                         "--bookies bookies; prints the kubeconfig to reach the API")
     up.add_argument("bookie_args", nargs="*", help="extra bookie flags, after --")
     down = dsub.add_parser("down", help="stop a local cluster (detached or not)")
     down.add_argument("--data-dir", required=True)
