@@ -264,6 +264,35 @@ def test_a_streaming_read_tails_new_commits(spark, cluster: LocalCluster, tmp_pa
     assert sorted(out) == list(range(150))  # the restarted query reads only what is new
 
 
+def test_a_streaming_read_starts_where_asked_and_keeps_to_its_limit(spark, cluster: LocalCluster,  # type: ignore[no-untyped-def]
+                                                                      tmp_path: Path) -> None:
+    for k in range(5):  # versions 1..5, 10 rows each
+        write(frame(spark, 10, parts=1, offset=10 * k), cluster, "limited")
+
+    def run(name: str, **options: str) -> list[list[int]]:
+        batches: list[list[int]] = []
+
+        def collect(batch_df, batch_id: int) -> None:  # type: ignore[no-untyped-def]
+            batches.append(sorted(r["id"] for r in batch_df.select("id").collect()))
+
+        stream = spark.readStream.format("octavo").option("etcd", cluster.etcd_endpoint)
+        for key, value in options.items():
+            stream = stream.option(key, value)
+        query = (stream.load("limited").writeStream.foreachBatch(collect)
+                 .option("checkpointLocation", str(tmp_path / name)).trigger(availableNow=True).start())
+        query.awaitTermination(180)
+        return [b for b in batches if b]
+
+    limited = run("rows", maxRowsPerTrigger="15")
+    assert [len(b) for b in limited] == [10] * 5  # whole commits, at most 15 rows: one commit a batch
+    assert sorted(i for b in limited for i in b) == list(range(50))
+    assert sum(map(len, run("bytes", maxBytesPerTrigger="1"))) == 50  # at least one commit a batch
+    assert sorted(i for b in run("v3", startingVersion="3") for i in b) == list(range(20, 50))
+    assert run("latest", startingVersion="latest") == []
+    with pytest.raises(Exception, match="startingVersion must be earliest, latest or a version"):
+        run("bad", startingVersion="yesterday")
+
+
 def test_key_compaction_keeps_exactly_the_latest_row_per_key(spark, cluster: LocalCluster) -> None:  # type: ignore[no-untyped-def]
     from pyspark.sql.functions import expr
 

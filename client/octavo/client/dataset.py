@@ -435,6 +435,28 @@ class DatasetStore:
         prefix = self.layout.root + _HEADS
         return [kv.key[len(prefix):].decode() for kv in await self.etcd.get_prefix(prefix, keys_only=True)]
 
+    async def seq_before(self, name: str, version: int = 0, unix_ms: int = 0) -> int:
+        """Where a streaming read that starts at commit `version` (or at the first commit at or after `unix_ms`)
+        begins: the last seq given before that commit. Versions past the newest give the newest seq. The commit
+        must still be in the log (the log keeps the records since the checkpoint before the newest one)."""
+        head, _, v1 = await self._read_head(name)
+        if head is None:
+            raise NoSuchDatasetError(f"dataset {name!r} does not exist")
+        if version == 1 or (unix_ms and unix_ms <= head.created_unix_ms):
+            return 0
+        if (version and version > head.version) or (unix_ms and unix_ms > head.updated_unix_ms):
+            return head.last_seq
+        records = [] if v1 is not None else await self._records(name, 1, head.version)
+        for r in records:
+            if (version and r["v"] == version) or (unix_ms and r["ms"] >= unix_ms):
+                if unix_ms and r["v"] == records[0]["v"] and r["v"] > 1 and r["ms"] > unix_ms:
+                    break  # the commit at that time may be older than the log kept
+                return int(r["seq"]) - 1
+        kept = f"versions {records[0]['v']} to {records[-1]['v']}" if records else "no version"
+        wanted = f"version {version}" if version else f"the time {unix_ms} (unix ms)"
+        raise DatasetError(f"dataset {name!r}: {wanted} is older than the commit log it keeps ({kept}); start "
+                           "from earliest or a later version")
+
     async def _records(self, name: str, first: int, last: int) -> list[dict[str, Any]]:
         """The log records of versions [first, last], a page at a time (a record is at most
         RECORD_INLINE_BYTES_MAX, a page is 64 of them: no etcd answer nears its message limit)."""

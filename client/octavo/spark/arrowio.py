@@ -54,6 +54,12 @@ class Options:
     stream_id: str = "default"
     entries_per_partition: int = 0  # reads: split ledgers into ranges of this many entries (0: by size)
     max_partition_bytes: int = MAX_PARTITION_BYTES_DEFAULT  # reads: small ledgers grouped up to this many bytes
+    # Streaming reads: where a new query starts ("earliest", "latest", a version, or a time in unix ms), and soft
+    # limits of a micro-batch (at least one commit's rows each; 0: none).
+    starting_version: str = "earliest"
+    starting_timestamp_ms: int = 0
+    max_rows_per_trigger: int = 0
+    max_bytes_per_trigger: int = 0
     columns: tuple[str, ...] = ()  # reads: project to these columns (empty: all)
     if_exists: str = "append"  # batch writes with Spark's mode append: append | error | ignore
     otlp_endpoint: str = ""  # push the tasks' and the client's metrics to this OpenTelemetry collector
@@ -112,6 +118,14 @@ class Options:
         except ValueError:
             raise OptionError(f"option orphan_grace_s must be a number, got {o['orphan_grace_s']!r}") from None
         columns = tuple(c.strip() for c in o.get("columns", "").split(",") if c.strip())
+        starting_version = o.get("startingversion", "earliest").lower()
+        if starting_version not in ("earliest", "latest") and not (starting_version.isdigit()
+                                                                   and int(starting_version) >= 1):
+            raise OptionError(f"option startingVersion must be earliest, latest or a version (1 or more), got "
+                              f"{o['startingversion']!r}")
+        starting_ms = _timestamp_ms(o["startingtimestamp"]) if "startingtimestamp" in o else 0
+        if "startingversion" in o and "startingtimestamp" in o:
+            raise OptionError("options startingVersion and startingTimestamp exclude each other: give one")
         if_exists = o.get("if_exists", "append").lower().replace("errorifexists", "error")
         if if_exists not in ("append", "error", "ignore"):
             raise OptionError(f"option if_exists must be append, error or ignore, got {if_exists!r}")
@@ -124,6 +138,9 @@ class Options:
                        max_partition_bytes=integer("max_partition_bytes", MAX_PARTITION_BYTES_DEFAULT,
                                                    MAX_PARTITION_BYTES_MIN, MAX_PARTITION_BYTES_MAX),
                        if_exists=if_exists, otlp_endpoint=o.get("otlp_endpoint", ""),
+                       starting_version=starting_version, starting_timestamp_ms=starting_ms,
+                       max_rows_per_trigger=integer("maxrowspertrigger", 0, 1, 1 << 62),
+                       max_bytes_per_trigger=integer("maxbytespertrigger", 0, 1, 1 << 62),
                        tls=tuple((name, o[name]) for name in TLS_OPTIONS if o.get(name)))
 
 
@@ -159,6 +176,22 @@ def decode_entry(data: bytes, columns: tuple[str, ...] = ()) -> list[pa.RecordBa
     return batches
 
 
+def _timestamp_ms(raw: str) -> int:
+    """startingTimestamp: an ISO-8601 time (UTC unless it says otherwise) or unix milliseconds."""
+    import datetime
+
+    if raw.strip().isdigit():
+        return int(raw)
+    try:
+        when = datetime.datetime.fromisoformat(raw.strip())
+    except ValueError:
+        raise OptionError(f"option startingTimestamp must be an ISO-8601 time (2026-11-25T10:00:00Z) or unix "
+                          f"milliseconds, got {raw!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return int(when.timestamp() * 1000)
+
+
 def _unknown_option(name: str) -> str:
     close = difflib.get_close_matches(name, sorted(KNOWN_OPTIONS), n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]}?" if close else f"; the options are {', '.join(sorted(KNOWN_OPTIONS))}"
@@ -173,7 +206,8 @@ TLS_OPTIONS = ("tls_ca_file", "tls_cert_file", "tls_key_file", "etcd_tls_ca_file
 KNOWN_OPTIONS = frozenset({
     "etcd", "dataset", "path", "cluster", "ensemble_size", "write_quorum", "ack_quorum", "password",
     "password_file", "rows_per_entry", "compression", "key_column", "orphan_grace_s", "stream_id",
-    "entries_per_partition", "max_partition_bytes", "columns", "if_exists", "otlp_endpoint", *TLS_OPTIONS})
+    "entries_per_partition", "max_partition_bytes", "columns", "if_exists", "otlp_endpoint", "startingversion",
+    "startingtimestamp", "maxrowspertrigger", "maxbytespertrigger", *TLS_OPTIONS})
 # Options Spark itself passes to a data source on some paths (a load's paths, a stream's checkpoint location):
 # accepted and ignored.
 SPARK_OPTIONS = frozenset({"checkpointlocation", "paths"})

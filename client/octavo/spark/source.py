@@ -33,6 +33,13 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import StructType
 
 from octavo.client.client import Client, SyncClient
@@ -274,22 +281,47 @@ class OctavoStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
         _run(_delete(self.opts, [x.ledger_id for x in _written(messages)]))
 
 
-class OctavoStreamReader(DataSourceStreamReader):  # type: ignore[misc]
-    """Offsets are {"seq": N}: everything committed up to commit sequence N has been read."""
+class OctavoStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+    """Offsets are {"seq": N}: everything committed up to commit sequence N has been read. A new query starts at
+    `startingVersion` / `startingTimestamp` (earliest by default); `maxRowsPerTrigger` / `maxBytesPerTrigger`
+    bound a micro-batch softly (whole commits, at least one), Trigger.AvailableNow included."""
 
     def __init__(self, opts: Options, schema: StructType) -> None:
         self.opts = opts
         self.target = _arrow_schema(schema)
+        self.available_now: int | None = None  # Trigger.AvailableNow: the last seq at the query's start
 
     def initialOffset(self) -> dict[str, int]:
-        return {"seq": 0}
+        return {"seq": _run(_starting_seq(self.opts))}
 
-    def latestOffset(self, *args: Any) -> dict[str, int]:
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_rows_per_trigger:
+            return ReadMaxRows(self.opts.max_rows_per_trigger)
+        if self.opts.max_bytes_per_trigger:
+            return ReadMaxBytes(self.opts.max_bytes_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.available_now = self._last_seq()
+
+    def _last_seq(self) -> int:
         try:
             head = _run(_head(self.opts))
         except NoSuchDatasetError:
-            return {"seq": 0}
-        return {"seq": head.last_seq}
+            return 0
+        return int(head.last_seq)
+
+    def latestOffset(self, start: dict[str, int] | None = None, limit: Any = None) -> dict[str, int]:
+        last = self._last_seq()
+        if self.available_now is not None:
+            last = min(last, self.available_now)
+        if start is None or limit is None or isinstance(limit, ReadAllAvailable) or last <= start["seq"]:
+            return {"seq": max(last, start["seq"]) if start is not None else last}
+        manifest = _run(_manifest(self.opts))
+        return {"seq": _limited_end(manifest.ledgers, start["seq"], last, limit)}
+
+    def reportLatestOffset(self) -> dict[str, int]:
+        return {"seq": self._last_seq()}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[LedgerSlices]:
         if end["seq"] <= start["seq"]:
@@ -302,3 +334,39 @@ class OctavoStreamReader(DataSourceStreamReader):  # type: ignore[misc]
 
     def commit(self, end: dict[str, int]) -> None:
         return None
+
+
+async def _starting_seq(opts: Options) -> int:
+    """The offset a new streaming query starts from (its options)."""
+    async with Client(opts.etcd, opts.cluster, client_options(opts)) as client:
+        if opts.starting_version == "earliest" and not opts.starting_timestamp_ms:
+            return 0
+        try:
+            if opts.starting_version == "latest":
+                return int((await client.datasets.head(opts.dataset)).last_seq)
+            version = 0 if opts.starting_timestamp_ms else int(opts.starting_version)
+            return await client.datasets.seq_before(opts.dataset, version, opts.starting_timestamp_ms)
+        except NoSuchDatasetError:
+            return 0
+
+
+def _limited_end(ledgers: Sequence[DatasetLedger], after: int, last: int, limit: Any) -> int:
+    """The highest seq in (after, last] whose commits fit the limit's rows or bytes, counted in seq order; at
+    least the first seq with rows (a soft limit: one commit larger than the limit is read whole)."""
+    rows: dict[int, float] = {}
+    nbytes: dict[int, float] = {}
+    for x in ledgers:
+        for first, end, seq in x.seq_runs():
+            if after < seq <= last and x.entries:
+                share = (end - first + 1) / x.entries
+                rows[seq] = rows.get(seq, 0.0) + x.rows * share
+                nbytes[seq] = nbytes.get(seq, 0.0) + x.bytes * share
+    budget = float(limit.max_rows if isinstance(limit, ReadMaxRows) else limit.max_bytes)
+    sizes = rows if isinstance(limit, ReadMaxRows) else nbytes
+    used, end_seq = 0.0, after
+    for seq in sorted(sizes):
+        if end_seq > after and used + sizes[seq] > budget:
+            break
+        used += sizes[seq]
+        end_seq = seq
+    return end_seq if end_seq > after else last
