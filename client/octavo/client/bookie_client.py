@@ -31,8 +31,9 @@ from octavo.v1.wire import encode_add_request
 
 log = logging.getLogger(__name__)
 
-# One AddRequest carries at most this much; a bookie's batch limits must be at least as large (its defaults
-# are 10,000 entries and 16 MiB). One entry may be as large as the bookie's entry_size_bytes_max.
+# One AddRequest carries at most this much, or less when the bookie's registration names smaller batch limits
+# (batch_entries_max, batch_bytes_max; its defaults are 10,000 entries and 16 MiB): a bookie refuses a larger
+# request whole. One entry may be as large as the bookie's entry_size_bytes_max.
 REQUEST_ENTRIES_MAX = 4_096
 REQUEST_BYTES_MAX = 1024 * 1024
 # A new request goes out while fewer than REQUESTS_IN_FLIGHT_SMALL are unanswered, or, when what is queued
@@ -138,7 +139,15 @@ class _Joined:
 
 class BookieClient:
     def __init__(self, bookie_id: str, address: str, add_timeout_s: float = CALL_TIMEOUT_S,
-                 tls: TlsFiles | None = None) -> None:
+                 tls: TlsFiles | None = None, request_entries_max: int = REQUEST_ENTRIES_MAX,
+                 request_bytes_max: int = REQUEST_BYTES_MAX) -> None:
+        """`request_entries_max`, `request_bytes_max`: the bookie's batch limits (at most REQUEST_*_MAX)."""
+        if not (0 < request_entries_max <= REQUEST_ENTRIES_MAX and 0 < request_bytes_max <= REQUEST_BYTES_MAX):
+            raise ValueError(f"bookie {bookie_id}: request limits ({request_entries_max} entries, "
+                             f"{request_bytes_max} bytes) must be in (0, {REQUEST_ENTRIES_MAX}] and "
+                             f"(0, {REQUEST_BYTES_MAX}]")
+        self.request_entries_max = request_entries_max
+        self.request_bytes_max = request_bytes_max
         self.bookie_id = bookie_id
         self.address = address
         self.add_timeout_s = add_timeout_s
@@ -220,13 +229,14 @@ class BookieClient:
         if self._closed:
             callback(group, BookieUnavailableError(f"bookie {self.bookie_id}: client closed"))
             return
-        if len(group.entry_ids) <= REQUEST_ENTRIES_MAX and group.size <= REQUEST_BYTES_MAX:
+        entries_max, bytes_max = self.request_entries_max, self.request_bytes_max
+        if len(group.entry_ids) <= entries_max and group.size <= bytes_max:
             self._queue.append((group, callback))
         else:
             pieces: list[tuple[int, int, int]] = []
             start = size = 0
             for i, payload in enumerate(group.payloads):
-                if i > start and (i - start >= REQUEST_ENTRIES_MAX or size + len(payload) > REQUEST_BYTES_MAX):
+                if i > start and (i - start >= entries_max or size + len(payload) > bytes_max):
                     pieces.append((start, i, size))
                     start, size = i, 0
                 size += len(payload)
@@ -236,7 +246,7 @@ class BookieClient:
                 self._queue.append((group._replace(entry_ids=group.entry_ids[a:b], payloads=group.payloads[a:b],
                                                    size=piece_size), joined.piece(k)))
         self._queued_bytes += group.size
-        if self._queued_bytes >= REQUEST_BYTES_MAX and not self._window_open.is_set():
+        if self._queued_bytes >= bytes_max and not self._window_open.is_set():
             self._update_window()
         self._send_soon()
 
@@ -259,7 +269,7 @@ class BookieClient:
         while queue:
             group = queue[0][0]
             n = len(group.entry_ids)
-            if taken and (entries + n > REQUEST_ENTRIES_MAX or size + group.size > REQUEST_BYTES_MAX):
+            if taken and (entries + n > self.request_entries_max or size + group.size > self.request_bytes_max):
                 break
             taken.append(queue.popleft())
             entries += n
@@ -325,7 +335,7 @@ class BookieClient:
     def _update_window(self) -> None:
         unanswered = len(self._pending)
         if unanswered < REQUESTS_IN_FLIGHT_SMALL or (
-                unanswered < REQUESTS_IN_FLIGHT_MAX and self._queued_bytes >= REQUEST_BYTES_MAX):
+                unanswered < REQUESTS_IN_FLIGHT_MAX and self._queued_bytes >= self.request_bytes_max):
             self._window_open.set()
         else:
             self._window_open.clear()

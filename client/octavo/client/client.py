@@ -31,7 +31,7 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
 from octavo.client.arguments import check_bool, check_bytes, check_instance, check_int, check_str, check_str_map
-from octavo.client.bookie_client import BookieClient
+from octavo.client.bookie_client import REQUEST_BYTES_MAX, REQUEST_ENTRIES_MAX, BookieClient
 from octavo.client.dataset import BlobLedgers, DatasetStore
 from octavo.client.options import ClientOptions
 from octavo.client.reader import Entry, ReadHandle
@@ -201,8 +201,10 @@ class Client:
             info = self._registrations.get(bookie_id)
             if info is None:
                 raise BookieUnavailableError(f"bookie {bookie_id} is not registered (down, or unknown)")
-            client = self._bookie_clients[bookie_id] = BookieClient(bookie_id, info.address,
-                                                                    self.options.add_timeout_s, self.options.tls)
+            client = self._bookie_clients[bookie_id] = BookieClient(
+                bookie_id, info.address, self.options.add_timeout_s, self.options.tls,
+                request_entries_max=min(REQUEST_ENTRIES_MAX, info.batch_entries_max or REQUEST_ENTRIES_MAX),
+                request_bytes_max=min(REQUEST_BYTES_MAX, info.batch_bytes_max or REQUEST_BYTES_MAX))
         return client
 
     # -- ledgers ---------------------------------------------------------------------------------------

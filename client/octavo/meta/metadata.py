@@ -49,6 +49,10 @@ class BookieInfo:
     # The bookie's own limit on one entry's payload (0: not said, by a bookie older than this field): a
     # writer checks entries against its ensemble's limits before it gives them ids.
     entry_size_bytes_max: int = 0
+    # The bookie's own limits on one add request (0: not said, by an older bookie): a client's requests to it
+    # carry at most these many entries and payload bytes (its own REQUEST_*_MAX when larger, or not said).
+    batch_entries_max: int = 0
+    batch_bytes_max: int = 0
     # When this bookie process started (0: not said): a client that sees it change knows the bookie restarted
     # and reconnects at once instead of waiting out its connection backoff.
     started_unix_ms: int = 0

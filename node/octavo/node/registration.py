@@ -101,6 +101,8 @@ class Registration:
         return BookieInfo(self.bookie_id, self.address, readonly=bool(self.storage.read_only_reason),
                           disk_usage_ratio=self.disk_usage_ratio, registered_unix_ms=int(time.time() * 1000),
                           entry_size_bytes_max=self.storage.config.entry_size_bytes_max,
+                          batch_entries_max=self.storage.config.batch_entries_max,
+                          batch_bytes_max=self.storage.config.batch_bytes_max,
                           started_unix_ms=self.storage.started_unix_ms)
 
     async def update_mode(self) -> None:
