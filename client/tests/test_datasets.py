@@ -71,7 +71,9 @@ async def test_a_commit_writes_two_small_keys_whatever_the_dataset_size(cluster:
     async with Client(cluster.etcd_endpoint) as client:
         store = client.datasets
         sizes = []
-        for k in range(350):
+        await store.commit("flat", SCHEMA, [fake(99_999)])
+        await store.set_retention("flat", 0)  # no time travel: a checkpoint deletes all the log it can
+        for k in range(1, 350):
             before = await dataset_keys(client, "flat")
             result = await store.commit("flat", SCHEMA, [fake(100_000 + k)], stream=("s", k))
             after = await dataset_keys(client, "flat")
@@ -91,7 +93,7 @@ async def test_a_commit_writes_two_small_keys_whatever_the_dataset_size(cluster:
         assert (head.version, head.rows, head.ledger_count, head.checkpoint, head.last_seq) == (350, 3500, 350, 241,
                                                                                               350)
         manifest = await store.get("flat")
-        assert [x.ledger_id for x in manifest.ledgers] == [100_000 + k for k in range(350)]
+        assert [x.ledger_id for x in manifest.ledgers] == [99_999] + [100_000 + k for k in range(1, 350)]
         assert [x.seq for x in manifest.ledgers] == list(range(1, 351))
 
 
@@ -133,6 +135,8 @@ async def test_a_committer_checkpoints_by_itself_when_no_maintenance_does(cluste
     async with Client(cluster.etcd_endpoint) as client:
         for k in range(60):
             await client.datasets.commit("forced", SCHEMA, [fake(200_000 + k)])
+            if k == 0:
+                await client.datasets.set_retention("forced", 0)
         head = await client.datasets.head("forced")
         assert head.checkpoint == 50
         assert len([k for k in await dataset_keys(client, "forced") if b"/dataset-log/" in k]) == 35
@@ -373,3 +377,39 @@ async def test_a_key_compaction_that_loses_its_swap_to_a_merge_starts_over(clust
         leftover = set(await client.list_ledgers()) - ids_before - {manifest.ledgers[0].ledger_id}
         # The rival's merged ledger is retired; the compaction's first output, never published, was deleted.
         assert leftover == {merged_by_rival[0].merged[0].ledger.ledger_id}
+
+
+# -- time travel and history ---------------------------------------------------------------------------------
+async def test_versions_within_the_retention_read_as_they_were(cluster: LocalCluster) -> None:
+    async with Client(cluster.etcd_endpoint) as client:
+        store = client.datasets
+        await store.commit("travel", SCHEMA, [fake(1), fake(2)])  # version 1
+        await store.commit("travel", SCHEMA, [fake(3)], stream=("q", 0))  # 2
+        await store.commit("travel", SCHEMA, [DatasetLedger(4, 20, 200, 2)], replace=[1, 2])  # 3: a merge
+        assert await store.checkpoint("travel", min_records=1) == 3
+        await store.commit("travel", NULLABLE, [fake(5)])  # 4: the schema widens
+        between = (await store.head("travel")).updated_unix_ms
+        await store.commit("travel", OTHER, [fake(6)], mode="overwrite")  # 5
+        assert await store.checkpoint("travel", min_records=1) == 5
+        await store.commit("travel", OTHER, [fake(7)])  # 6
+        seen = {v: [x.ledger_id for x in (await store.get_version("travel", v)).ledgers] for v in range(1, 7)}
+        assert seen == {1: [1, 2], 2: [1, 2, 3], 3: [4, 3], 4: [4, 3, 5], 5: [6], 6: [6, 7]}
+        assert (await store.get_version("travel", 4)).schema == NULLABLE
+        assert (await store.get_version("travel", 2)).schema == SCHEMA
+        assert (await store.get_version("travel", 5)).schema == OTHER
+        assert await store.version_at("travel", between) == 4
+        with pytest.raises(DatasetError, match="versions 1 to 6, not 7"):
+            await store.get_version("travel", 7)
+        history = await store.history("travel")
+        assert [(c["version"], c["operation"], c["ledgers_added"], c["rows_added"], c["ledgers_removed"])
+                for c in history] == [(1, "append", 2, 20, 0), (2, "append", 1, 10, 0), (3, "replace", 1, 20, 2),
+                                      (4, "append", 1, 10, 0), (5, "overwrite", 1, 10, 3), (6, "append", 1, 10, 0)]
+        assert history[1]["stream"] == ["q", 0] and history[3]["schema_changed"]
+        # With no retention a checkpoint deletes the log it can: the old versions are gone, and say so.
+        await store.set_retention("travel", 0)
+        await store.commit("travel", OTHER, [fake(8)])  # 7
+        assert await store.checkpoint("travel", min_records=1) == 7
+        with pytest.raises(DatasetError, match="version 2 of dataset 'travel' is no longer kept"):
+            await store.get_version("travel", 2)
+        assert [x.ledger_id for x in (await store.get_version("travel", 6)).ledgers] == [6, 7]
+        assert [c["version"] for c in await store.history("travel")] == [6, 7]

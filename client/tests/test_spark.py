@@ -156,6 +156,11 @@ def test_append_twice_and_overwrite(spark, cluster: LocalCluster) -> None:  # ty
     assert checksum(read(spark, cluster, "twice")) == checksum(first.union(second))
     write(frame(spark, 10, parts=1), cluster, "twice", mode="overwrite")
     assert read(spark, cluster, "twice").count() == 10
+    # Time travel: the versions before the overwrite, while the retention period keeps them.
+    assert checksum(read(spark, cluster, "twice", versionAsOf="2")) == checksum(first.union(second))
+    assert checksum(read(spark, cluster, "twice", versionAsOf="1")) == checksum(first)
+    with pytest.raises(Exception, match="versions 1 to 3, not 9"):
+        read(spark, cluster, "twice", versionAsOf="9").count()
     with pytest.raises(Exception, match="already exists"):
         write(first, cluster, "twice", if_exists="error")
     write(first, cluster, "twice", if_exists="ignore")  # an existing dataset: nothing happens

@@ -4,6 +4,7 @@ Every command finds etcd with --etcd, OCTAVO_ETCD or --data-dir of a dev cluster
 
     octavo dataset ls      --etcd E [--cluster C] [--json]
     octavo dataset show NAME --etcd E [--json]
+    octavo dataset history NAME --etcd E [--json]    the commits the log keeps (the retention period)
     octavo dataset compact NAME --etcd E [--merge] [--target-bytes B] [--small-bytes B] [--budget-bytes B]
                                [--slots N] [--tombstone-column C] [--tombstone-retention-s S] [--json]
                                [--spark [--spark-master M]]    both passes as Spark jobs
@@ -52,6 +53,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("dataset", help="list, show, compact and drop datasets")
     dsub = p.add_subparsers(dest="dataset_cmd", required=True)
     for name, help_text in (("ls", "list datasets"), ("show", "show a dataset's manifest"),
+                            ("history", "list the commits the dataset's log keeps"),
                             ("compact", "merge small ledgers; on a keyed dataset, keep the latest row per key"),
                             ("drop", "delete a dataset and its ledgers"),
                             ("gc", "delete the dataset's ledgers that no manifest references")):
@@ -137,6 +139,17 @@ async def _run(args: Namespace) -> dict[str, Any]:
                  fmt_age(now - r["updated_unix_ms"] / 1000) + " ago" if r["updated_unix_ms"] else "-"]
                 for r in rows]) if rows else "(no datasets)"
             return {"datasets": rows, "text": text}
+        if cmd == "history":
+            commits = await client.datasets.history(args.name)
+            text = table(["VERSION", "TIME", "OPERATION", "STREAM", "+LEDGERS", "+ROWS", "-LEDGERS", "-ROWS"], [
+                [str(c["version"]), time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(c["unix_ms"] / 1000)),
+                 c["operation"] + (" (schema)" if c["schema_changed"] else ""),
+                 f"{c['stream'][0]}@{c['stream'][1]}" if c["stream"] else "-", str(c["ledgers_added"]),
+                 "-" if c["rows_added"] is None else str(c["rows_added"]),
+                 "-" if c["ledgers_removed"] is None else str(c["ledgers_removed"]),
+                 "-" if c["rows_removed"] is None else str(c["rows_removed"])]
+                for c in commits]) if commits else "(no commits kept)"
+            return {"commits": commits, "text": text}
         if cmd == "show":
             m = await client.datasets.get(args.name)
             return {**asdict(m), "rows": m.rows, "payload_bytes": m.payload_bytes, "text": (

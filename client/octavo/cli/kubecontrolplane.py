@@ -322,8 +322,10 @@ class KubeControlPlane:
 
     def kubectl(self, *args: str, check: bool = True, input_text: str | None = None,
                 timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-        """Run kubectl (from $PATH or .tools/bin) against this control plane as the admin."""
-        kubectl = shutil.which("kubectl") or str(_repo_root() / ".tools" / "bin" / "kubectl")
+        """Run kubectl (the one `make helm` installs into .tools/bin, of the control plane's minor version, else
+        the one on $PATH) against this control plane as the admin."""
+        pinned = _repo_root() / ".tools" / "bin" / "kubectl"
+        kubectl = str(pinned) if os.access(pinned, os.X_OK) else (shutil.which("kubectl") or str(pinned))
         out = subprocess.run([kubectl, f"--kubeconfig={self.kubeconfig}", *args], capture_output=True, text=True,
                              input=input_text, timeout=timeout_s, check=False)
         if check and out.returncode != 0:

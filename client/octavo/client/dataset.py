@@ -345,6 +345,7 @@ class _State:
     ledgers: list[DatasetLedger]
     retired: list[tuple[int, int]]
     blobs: set[int]  # the blob ledgers this version still needs (its checkpoint's, its log records')
+    schema: str = ""  # the schema at the checkpoint this state was loaded from, when it says
 
 
 def _version_key(prefix: bytes, version: int) -> bytes:
@@ -492,7 +493,7 @@ class DatasetStore:
         else:
             payload = value["inline"]
         return _State(int(value["v"]), [DatasetLedger.from_json(x) for x in payload["ledgers"]],
-                      [(int(a), int(b)) for a, b in payload.get("retired", [])], blobs)
+                      [(int(a), int(b)) for a, b in payload.get("retired", [])], blobs, payload.get("schema", ""))
 
     async def _fold_records(self, name: str, state: _State, version: int) -> _State:
         records = await self._records(name, state.version + 1, version)
@@ -641,7 +642,15 @@ class DatasetStore:
             new.ledger_count += len(added) - (len(removed) if op == "replace" else 0)
             if stream is not None:
                 new.streams[stream[0]] = stream[1]
-            record: dict[str, Any] = {"v": new.version, "t": token, "ms": now, "op": op, "seq": seq0}
+            schema_changed = head is None or new.schema != head.schema
+            # What `octavo dataset history` shows, and the schema when it changed (a time-travel read needs it).
+            record: dict[str, Any] = {"v": new.version, "t": token, "ms": now, "op": op, "seq": seq0,
+                                      "rows": sum(x.rows for x in added), "removed": len(removed),
+                                      "removed_rows": sum(x.rows for x in removed)}
+            if stream is not None:
+                record["stream"] = [stream[0], stream[1]]
+            if schema_changed:
+                record["schema"] = new.schema
             if len(packed) <= RECORD_INLINE_BYTES_MAX:
                 record.update(body)
             else:
@@ -655,7 +664,7 @@ class DatasetStore:
             txn = (Txn().mod_revision_is(key, revision)
                    .put(_version_key(self._log_prefix(name), new.version),
                         json.dumps(record, separators=(",", ":")).encode()))
-            if head is None or new.schema != head.schema:
+            if schema_changed:
                 new.schema_version += 1 if head is not None else 0
                 txn.put(self._schema_key(name), new.schema.encode())
             txn.put(key, new.encode())
@@ -698,7 +707,7 @@ class DatasetStore:
         (one transaction on the old value's revision; a lost race is harmless: the caller reads again)."""
         version = max(1, manifest.version)
         state = _State(version, list(manifest.ledgers), [], set())
-        value = await self._checkpoint_value(name, state, [])
+        value = await self._checkpoint_value(name, state, [], manifest.schema)
         head = DatasetHead(name, manifest.schema, manifest.key_column, version, manifest.next_seq,
                            dict(manifest.streams), manifest.rows, manifest.payload_bytes, len(manifest.ledgers),
                            manifest.created_unix_ms, manifest.updated_unix_ms, checkpoint=version)
@@ -738,8 +747,10 @@ class DatasetStore:
             await retry.lost("a commit to the dataset")
 
     # -- checkpoints --------------------------------------------------------------------------------------
-    async def _checkpoint_value(self, name: str, state: _State, retired: list[tuple[int, int]]) -> bytes:
-        payload = {"v": state.version, "ledgers": [x.to_json() for x in state.ledgers], "retired": retired}
+    async def _checkpoint_value(self, name: str, state: _State, retired: list[tuple[int, int]],
+                                schema: str = "") -> bytes:
+        payload = {"v": state.version, "ledgers": [x.to_json() for x in state.ledgers], "retired": retired,
+                   "schema": schema}
         data = json.dumps(payload, separators=(",", ":")).encode()
         if len(data) <= CHECKPOINT_INLINE_BYTES_MAX:
             return json.dumps({"v": state.version, "inline": payload}, separators=(",", ":")).encode()
@@ -752,8 +763,9 @@ class DatasetStore:
 
     async def checkpoint(self, name: str, min_records: int = CHECKPOINT_EVERY_COMMITS) -> int | None:
         """Fold the log into a checkpoint when it holds at least `min_records` records; returns the version
-        checkpointed, or None. Then the records (and checkpoints) before the previous checkpoint are deleted:
-        a reader of the previous head still finds what it needs."""
+        checkpointed, or None. Then the records older than the dataset's retention period and before the previous
+        checkpoint are deleted, with the checkpoints no kept version needs: a reader of the previous head still
+        finds what it needs, and a version within the retention period can still be read (time travel)."""
         check_int("min_records", min_records, minimum=1)
         head, _, v1 = await self._read_head(name)
         if head is None or v1 is not None or head.version - head.checkpoint < min_records:
@@ -766,7 +778,7 @@ class DatasetStore:
         keep_from = now - int(head.retention_s * 1000)
         retired = [(i, ms) for i, ms in state.retired if ms >= keep_from] + [(b, now) for b in sorted(state.blobs)]
         cp_key = _version_key(self._checkpoint_prefix(name), state.version)
-        value = await self._checkpoint_value(name, state, retired)
+        value = await self._checkpoint_value(name, state, retired, head.schema)
         ok, _ = await self.etcd.txn(Txn().mod_revision_is(cp_key, 0).put(cp_key, value).get_on_failure(cp_key))
         if not ok:  # another maintainer wrote it first: theirs stands, ours (if a ledger) is an orphan
             blob = json.loads(value).get("blob")
@@ -780,13 +792,14 @@ class DatasetStore:
             current, revision, _ = await self._read_head(name)
             if current is None or current.checkpoint >= state.version:
                 return None
-            previous = current.checkpoint
+            cut = await self._expired_through(name, current.checkpoint, keep_from)
             current.checkpoint = state.version
             log_prefix, cp_prefix = self._log_prefix(name), self._checkpoint_prefix(name)
             txn = Txn().mod_revision_is(key, revision).put(key, current.encode())
-            if previous:
-                txn.delete_range(log_prefix, _version_key(log_prefix, previous + 1))
-                txn.delete_range(cp_prefix, _version_key(cp_prefix, previous))
+            if cut:
+                base = await self._checkpoint_at_or_before(name, cut)
+                txn.delete_range(log_prefix, _version_key(log_prefix, cut + 1))
+                txn.delete_range(cp_prefix, _version_key(cp_prefix, base))
             ok, _ = await self.etcd.txn(txn)
             if ok:
                 log.info("dataset %s: checkpoint at version %d (%d ledgers)", name, state.version,
@@ -796,6 +809,100 @@ class DatasetStore:
                 raise DatasetError(f"dataset {name!r}: checkpoint lost its race for "
                                    f"{COMMIT_CONTENTION_TIMEOUT_S:.0f}s")
             await retry.lost("a commit to the dataset")
+
+    async def _expired_through(self, name: str, previous: int, keep_from_ms: int) -> int:
+        """The highest version up to `previous` (the checkpoint before the new one) whose record is older than
+        the retention period: the records up to it can go. Reads the oldest records a page at a time and stops
+        at the first one still kept."""
+        if not previous:
+            return 0
+        prefix = self._log_prefix(name)
+        start, end = prefix, _version_key(prefix, previous + 1)
+        cut = 0
+        while True:
+            page = await self.etcd.range_page(start, end, 64)
+            for r in _records_of(page):
+                if int(r["ms"]) >= keep_from_ms:
+                    return cut
+                cut = int(r["v"])
+            if len(page) < 64:
+                return cut
+            start = page[-1].key + b"\0"
+
+    async def _checkpoint_at_or_before(self, name: str, version: int) -> int:
+        """The newest checkpoint at or before `version` (0: none): the base from which later versions fold."""
+        prefix = self._checkpoint_prefix(name)
+        keys = await self.etcd.range_page(prefix, _version_key(prefix, version + 1), 10_000, keys_only=True)
+        return max((int(kv.key[len(prefix):]) for kv in keys), default=0)
+
+    async def version_at(self, name: str, unix_ms: int) -> int:
+        """The version a read `timestampAsOf` unix_ms sees: the newest commit at or before that time."""
+        head, _, _ = await self._read_head(name)
+        if head is None:
+            raise NoSuchDatasetError(f"dataset {name!r} does not exist")
+        if unix_ms >= head.updated_unix_ms:
+            return head.version
+        records = await self._records(name, 1, head.version)
+        older = [int(r["v"]) for r in records if int(r["ms"]) <= unix_ms]
+        if not older:
+            raise DatasetError(f"dataset {name!r} has no version at {unix_ms} (unix ms) that it still keeps: its "
+                               f"commit log starts at version {records[0]['v'] if records else head.version}")
+        return max(older)
+
+    async def get_version(self, name: str, version: int) -> Manifest:
+        """The dataset as it was at `version` (time travel): the newest checkpoint at or before it and the
+        records up to it, while the retention period keeps them (and the ledgers they name)."""
+        check_int("version", version, minimum=1)
+        head, _, v1 = await self._read_head(name)
+        if head is None:
+            raise NoSuchDatasetError(f"dataset {name!r} does not exist")
+        if version > head.version:
+            raise DatasetError(f"dataset {name!r} has versions 1 to {head.version}, not {version}")
+        if version == head.version:
+            return await self.get(name)
+        gone = DatasetError(f"version {version} of dataset {name!r} is no longer kept: its commit log and "
+                            f"checkpoints keep about the last {head.retention_s:.0f}s (the retention period; "
+                            "DatasetStore.set_retention), and the ledgers that left it since were deleted")
+        if v1 is not None:
+            raise gone
+        base = await self._checkpoint_at_or_before(name, version)
+        state = _State(0, [], [], set())
+        schema = ""
+        if base:
+            kv = await self.etcd.get(_version_key(self._checkpoint_prefix(name), base))
+            if kv is None:
+                raise gone
+            value = json.loads(kv.value)
+            state = await self._load_checkpoint(value)
+            schema = (value.get("inline") or {}).get("schema", "") or state.schema
+        records = await self._records(name, base + 1, version)
+        if [r["v"] for r in records] != list(range(base + 1, version + 1)):
+            raise gone
+        created, updated = head.created_unix_ms, head.created_unix_ms
+        for record in records:
+            await self._fold(state, record)
+            schema = record.get("schema", schema)
+            updated = int(record["ms"])
+        next_seq = max((x.seq for x in state.ledgers), default=0) + 1  # what a reader of this version needs
+        return Manifest(name, schema or head.schema, head.key_column, version, next_seq, state.ledgers, {}, created,
+                        updated, state.retired, head.retention_s)
+
+    async def history(self, name: str) -> list[dict[str, Any]]:
+        """The commits the log still keeps, oldest first: version, time, operation, stream and batch, ledgers and
+        rows added and removed (`octavo dataset history`)."""
+        head, _, v1 = await self._read_head(name)
+        if head is None:
+            raise NoSuchDatasetError(f"dataset {name!r} does not exist")
+        if v1 is not None:
+            return []
+        out = []
+        for r in await self._records(name, 1, head.version):
+            body = await self._body(r)
+            out.append({"version": int(r["v"]), "unix_ms": int(r["ms"]), "operation": r["op"],
+                        "stream": r.get("stream"), "ledgers_added": len(body.get("add", [])),
+                        "rows_added": r.get("rows"), "ledgers_removed": r.get("removed"),
+                        "rows_removed": r.get("removed_rows"), "schema_changed": "schema" in r})
+        return out
 
     async def _checkpoint_quietly(self, name: str) -> None:
         try:

@@ -56,6 +56,8 @@ class Options:
     max_partition_bytes: int = MAX_PARTITION_BYTES_DEFAULT  # reads: small ledgers grouped up to this many bytes
     # Streaming reads: where a new query starts ("earliest", "latest", a version, or a time in unix ms), and soft
     # limits of a micro-batch (at least one commit's rows each; 0: none).
+    version_as_of: int = 0  # batch reads: time travel to this version (0: the newest)
+    timestamp_as_of_ms: int = 0  # batch reads: time travel to the version current at this time (0: now)
     starting_version: str = "earliest"
     starting_timestamp_ms: int = 0
     max_rows_per_trigger: int = 0
@@ -123,7 +125,10 @@ class Options:
                                                                    and int(starting_version) >= 1):
             raise OptionError(f"option startingVersion must be earliest, latest or a version (1 or more), got "
                               f"{o['startingversion']!r}")
-        starting_ms = _timestamp_ms(o["startingtimestamp"]) if "startingtimestamp" in o else 0
+        starting_ms = _timestamp_ms(o["startingtimestamp"], "startingTimestamp") if "startingtimestamp" in o else 0
+        if "versionasof" in o and "timestampasof" in o:
+            raise OptionError("options versionAsOf and timestampAsOf exclude each other: give one")
+        as_of_ms = _timestamp_ms(o["timestampasof"], "timestampAsOf") if "timestampasof" in o else 0
         if "startingversion" in o and "startingtimestamp" in o:
             raise OptionError("options startingVersion and startingTimestamp exclude each other: give one")
         if_exists = o.get("if_exists", "append").lower().replace("errorifexists", "error")
@@ -139,6 +144,7 @@ class Options:
                                                    MAX_PARTITION_BYTES_MIN, MAX_PARTITION_BYTES_MAX),
                        if_exists=if_exists, otlp_endpoint=o.get("otlp_endpoint", ""),
                        starting_version=starting_version, starting_timestamp_ms=starting_ms,
+                       version_as_of=integer("versionasof", 0, 1, 1 << 62), timestamp_as_of_ms=as_of_ms,
                        max_rows_per_trigger=integer("maxrowspertrigger", 0, 1, 1 << 62),
                        max_bytes_per_trigger=integer("maxbytespertrigger", 0, 1, 1 << 62),
                        tls=tuple((name, o[name]) for name in TLS_OPTIONS if o.get(name)))
@@ -176,8 +182,8 @@ def decode_entry(data: bytes, columns: tuple[str, ...] = ()) -> list[pa.RecordBa
     return batches
 
 
-def _timestamp_ms(raw: str) -> int:
-    """startingTimestamp: an ISO-8601 time (UTC unless it says otherwise) or unix milliseconds."""
+def _timestamp_ms(raw: str, option: str) -> int:
+    """A time option: an ISO-8601 time (UTC unless it says otherwise) or unix milliseconds."""
     import datetime
 
     if raw.strip().isdigit():
@@ -185,7 +191,7 @@ def _timestamp_ms(raw: str) -> int:
     try:
         when = datetime.datetime.fromisoformat(raw.strip())
     except ValueError:
-        raise OptionError(f"option startingTimestamp must be an ISO-8601 time (2026-11-25T10:00:00Z) or unix "
+        raise OptionError(f"option {option} must be an ISO-8601 time (2026-11-25T10:00:00Z) or unix "
                           f"milliseconds, got {raw!r}") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=datetime.UTC)
@@ -207,7 +213,7 @@ KNOWN_OPTIONS = frozenset({
     "etcd", "dataset", "path", "cluster", "ensemble_size", "write_quorum", "ack_quorum", "password",
     "password_file", "rows_per_entry", "compression", "key_column", "orphan_grace_s", "stream_id",
     "entries_per_partition", "max_partition_bytes", "columns", "if_exists", "otlp_endpoint", "startingversion",
-    "startingtimestamp", "maxrowspertrigger", "maxbytespertrigger", *TLS_OPTIONS})
+    "startingtimestamp", "maxrowspertrigger", "maxbytespertrigger", "versionasof", "timestampasof", *TLS_OPTIONS})
 # Options Spark itself passes to a data source on some paths (a load's paths, a stream's checkpoint location):
 # accepted and ignored.
 SPARK_OPTIONS = frozenset({"checkpointlocation", "paths"})

@@ -71,7 +71,13 @@ def _run(coro: Any) -> Any:
 
 
 async def _manifest(opts: Options) -> Any:
+    """The dataset as a batch read sees it: the newest version, or the one versionAsOf / timestampAsOf name."""
     async with Client(opts.etcd, opts.cluster, client_options(opts)) as client:
+        if opts.timestamp_as_of_ms:
+            version = await client.datasets.version_at(opts.dataset, opts.timestamp_as_of_ms)
+            return await client.datasets.get_version(opts.dataset, version)
+        if opts.version_as_of:
+            return await client.datasets.get_version(opts.dataset, opts.version_as_of)
         return await client.datasets.get(opts.dataset)
 
 
@@ -138,7 +144,8 @@ class OctavoDataSource(DataSource):  # type: ignore[misc]
 
     def schema(self) -> StructType:
         try:
-            head = _run(_head(self.opts))
+            head = _run(_manifest(self.opts) if self.opts.version_as_of or self.opts.timestamp_as_of_ms
+                        else _head(self.opts))
         except NoSuchDatasetError:
             raise NoSuchDatasetError(f"dataset {self.opts.dataset!r} does not exist in cluster "
                                      f"{self.opts.cluster!r} (etcd {self.opts.etcd})") from None
