@@ -413,3 +413,11 @@ async def test_versions_within_the_retention_read_as_they_were(cluster: LocalClu
             await store.get_version("travel", 2)
         assert [x.ledger_id for x in (await store.get_version("travel", 6)).ledgers] == [6, 7]
         assert [c["version"] for c in await store.history("travel")] == [6, 7]
+        out = subprocess.run([sys.executable, "-m", "octavo.cli.main", "dataset", "history", "travel", "--etcd",
+                              cluster.etcd_endpoint, "--json"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert [c["version"] for c in json.loads(out.stdout)["commits"]] == [6, 7]
+        out = subprocess.run([sys.executable, "-m", "octavo.cli.main", "dataset", "history", "travel", "--etcd",
+                              cluster.etcd_endpoint], capture_output=True, text=True, timeout=60)
+        assert out.stdout.splitlines()[0].split()[:3] == ["VERSION", "TIME", "OPERATION"]
+        assert out.stdout.splitlines()[1].split()[0] == "6" and "overwrite" not in out.stdout
