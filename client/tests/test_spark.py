@@ -145,7 +145,7 @@ def test_options_are_checked_by_name(spark, cluster: LocalCluster) -> None:  # t
     with pytest.raises(Exception, match="unknown option if_exist; did you mean if_exists"):
         write(frame(spark, 10, parts=1), cluster, "options", if_exist="error")
     assert read(spark, cluster, "options", ENTRIES_PER_PARTITION="1").count() == 10  # names are case-insensitive
-    with pytest.raises(Exception, match="got no options.*CREATE TEMPORARY VIEW"):
+    with pytest.raises(Exception, match=r"got no options.*CREATE TEMPORARY VIEW"):
         frame(spark, 1, parts=1).write.format("octavo").mode("append").saveAsTable("octavo_table")
 
 
@@ -167,6 +167,21 @@ def test_append_twice_and_overwrite(spark, cluster: LocalCluster) -> None:  # ty
     assert read(spark, cluster, "twice").count() == 10
     with pytest.raises(Exception, match="another schema"):
         write(spark.range(5).selectExpr("id as other"), cluster, "twice")
+
+
+def test_merge_schema_adds_nullable_columns_that_older_rows_read_as_null(spark, cluster: LocalCluster) -> None:  # type: ignore[no-untyped-def]
+    write(spark.range(3).selectExpr("id", "cast(id as string) as s"), cluster, "evolving")
+    wider = spark.range(3, 5).selectExpr("cast(id * 10 as int) as extra", "cast(id as string) as s", "id")
+    with pytest.raises(Exception, match="another schema"):
+        write(wider, cluster, "evolving")  # without mergeSchema: refused, as before
+    write(wider, cluster, "evolving", mergeSchema="true")
+    back = read(spark, cluster, "evolving")
+    assert back.columns == ["id", "s", "extra"]
+    assert sorted(tuple(r) for r in back.collect()) == [(0, "0", None), (1, "1", None), (2, "2", None),
+                                                         (3, "3", 30), (4, "4", 40)]
+    with pytest.raises(Exception, match="mergeSchema adds columns; it changes the type of none"):
+        write(spark.range(1).selectExpr("cast(id as string) as id", "'x' as s"), cluster, "evolving",
+              mergeSchema="true")
 
 
 def test_bad_options_get_clear_errors(spark, cluster: LocalCluster) -> None:  # type: ignore[no-untyped-def]

@@ -276,6 +276,26 @@ def merge_schemas(stored: str, given: str) -> str | None:
     return json.dumps({**a, "fields": fields}, sort_keys=True, separators=(",", ":"))
 
 
+def evolve_schema(stored: str, given: str) -> str | None:
+    """The schema after an append with mergeSchema: every stored column, by name, with its type (nullability
+    merged), then the given columns the dataset lacks, as nullable columns (older rows read them as null).
+    None if a stored column is missing or changed type."""
+    a, b = json.loads(stored), json.loads(given)
+    given_fields = {f["name"]: f for f in b.get("fields", [])}
+    fields = []
+    for f in a.get("fields", []):
+        g = given_fields.get(f["name"])
+        if g is None or g["type"] != f["type"]:
+            return None
+        fields.append({**f, "nullable": bool(f.get("nullable") or g.get("nullable"))})
+    known = {f["name"] for f in a.get("fields", [])}
+    extra = [{**f, "nullable": True} for f in b.get("fields", []) if f["name"] not in known]
+    if not extra and all(x.get("nullable") == y.get("nullable") for x, y in zip(a.get("fields", []), fields,
+                                                                                strict=True)):
+        return stored
+    return json.dumps({**a, "fields": fields + extra}, sort_keys=True, separators=(",", ":"))
+
+
 def _check_commit_arguments(schema: Any, ledgers: Any, mode: Any, key_column: Any, stream: Any,
                             replace: Any) -> None:
     """Types only, once per commit (ranges and modes are checked where they are used)."""
@@ -554,7 +574,7 @@ class DatasetStore:
     # -- commits ------------------------------------------------------------------------------------------
     async def commit(self, name: str, schema: str, ledgers: list[DatasetLedger], mode: str = "append",
                      key_column: str = "", stream: tuple[str, int] | None = None,
-                     replace: list[int] | None = None) -> CommitResult:
+                     replace: list[int] | None = None, merge_schema: bool = False) -> CommitResult:
         """Publish `ledgers` in one etcd transaction. `replace` (compaction) swaps exactly those ledgers for the
         new ones, which take the place of the first of them, and fails if any of them is gone; the new
         ledgers' seqs are kept (a merged ledger's segments) or, when they carry none, the highest they replace.
@@ -602,10 +622,13 @@ class DatasetStore:
             now = int(time.time() * 1000)
             new = _successor(head, name, schema, key_column, now)
             if head is not None and op == "append":
-                merged = merge_schemas(head.schema, schema)
+                merged = (evolve_schema(head.schema, schema) if merge_schema
+                          else merge_schemas(head.schema, schema))
                 if merged is None:
+                    hint = " (mergeSchema adds columns; it changes the type of none and drops none)" if merge_schema \
+                        else ""
                     raise DatasetError(f"dataset {name!r} has another schema; append needs the same columns and "
-                                       f"types (stored: {head.schema}; given: {schema})")
+                                       f"types{hint} (stored: {head.schema}; given: {schema})")
                 new.schema = merged
             elif head is not None and op == "overwrite":
                 new.schema = schema

@@ -58,6 +58,7 @@ class Options:
     # limits of a micro-batch (at least one commit's rows each; 0: none).
     version_as_of: int = 0  # batch reads: time travel to this version (0: the newest)
     timestamp_as_of_ms: int = 0  # batch reads: time travel to the version current at this time (0: now)
+    merge_schema: bool = False  # appends: add the frame's new (nullable) columns to the dataset's schema
     starting_version: str = "earliest"
     starting_timestamp_ms: int = 0
     max_rows_per_trigger: int = 0
@@ -145,6 +146,7 @@ class Options:
                        if_exists=if_exists, otlp_endpoint=o.get("otlp_endpoint", ""),
                        starting_version=starting_version, starting_timestamp_ms=starting_ms,
                        version_as_of=integer("versionasof", 0, 1, 1 << 62), timestamp_as_of_ms=as_of_ms,
+                       merge_schema=_boolean(o, "mergeschema"),
                        max_rows_per_trigger=integer("maxrowspertrigger", 0, 1, 1 << 62),
                        max_bytes_per_trigger=integer("maxbytespertrigger", 0, 1, 1 << 62),
                        tls=tuple((name, o[name]) for name in TLS_OPTIONS if o.get(name)))
@@ -182,6 +184,13 @@ def decode_entry(data: bytes, columns: tuple[str, ...] = ()) -> list[pa.RecordBa
     return batches
 
 
+def _boolean(o: dict[str, str], name: str) -> bool:
+    raw = o.get(name, "false").strip().lower()
+    if raw not in ("true", "false"):
+        raise OptionError(f"option {name} must be true or false, got {o[name]!r}")
+    return raw == "true"
+
+
 def _timestamp_ms(raw: str, option: str) -> int:
     """A time option: an ISO-8601 time (UTC unless it says otherwise) or unix milliseconds."""
     import datetime
@@ -213,7 +222,8 @@ KNOWN_OPTIONS = frozenset({
     "etcd", "dataset", "path", "cluster", "ensemble_size", "write_quorum", "ack_quorum", "password",
     "password_file", "rows_per_entry", "compression", "key_column", "orphan_grace_s", "stream_id",
     "entries_per_partition", "max_partition_bytes", "columns", "if_exists", "otlp_endpoint", "startingversion",
-    "startingtimestamp", "maxrowspertrigger", "maxbytespertrigger", "versionasof", "timestampasof", *TLS_OPTIONS})
+    "startingtimestamp", "maxrowspertrigger", "maxbytespertrigger", "versionasof", "timestampasof", "mergeschema",
+    *TLS_OPTIONS})
 # Options Spark itself passes to a data source on some paths (a load's paths, a stream's checkpoint location):
 # accepted and ignored.
 SPARK_OPTIONS = frozenset({"checkpointlocation", "paths"})

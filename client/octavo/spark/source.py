@@ -113,7 +113,7 @@ async def _commit(opts: Options, schema: str, ledgers: list[DatasetLedger], mode
         # Orphans (a failed task's ledger) are collected by the auditor's dataset maintenance, in the
         # background, not here: a scan of the cluster's ledgers after every commit grew with the cluster.
         await client.datasets.commit(opts.dataset, schema, ledgers, mode=mode, key_column=opts.key_column,
-                                     stream=stream)
+                                     stream=stream, merge_schema=opts.merge_schema)
     measured = spark_metrics(opts.otlp_endpoint)
     measured.commits.add(1, {"kind": "stream" if stream is not None else "batch"})
     measured.flush()
@@ -223,6 +223,16 @@ def _arrow_schema(schema: StructType) -> pa.Schema:
     return to_arrow_schema(schema, timezone="UTC")
 
 
+def conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
+    """A batch as the dataset's schema wants it: its columns by name in the target's order (projected), cast
+    where nullability or a time zone differs, and nulls for a column added after the batch was written
+    (mergeSchema)."""
+    names = batch.schema.names
+    columns = [batch.column(names.index(f.name)).cast(f.type) if f.name in names
+               else pa.nulls(batch.num_rows, f.type) for f in target]
+    return pa.RecordBatch.from_arrays(columns, schema=target)
+
+
 def _read_slice(opts: Options, target: pa.Schema, part: LedgerSlices) -> Iterator[pa.RecordBatch]:
     """The partition's rows as batches of exactly the dataset's schema (rows appended with another nullability
     are cast: the dataset's schema is the union)."""
@@ -233,9 +243,9 @@ def _read_slice(opts: Options, target: pa.Schema, part: LedgerSlices) -> Iterato
             for ledger_id, first, last in part.pieces:
                 handle = client.open_ledger(ledger_id, password=opts.password, recovery=False)
                 for entry in handle.read(first, last):
-                    for batch in decode_entry(entry.data, opts.columns):
+                    for batch in decode_entry(entry.data):
                         rows += batch.num_rows
-                        yield batch if batch.schema == target else batch.cast(target)
+                        yield batch if batch.schema == target else conform(batch, target)
     finally:
         measured.rows_read.add(rows)
         measured.flush()
