@@ -79,9 +79,10 @@ pytest: setup
 chart: setup helm promtool
 	$(BIN)/pytest charts/tests
 
-# Both end-to-end layers: the chart on the emulated Kubernetes API with real bookies (runs everywhere), then
-# on kind (runs where kind, kubectl and Docker exist; skipped with a message elsewhere).
-e2e: setup helm
+# Both end-to-end layers: the chart and the operator on the local Kubernetes control plane (`make kube`; pods
+# run by the node agent, as root) with real bookies, then on kind (runs where kind, kubectl and Docker exist;
+# skipped with a message elsewhere).
+e2e: setup helm kube
 	$(BIN)/pytest charts/tests e2e/image e2e/local
 	$(MAKE) e2e-kind
 

@@ -5,6 +5,7 @@ CI_SKIPS_ALLOWED (with the reason each skip gives). `make test` installs what th
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -34,6 +35,29 @@ def ci_strict() -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "docker: needs a Docker engine and the built image (`make image image-smoke`); "
                                        "the only tests besides kind's that may skip under CI=true")
+    if os.geteuid() == 0 and _runs(config, LOCAL_KUBE_SCENARIOS):
+        # Now, while pytest runs one thread: the scenarios on the local control plane reach the bookies by their
+        # pods' names through a private /etc/hosts in a mount namespace of this process's own (localplane.py).
+        sys.path.insert(0, str(ROOT / LOCAL_KUBE_SCENARIOS))
+        import localplane
+
+        localplane.setup_private_hosts()
+
+
+LOCAL_KUBE_SCENARIOS = "e2e/local/scenarios"
+
+
+def _runs(config: pytest.Config, folder: str) -> bool:
+    """Whether the paths this run collects (its arguments, or the testpaths) include `folder`."""
+    target = (ROOT / folder).resolve()
+    if not target.is_dir():  # this file copied elsewhere (e2e/test_ci_skips.py)
+        return False
+    args = [a.split("::", 1)[0] for a in config.args if not a.startswith("-")] or ["."]
+    for arg in args:
+        path = (Path(config.invocation_params.dir) / arg).resolve()
+        if path == target or path in target.parents or target in path.parents:
+            return True
+    return False
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -1,12 +1,18 @@
-"""The operator on an emulated Kubernetes API with real bookies: a real etcd, kmock's API emulator with our
-bookkeeping (octavo.localk8s.apiserver), the pod runner starting real `octavo node` processes on loopback
-addresses (octavo.localk8s.podrunner), and the operator in kopf's KopfRunner."""
+"""The operator on a real Kubernetes control plane with real bookies: kube-apiserver, kube-controller-manager
+and kube-scheduler built by `make kube` (octavo.cli.kubecontrolplane), the node agent running the bookie pods as
+local processes in network namespaces of their own (octavo.cli.kubeagent), Octavo's metadata etcd on the pod
+network's gateway address (pods cannot reach the host's 127.0.0.1), and the operator in kopf's KopfRunner with
+the cluster admin's kubeconfig. One control plane and agent serve the whole session (localplane.py); each test
+gets a fresh etcd, and the namespace `default` is emptied after it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import os
+import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,17 +20,20 @@ from typing import Any, TypeVar
 
 import kopf
 import pytest
-import urllib3
 from kopf.testing import KopfRunner
 
 from octavo.cli.localcluster import EtcdProcess, free_port
-from octavo.localk8s.apiserver import ApiServer
-from octavo.localk8s.podrunner import PodRunner
 from octavo.operator import handlers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import localplane
+from localplane import HostsSync, K, PrivateHosts, reset_namespace
 
 T = TypeVar("T")
 POLL_INTERVAL_S = 0.5
 NAMESPACE = "default"
+ROOT = Path(__file__).resolve().parents[3]
+CRDS = ROOT / "charts" / "octavo" / "crds"
 
 
 def eventually(fn: Callable[[], T], timeout_s: float = 60.0, what: str = "the condition") -> T:
@@ -43,57 +52,63 @@ def eventually(fn: Callable[[], T], timeout_s: float = 60.0, what: str = "the co
         time.sleep(0.1)
 
 
-class K:
-    """A small synchronous client of the emulated API for the tests' own reads and writes."""
+class Plane:
+    """The session's control plane, node agent and hosts sync."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.http = urllib3.PoolManager()
+    def __init__(self, plane: Any, agent: Any) -> None:
+        self.plane = plane
+        self.agent = agent
+        self.k = K(plane)
 
-    @staticmethod
-    def path(api_version: str, plural: str, name: str = "", sub: str = "", namespace: str | None = NAMESPACE) -> str:
-        base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-        return f"{base}{f'/namespaces/{namespace}' if namespace else ''}/{plural}" + (f"/{name}" if name else "") + (
-            f"/{sub}" if sub else "")
+    @property
+    def gateway(self) -> str:
+        """The pod network's gateway address: where host processes listen for pods to reach them."""
+        return str(self.agent.network.node_ip(""))
 
-    def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
-        r = self.http.request(method, self.url + path, body=json.dumps(body) if body is not None else None,
-                              headers={"Content-Type": content_type})
-        if r.status == 404:
-            return None
-        if r.status >= 300:
-            raise AssertionError(f"{method} {path}: {r.status} {r.data[:300]!r}")
-        return json.loads(r.data) if r.data else None
 
-    def get(self, api_version: str, plural: str, name: str) -> Any:
-        return self._call("GET", self.path(api_version, plural, name))
+def ensure_crds(plane: Any) -> None:
+    """Our CRDs, from the chart (a chart test deletes them to see `helm install` create them)."""
+    crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    if any(plane.get(f"{crds}/{name}.octavo.io") is None for name in ("bookieclusters", "compactionpolicies")):
+        plane.kubectl("apply", "--server-side", "-f", str(CRDS))
+    plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/bookieclusters.octavo.io",
+                  "crd/compactionpolicies.octavo.io")
 
-    def list(self, api_version: str, plural: str) -> list[Any]:
-        return list((self._call("GET", self.path(api_version, plural)) or {}).get("items") or [])
 
-    def create(self, api_version: str, plural: str, obj: dict[str, Any]) -> None:
-        self._call("POST", self.path(api_version, plural), obj)
+@pytest.fixture(scope="session")
+def kube_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
+    from octavo.cli.kubeagent import NodeAgent, agent_config
+    from octavo.cli.kubecontrolplane import ControlPlaneError, KubeControlPlane, find_binaries
 
-    def patch(self, api_version: str, plural: str, name: str, patch: dict[str, Any], sub: str = "") -> None:
-        self._call("PATCH", self.path(api_version, plural, name, sub), patch, "application/merge-patch+json")
-
-    def delete(self, api_version: str, plural: str, name: str) -> None:
-        self._call("DELETE", self.path(api_version, plural, name))
-
-    def cluster(self, name: str) -> Any:
-        return self.get("octavo.io/v1alpha1", "bookieclusters", name)
-
-    def condition(self, name: str, kind: str) -> dict[str, Any]:
-        status = (self.cluster(name) or {}).get("status") or {}
-        return next((c for c in status.get("conditions") or [] if c["type"] == kind), {})
-
-    def events(self, reason: str = "") -> list[dict[str, Any]]:
-        return [e for e in self.list("v1", "events") if not reason or e.get("reason") == reason]
+    try:
+        find_binaries()
+    except ControlPlaneError as e:  # under CI=true this skip fails the run: `make test` builds them (make kube)
+        pytest.skip(str(e))
+    hosts = localplane.HOSTS  # set up by the root conftest.py's pytest_configure (localplane.py says why)
+    if not isinstance(hosts, PrivateHosts):
+        pytest.skip(f"the node agent and the tests' private /etc/hosts need root: {hosts}")
+    root = tmp_path_factory.mktemp("kube")
+    plane = KubeControlPlane(root / "plane").start()
+    try:
+        ensure_crds(plane)
+        # A bridge of its own: `octavo dev up --kubernetes` or another run may use the default one.
+        agent = NodeAgent(agent_config(plane, root / "agent", bridge=f"okt-{os.getpid() % 100000}")).start()
+        try:
+            sync = HostsSync(hosts, agent).start()
+            try:
+                yield Plane(plane, agent)
+            finally:
+                sync.stop()
+        finally:
+            agent.stop()
+    finally:
+        plane.stop()
 
 
 @pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[str]:
-    proc = EtcdProcess(str(tmp_path / "etcd"))
+def etcd(tmp_path: Path, kube_plane: Plane) -> Iterator[str]:
+    """Octavo's metadata etcd, on the gateway address (the pods reach it there, the tests too)."""
+    proc = EtcdProcess(str(tmp_path / "etcd"), host=kube_plane.gateway)
     endpoint = proc.start()
     try:
         yield endpoint
@@ -112,20 +127,56 @@ class LocalKube:
                                                 "memory": (c.get("status") or {}).get("memory"),
                                                 "specError": (c.get("status") or {}).get("specError")}
                         for c in self.k.list("octavo.io/v1alpha1", "bookieclusters")}
-            pods = {name: (c.running(), c.ready, c.restarts) for (_, name), c in self.runner.containers.items()}
-            raise AssertionError(f"{e}; clusters: {json.dumps(statuses)[:6000]}; pod runner: containers "
-                                 f"(running, ready, restarts) {pods}, errors {self.runner.errors[-5:]}") from None
+            raise AssertionError(f"{e}; clusters: {json.dumps(statuses)[:6000]}; pods (phase, [(ready, restarts, "
+                                 f"state)]): {self.k.pod_status()}, agent errors {self.agent.errors[-5:]}") from None
 
-    def __init__(self, api: ApiServer, runner: PodRunner, etcd: str) -> None:
-        self.api = api
-        self.runner = runner
+    def __init__(self, plane: Plane, etcd: str) -> None:
+        self.plane = plane.plane
+        self.agent = plane.agent
+        self.gateway = plane.gateway
+        self.kubeconfig = plane.plane.kubeconfig
         self.etcd = etcd
-        self.k = K(api.url)
+        self.k = plane.k
+
+    # -- pods, through the API's pod status and the agent ----------------------------------------------------
+    def pod(self, namespace: str, pod: str) -> dict[str, Any]:
+        found = self.k._call("GET", self.k.path("v1", "pods", pod, namespace=namespace))
+        assert found is not None, f"no pod {namespace}/{pod}"
+        return dict(found)
+
+    def kill(self, namespace: str, pod: str) -> None:
+        """SIGKILL the pod's (first) container process, as a crash: the agent restarts it (restartPolicy)."""
+        status = self.pod(namespace, pod)["status"]["containerStatuses"][0]
+        pid = int(status["containerID"].removeprefix("octavo://"))
+        os.kill(pid, signal.SIGKILL)
+
+    def address(self, namespace: str, pod: str, port: int = 3181) -> str:
+        """The pod's stable name as its StatefulSet gives it (`<pod>.<service>.<ns>.svc`, what a bookie
+        advertises and its certificate names; the tests resolve it through their private /etc/hosts)."""
+        spec = self.pod(namespace, pod)["spec"]
+        return f"{spec.get('hostname') or pod}.{spec['subdomain']}.{namespace}.svc:{port}"
+
+    def restarts(self, namespace: str, pod: str) -> int:
+        return int(self.pod(namespace, pod)["status"]["containerStatuses"][0]["restartCount"])
+
+    def story(self, namespace: str, pod: str) -> str:
+        """For a failure message: the pod's container statuses, its events and its container's last two runs'
+        log tails (from the agent's files)."""
+        found = self.pod(namespace, pod)
+        events = [f"{e.get('reason')}: {e.get('message')}" for e in self.k.events()
+                  if (e.get("involvedObject") or {}).get("name") == pod]
+        worker = self.agent.worker(namespace, pod)
+        logs = []
+        for container in (worker.containers if worker is not None else []):
+            for path in (container.previous_log_path, container.log_path):
+                with contextlib.suppress(OSError):
+                    logs.append(f"{path.name}: ...{path.read_text(errors='replace')[-1500:]}")
+        return f"{pod}: {found['status'].get('containerStatuses')}; events {events}; logs {logs}"
 
     @contextlib.contextmanager
     def operator(self, metrics_tls: bool = False) -> Iterator[KopfRunner]:
         """The operator, as `octavo operator run` runs it (its handlers in a registry of their own)."""
-        handlers.CONFIG.kubeconfig = self.api.kubeconfig
+        handlers.CONFIG.kubeconfig = self.kubeconfig
         handlers.CONFIG.kube = None
         handlers.CONFIG.locks.clear()
         handlers.CONFIG.scale_downs.clear()
@@ -145,14 +196,17 @@ class LocalKube:
 
     def operator_metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         """(sample name, sorted labels) -> value, scraped from the running operator's /metrics."""
+        import urllib.request
+
         from prometheus_client.parser import text_string_to_metric_families
 
         telemetry = handlers.CONFIG.telemetry
         assert telemetry is not None and telemetry.endpoint is not None, "the operator serves no metrics"
-        r = self.k.http.request("GET", f"http://127.0.0.1:{telemetry.endpoint.port}/metrics")
-        assert r.status == 200, r.status
+        with urllib.request.urlopen(f"http://127.0.0.1:{telemetry.endpoint.port}/metrics", timeout=10) as r:
+            assert r.status == 200, r.status
+            text = r.read().decode()
         return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-                for family in text_string_to_metric_families(r.data.decode()) for sample in family.samples}
+                for family in text_string_to_metric_families(text) for sample in family.samples}
 
     def bookie_cluster(self, name: str, replicas: int, policy: str = "", min_writable: int = 3,
                        bookie: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -180,38 +234,38 @@ class LocalKube:
         return asyncio.run(read())
 
 
-@pytest.fixture
-def local_kube(tmp_path: Path, etcd: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalKube]:
-    with ApiServer() as api:
-        monkeypatch.setenv("KUBECONFIG", api.kubeconfig)
-        runner = PodRunner(api.url, str(tmp_path / "kube")).start()
-        try:
-            yield LocalKube(api, runner, etcd)
-        finally:
-            runner.stop()
-            runner.check()
-            handlers.CONFIG.clock_offset_s = 0.0
+@contextlib.contextmanager
+def _local(plane: Plane, etcd: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalKube]:
+    monkeypatch.setenv("KUBECONFIG", plane.plane.kubeconfig)
+    try:
+        yield LocalKube(plane, etcd)
+    finally:
+        handlers.CONFIG.clock_offset_s = 0.0
+        reset_namespace(plane.k, plane.agent)
+        ensure_crds(plane.plane)
 
 
 @pytest.fixture
-def tls_kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[LocalKube, Any]]:
+def local_kube(kube_plane: Plane, etcd: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalKube]:
+    with _local(kube_plane, etcd, monkeypatch) as kube:
+        yield kube
+
+
+@pytest.fixture
+def tls_kube(kube_plane: Plane, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[LocalKube, Any]]:
     """The same with an etcd that requires client certificates, and the CA that issued its certificate (for the
     Secrets and clients a test makes)."""
     from octavo.cli.certs import CertificateAuthority
     from octavo.meta.tls import TlsFiles
 
     ca = CertificateAuthority("octavo-e2e-ca")
-    server = ca.write(tmp_path / "pki", "etcd", common_name="etcd", sans=["127.0.0.1", "localhost"])
-    etcd = EtcdProcess(str(tmp_path / "etcd"), tls=TlsFiles(server.cert_file, server.key_file, server.ca_file))
+    server = ca.write(tmp_path / "pki", "etcd", common_name="etcd",
+                      sans=["127.0.0.1", "localhost", kube_plane.gateway])
+    etcd = EtcdProcess(str(tmp_path / "etcd"), tls=TlsFiles(server.cert_file, server.key_file, server.ca_file),
+                       host=kube_plane.gateway)
     endpoint = etcd.start()
     try:
-        with ApiServer() as api:
-            monkeypatch.setenv("KUBECONFIG", api.kubeconfig)
-            runner = PodRunner(api.url, str(tmp_path / "kube")).start()
-            try:
-                yield LocalKube(api, runner, endpoint), ca
-            finally:
-                runner.stop()
-                runner.check()
+        with _local(kube_plane, endpoint, monkeypatch) as kube:
+            yield kube, ca
     finally:
         etcd.stop(kill=True)

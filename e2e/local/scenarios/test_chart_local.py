@@ -1,8 +1,10 @@
-"""The Helm chart's scenarios on this machine: the chart rendered by the real helm and applied to the emulated
-Kubernetes API, the operator started from the rendered Deployment's own command, real bookies from the pod
-runner, a real etcd (the chart's external-etcd mode: the in-release etcd StatefulSet needs images). The same
-scenarios as the kind e2e (e2e/kind/) except pulling images and filling a volume at the kernel level (a bookie's
-disk_capacity_bytes setting stands in for a small volume)."""
+"""The Helm chart's scenarios on this machine: the real helm installs, tests, upgrades and uninstalls the chart on
+the local control plane (conftest.py, helmlocal.py); the operator runs as the chart's Deployment pod and the
+bookies as its StatefulSet's pods under the node agent; etcd as the release's own StatefulSet (3 members under
+the agent) in the main scenario, elsewhere a real etcd on the pod network's gateway address (the chart's
+external-etcd mode; over TLS in the TLS scenario). The same scenarios as the kind e2e (e2e/kind/) except pulling
+images and filling a volume at the kernel level (a bookie's disk_capacity_bytes setting stands in for a small
+volume)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from octavo.client import Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helmlocal import ROOT, LocalRelease, helm_binary
+from localplane import KEPT
 
 LocalKube = Any  # the local_kube fixture (conftest.py)
 NAMESPACE = "default"  # conftest.NAMESPACE
@@ -30,10 +33,10 @@ CLUSTER = "octavo"
 V1 = "octavo.io/v1alpha1"
 
 
-def values(etcd: str, **over: Any) -> dict[str, Any]:
+def values(external_etcd: str, **over: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "etcd": {"enabled": False},
-        "externalEtcd": {"endpoints": etcd},
+        "externalEtcd": {"endpoints": external_etcd},
         "image": {"repository": "octavo", "tag": "dev"},
         "operator": {"pollIntervalSeconds": 0.5, "adminTimeoutSeconds": 2},
         "bookieCluster": {"replicas": 3, "storage": {"size": "1Gi"}, "resources": {},
@@ -63,20 +66,30 @@ def bookies(local_kube: LocalKube) -> dict[str, Any]:
     return {b["id"]: b for b in status.get("bookies") or []}
 
 
-def ready(local_kube: LocalKube, replicas: int) -> bool:
+def registered(etcd: str) -> list[str]:
+    async def read() -> list[str]:
+        async with Client(etcd, CLUSTER) as client:
+            return sorted(await client.bookies(refresh=True))
+    return asyncio.run(read())
+
+
+def ready(local_kube: LocalKube, replicas: int, etcd: str = "") -> bool:
+    """Ready with `replicas` bookies, each registered in `etcd` (the external one by default)."""
     cluster = local_kube.k.cluster(CLUSTER) or {}
     return (local_kube.k.condition(CLUSTER, "Ready").get("status") == "True"
             and (cluster.get("status") or {}).get("readyReplicas") == replicas
-            and len(local_kube.registered(CLUSTER)) == replicas)
+            and len(registered(etcd or local_kube.etcd)) == replicas)
 
 
 @pytest.fixture
 def release(local_kube: LocalKube, tmp_path: Path) -> Any:
     made: list[LocalRelease] = []
+    # No CRDs before the install: `helm install` creates them from the chart's crds/ (conftest.py puts them back
+    # after the test; Helm itself never deletes them).
+    local_kube.plane.kubectl("delete", "--wait=true", "--ignore-not-found", "-f", str(ROOT / "charts/octavo/crds"))
 
     def make(vals: dict[str, Any]) -> LocalRelease:
-        rel = LocalRelease(local_kube.api.url, local_kube.api.kubeconfig, tmp_path / "release", vals,
-                           namespace=NAMESPACE)
+        rel = LocalRelease(local_kube.kubeconfig, local_kube.agent, tmp_path / "release", vals, namespace=NAMESPACE)
         made.append(rel)
         return rel
     yield make
@@ -85,9 +98,11 @@ def release(local_kube: LocalKube, tmp_path: Path) -> Any:
 
 
 def test_install_test_kill_fill_scale_and_uninstall(local_kube: LocalKube, release: Any) -> None:
-    k, etcd = local_kube.k, local_kube.etcd
+    k = local_kube.k
+    # The release's own etcd: the chart's StatefulSet of 3 members, run by the agent like the bookies.
     rel: LocalRelease = release(values(
-        local_kube.etcd,
+        "", etcd={"enabled": True, "replicas": 3, "storage": {"size": "1Gi"}, "resources": {},
+                  "deleteVolumesOnUninstall": True},
         bookieCluster={"replicas": 4, "storage": {"size": "1Gi"}, "resources": {}, "deleteVolumesOnUninstall": True,
                        "bookie": {"disk_check_interval_ms": 200, "gc_interval_ms": 500,
                                   "disk_capacity_bytes": 8 << 20, "log_size_bytes_max": 256 * 1024,
@@ -101,17 +116,19 @@ def test_install_test_kill_fill_scale_and_uninstall(local_kube: LocalKube, relea
         except AssertionError as e:
             raise AssertionError(f"{e}\noperator log:\n{rel.operator_log()}") from None
 
-    # helm install: the operator (from the Deployment's command) makes the BookieCluster's bookies.
+    # helm install: the operator (the Deployment's pod) makes the BookieCluster's bookies.
     rel.install()
-    assert [p.poll() for p in rel.operators.values()] == [None]
-    eventually(lambda: ready(local_kube, 4), 90, "4 bookies ready and registered")
+    assert k.get("apps/v1", "deployments", f"{CLUSTER}-operator")["status"]["availableReplicas"] == 1
+    etcd = k.get("v1", "configmaps", f"{CLUSTER}-etcd-endpoints")["data"]["endpoints"]
+    assert etcd.startswith(f"{CLUSTER}-etcd-0.") and etcd.count(",") == 2, etcd
+    eventually(lambda: ready(local_kube, 4, etcd), 120, "4 bookies ready and registered")
     statefulset = k.get("apps/v1", "statefulsets", CLUSTER)
     assert statefulset["spec"]["template"]["spec"]["containers"][0]["image"] == "octavo:dev"
     assert k.get("policy/v1", "poddisruptionbudgets", CLUSTER) is not None
     assert k.cluster(CLUSTER)["spec"]["compactionPolicyRef"] == {"name": "octavo"}
 
     # helm test: the test pod writes a ledger through the client and reads it back.
-    [tested] = rel.test()
+    tested = rel.test()
     assert tested.returncode == 0 and tested.stdout.startswith("ok: ledger "), tested.stdout + tested.stderr
     assert k.get("v1", "pods", "octavo-test-write-read")["status"]["phase"] == "Succeeded"  # kept, as Helm does
 
@@ -139,7 +156,7 @@ def test_install_test_kill_fill_scale_and_uninstall(local_kube: LocalKube, relea
     thread.start()
     try:
         eventually(lambda: len(acked) >= 2, 30, "the writer writing")
-        local_kube.runner.kill(NAMESPACE, f"{CLUSTER}-1")
+        local_kube.kill(NAMESPACE, f"{CLUSTER}-1")
         written = len(acked)
         eventually(lambda: len(acked) >= written + 3, 60, "the writer going on after the kill")
     finally:
@@ -148,7 +165,7 @@ def test_install_test_kill_fill_scale_and_uninstall(local_kube: LocalKube, relea
     assert not failures, failures
     for ledger, count in acked.items():
         asyncio.run(read_all(etcd, ledger, count))
-    eventually(lambda: ready(local_kube, 4), 60, "the killed bookie back")
+    eventually(lambda: ready(local_kube, 4, etcd), 60, "the killed bookie back")
 
     # A bookie's disk fills past readOnlyRatio: forced read-only; writable again once the space comes back.
     async def fill() -> int:
@@ -177,20 +194,23 @@ def test_install_test_kill_fill_scale_and_uninstall(local_kube: LocalKube, relea
     rel.upgrade({"bookieCluster": {"replicas": 3}})
     eventually(lambda: k.get("apps/v1", "statefulsets", CLUSTER)["spec"]["replicas"] == 3, 120,
                "the StatefulSet scaled to 3")
-    eventually(lambda: sorted(local_kube.registered(CLUSTER)) == [f"{CLUSTER}-{i}" for i in range(3)], 30,
+    eventually(lambda: registered(etcd) == [f"{CLUSTER}-{i}" for i in range(3)], 30,
                "three bookies registered")
     for ledger, count in acked.items():
         asyncio.run(read_all(etcd, ledger, count))
     rel.upgrade({"bookieCluster": {"replicas": 4}})
-    eventually(lambda: ready(local_kube, 4), 90, "4 bookies again")
+    eventually(lambda: ready(local_kube, 4, etcd), 90, "4 bookies again")
 
     # helm uninstall: the hook deletes the cluster and policy while the operator runs, then everything goes.
-    [hooked] = rel.uninstall()
+    volumes = [Path(pv["spec"]["local"]["path"]) for pv in k._call("GET", "/api/v1/persistentvolumes")["items"]
+               if pv["spec"]["claimRef"]["name"].startswith(f"data-{CLUSTER}-")]
+    assert len(volumes) == 4 + 3, volumes  # the bookies' and the etcd members'
+    hooked = rel.uninstall()
     assert hooked.returncode == 0, hooked.stdout + hooked.stderr
     assert "bookieclusters/octavo in default: deleted (the operator released it)" in hooked.stdout, hooked.stdout
     assert "deleted PersistentVolumeClaim default/data-octavo-0" in hooked.stdout
     assert "deleted Pod default/octavo-test-write-read" in hooked.stdout
-    assert not rel.operators
+    assert k.get("apps/v1", "deployments", f"{CLUSTER}-operator") is None
 
     def leftovers() -> dict[str, list[str]]:
         out = {}
@@ -199,21 +219,32 @@ def test_install_test_kill_fill_scale_and_uninstall(local_kube: LocalKube, relea
                                     ("v1", "serviceaccounts"), ("policy/v1", "poddisruptionbudgets"),
                                     (V1, "bookieclusters"), (V1, "compactionpolicies"),
                                     ("rbac.authorization.k8s.io/v1", "roles"),
-                                    ("rbac.authorization.k8s.io/v1", "rolebindings")):
-            names = [o["metadata"]["name"] for o in k.list(api_version, plural)]
+                                    ("rbac.authorization.k8s.io/v1", "rolebindings"), ("v1", "secrets")):
+            # What the control plane keeps in every namespace is not the release's.
+            names = [o["metadata"]["name"] for o in k.list(api_version, plural)
+                     if o["metadata"]["name"] not in KEPT.get(plural, ())]
             if names:
                 out[plural] = names
-        cluster_wide = k._call("GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles") or {}
-        if cluster_wide.get("items"):
-            out["clusterroles"] = [o["metadata"]["name"] for o in cluster_wide["items"]]
+        # Cluster-wide: the release's own (a real API server has its system roles, and the volumes the agent
+        # provisioned for other tests' claims).
+        for plural in ("clusterroles", "clusterrolebindings"):
+            listed = k._call("GET", f"/apis/rbac.authorization.k8s.io/v1/{plural}") or {}
+            mine = [o["metadata"]["name"] for o in listed.get("items") or []
+                    if (o["metadata"].get("labels") or {}).get("app.kubernetes.io/instance") == CLUSTER]
+            if mine:
+                out[plural] = mine
+        volumes = k._call("GET", "/api/v1/persistentvolumes") or {}
+        claimed = [o["metadata"]["name"] for o in volumes.get("items") or []
+                   if ((o["spec"].get("claimRef") or {}).get("name") or "").startswith(f"data-{CLUSTER}-")]
+        if claimed:
+            out["persistentvolumes"] = claimed
         return out
 
     try:
         eventually(lambda: leftovers() == {}, 30, "nothing left after uninstall")
     except AssertionError as e:
         raise AssertionError(f"left after uninstall: {leftovers()}\n{e}") from None
-    volumes = local_kube.runner.root / NAMESPACE / "volumes"
-    eventually(lambda: not volumes.exists() or not any(volumes.iterdir()), 10, "the volume directories deleted")
+    eventually(lambda: not any(v.exists() for v in volumes), 30, "the volume directories deleted")
 
 
 def test_uninstall_removes_the_finalizer_when_no_operator_runs(local_kube: LocalKube) -> None:
@@ -224,14 +255,14 @@ def test_uninstall_removes_the_finalizer_when_no_operator_runs(local_kube: Local
         "spec": {"image": "x", "storage": {"size": "1Gi"}, "etcd": {"endpoints": local_kube.etcd}}})
     done = subprocess.run([sys.executable, "-m", "octavo.cli.main", "operator", "uninstall", "--namespace", NAMESPACE,
                            "--bookie-cluster", "orphan", "--compaction-policy", "absent", "--timeout-s", "1",
-                           "--kubeconfig", local_kube.api.kubeconfig], capture_output=True, text=True, timeout=60)
+                           "--kubeconfig", local_kube.kubeconfig], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "did not release it within 1 s" in done.stdout and "compactionpolicies/absent" in done.stdout
     left = k.cluster("orphan")
     # Only our finalizer is removed; another controller's stays (and holds the object, as it should).
     assert left is None or left["metadata"]["finalizers"] == ["example.com/other"]
     bad = subprocess.run([sys.executable, "-m", "octavo.cli.main", "operator", "uninstall", "--namespace", NAMESPACE,
-                          "--timeout-s", "0", "--kubeconfig", local_kube.api.kubeconfig], capture_output=True,
+                          "--timeout-s", "0", "--kubeconfig", local_kube.kubeconfig], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "--timeout-s must be in" in bad.stderr
 
@@ -266,12 +297,11 @@ def test_a_tls_release_with_its_own_secrets_and_an_external_etcd_over_tls(tls_ku
                                    "metadata": {"name": name, "namespace": NAMESPACE},
                                    "data": {key_: base64.b64encode(v).decode() for key_, v in data.items()}})
 
-    ips = [f"{kube.runner.ip_prefix}.{i}" for i in range(1, 10)]
-    secret("bookie-tls", CLUSTER, [f"*.{CLUSTER}-bookies.{NAMESPACE}.svc", f"{CLUSTER}.{NAMESPACE}.svc", *ips])
+    secret("bookie-tls", CLUSTER, [f"*.{CLUSTER}-bookies.{NAMESPACE}.svc", f"{CLUSTER}.{NAMESPACE}.svc"])
     secret("operator-tls", "octavo-operator", [])
     secret("client-tls", "octavo-client", [])
     secret("etcd-client-tls", "octavo-etcd-user", [])
-    rel = LocalRelease(kube.api.url, kube.api.kubeconfig, tmp_path / "release", values(
+    rel = LocalRelease(kube.kubeconfig, kube.agent, tmp_path / "release", values(
         kube.etcd, externalEtcd={"endpoints": kube.etcd, "tls": {"secretName": "etcd-client-tls"}},
         tls={"enabled": True, "certManager": {"enabled": False}, "bookieSecret": "bookie-tls",
              "operatorSecret": "operator-tls", "clientSecret": "client-tls", "metrics": True}), namespace=NAMESPACE)
@@ -297,9 +327,9 @@ def _tls_release(kube: Any, ca: Any, rel: LocalRelease, tmp_path: Path) -> None:
         kube.eventually(tls_ready, 90, "a TLS cluster Ready through the operator's certificate")
     except AssertionError as e:
         raise AssertionError(f"{e}\noperator log:\n{rel.operator_log()}") from None
-    [tested] = rel.test()
+    tested = rel.test()
     assert tested.returncode == 0 and tested.stdout.startswith("ok: ledger "), tested.stdout + tested.stderr
-    address = kube.runner.address(NAMESPACE, f"{CLUSTER}-0")
+    address = kube.address(NAMESPACE, f"{CLUSTER}-0")
     client = ca.write(tmp_path / "pki", "c", common_name="someone", sans=[])
     with BookieConnection(address, tls=TlsFiles(ca_file=client.ca_file)) as conn, \
             pytest.raises(grpc.RpcError) as refused:

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,8 +18,11 @@ from typing import Any, TypeVar
 
 import pytest
 
-from octavo.cli.kubeagent import NodeAgent, agent_config
-from octavo.cli.kubecontrolplane import ControlPlaneError, KubeControlPlane, find_binaries
+from octavo.cli.kubeagent import NodeAgent
+from octavo.cli.kubecontrolplane import ControlPlaneError, KubeControlPlane
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from localplane import reset_namespace
 
 T = TypeVar("T")
 NS = "default"
@@ -65,24 +69,12 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    try:
-        find_binaries()
-    except ControlPlaneError as e:
-        pytest.skip(str(e))
-    if os.geteuid() != 0:
-        pytest.skip("the node agent needs root (mount and network namespaces per pod)")
-    root = tmp_path_factory.mktemp("kube-agent")
-    plane = KubeControlPlane(root / "plane").start()
-    try:
-        # A bridge of its own: `octavo dev up --kubernetes` may be running on this machine with the default one.
-        agent = NodeAgent(agent_config(plane, root / "agent", bridge=f"okt-{os.getpid() % 100000}")).start()
-        try:
-            yield Cluster(plane, agent)
-        finally:
-            agent.stop()
-    finally:
-        plane.stop()
+def cluster(kube_plane: Any) -> Iterator[Cluster]:
+    """The session's control plane and agent (conftest.py: it skips without `make kube`'s binaries or root; its
+    agent has a bridge of its own), the namespace emptied before and after."""
+    reset_namespace(kube_plane.k, kube_plane.agent)
+    yield Cluster(kube_plane.plane, kube_plane.agent)
+    reset_namespace(kube_plane.k, kube_plane.agent)
 
 
 def test_nodes_register_ready_with_zones_and_lose_their_taints(cluster: Cluster) -> None:

@@ -5,30 +5,34 @@ garbage collector removes dependents. No nodes are needed for these."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from octavo.cli.kubecontrolplane import ControlPlaneError, KubeControlPlane, find_binaries, pinned_version
+from octavo.cli.kubecontrolplane import KubeControlPlane, pinned_version
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from localplane import reset_namespace
 
 ROOT = Path(__file__).resolve().parents[3]
 CRDS = ROOT / "charts" / "octavo" / "crds"
 
 
 @pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeControlPlane]:
-    try:
-        find_binaries()
-    except ControlPlaneError as e:  # under CI=true this skip fails the run: `make test` builds them (make kube)
-        pytest.skip(str(e))
-    with KubeControlPlane(tmp_path_factory.mktemp("kube")) as p:
-        p.kubectl("apply", "--server-side", "-f", str(CRDS))
-        p.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/bookieclusters.octavo.io",
-                  "crd/compactionpolicies.octavo.io")
-        yield p
+def plane(kube_plane: Any) -> Iterator[KubeControlPlane]:
+    """The session's control plane (conftest.py: it skips without `make kube`'s binaries or root), with the
+    CRDs applied here from the chart, and the namespace emptied before and after."""
+    kube_plane.plane.kubectl("apply", "--server-side", "-f", str(CRDS))
+    kube_plane.plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/bookieclusters.octavo.io",
+                             "crd/compactionpolicies.octavo.io")
+    reset_namespace(kube_plane.k, kube_plane.agent)
+    yield kube_plane.plane
+    reset_namespace(kube_plane.k, kube_plane.agent)
 
 
 def cluster(name: str, **spec: object) -> str:

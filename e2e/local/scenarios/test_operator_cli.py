@@ -1,5 +1,5 @@
 """`octavo operator run` as a process: its flags refused with a message, its liveness endpoint, and its work
-against the emulated API."""
+against the local control plane's API server (conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from octavo.cli.localcluster import free_port
-from octavo.localk8s.apiserver import ApiServer
+
+LocalKube = Any  # the local_kube fixture (conftest.py)
 
 
 def run(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
@@ -35,43 +37,40 @@ def test_bad_flags_are_refused_with_a_message(args: list[str], message: str) -> 
     assert "Traceback" not in out.stderr
 
 
-def test_the_operator_process_answers_liveness_and_reconciles(tmp_path: Path) -> None:
+def test_the_operator_process_answers_liveness_and_reconciles(local_kube: LocalKube, tmp_path: Path) -> None:
     port = free_port()
-    with ApiServer() as api:
-        log = open(tmp_path / "operator.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen([sys.executable, "-m", "octavo.cli.main", "operator", "run", "--kubeconfig",
-                                 api.kubeconfig, "--poll-interval-s", "0.5", "--liveness", f"127.0.0.1:{port}"],
-                                stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-                        assert r.status == 200
-                        break
-                except (urllib.error.URLError, ConnectionError):
-                    assert proc.poll() is None, (tmp_path / "operator.log").read_text()
-                    assert time.monotonic() < deadline, "no liveness endpoint within 60 s"
-                    time.sleep(0.2)
-            body = {"apiVersion": "octavo.io/v1alpha1", "kind": "BookieCluster",
-                    "metadata": {"name": "logs", "namespace": "default"},
-                    "spec": {"replicas": 3, "image": "octavo:dev", "storage": {"size": "1Gi"},
-                             "etcd": {"endpoints": "127.0.0.1:1"}}}
-            req = urllib.request.Request(f"{api.url}/apis/octavo.io/v1alpha1/namespaces/default/bookieclusters",
-                                         data=json.dumps(body).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
-            urllib.request.urlopen(req, timeout=10).close()
-            while not any(s["metadata"]["name"] == "logs" for s in api.objects("statefulsets")):
-                assert time.monotonic() < deadline + 30, "no StatefulSet from the operator process"
-                time.sleep(0.2)
-            while True:  # the liveness probe reports the last poll once there was one
+    k = local_kube.k
+    log = open(tmp_path / "operator.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, "-m", "octavo.cli.main", "operator", "run", "--kubeconfig",
+                             local_kube.kubeconfig, "--poll-interval-s", "0.5", "--liveness", f"127.0.0.1:{port}"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-                    probes = json.loads(r.read())
-                if probes["poll"]["lastPoll"]:
+                    assert r.status == 200
                     break
-                assert time.monotonic() < deadline + 60, probes
+            except (urllib.error.URLError, ConnectionError):
+                assert proc.poll() is None, (tmp_path / "operator.log").read_text()
+                assert time.monotonic() < deadline, "no liveness endpoint within 60 s"
                 time.sleep(0.2)
-        finally:
-            proc.terminate()
-            assert proc.wait(30) == 0, (tmp_path / "operator.log").read_text()
-            log.close()
+        body = {"apiVersion": "octavo.io/v1alpha1", "kind": "BookieCluster",
+                "metadata": {"name": "logs", "namespace": "default"},
+                "spec": {"replicas": 3, "image": "octavo:dev", "storage": {"size": "1Gi"},
+                         "etcd": {"endpoints": "127.0.0.1:1"}}}
+        k.create("octavo.io/v1alpha1", "bookieclusters", body)
+        while k.get("apps/v1", "statefulsets", "logs") is None:
+            assert time.monotonic() < deadline + 30, "no StatefulSet from the operator process"
+            time.sleep(0.2)
+        while True:  # the liveness probe reports the last poll once there was one
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                probes = json.loads(r.read())
+            if probes["poll"]["lastPoll"]:
+                break
+            assert time.monotonic() < deadline + 60, probes
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0, (tmp_path / "operator.log").read_text()
+        log.close()

@@ -1,4 +1,4 @@
-"""A BookieCluster with spec.tls and spec.etcd.tls on the emulated API with real bookies: the Secrets (as
+"""A BookieCluster with spec.tls and spec.etcd.tls on the local control plane with real bookies: the Secrets (as
 cert-manager writes them) are mounted into the pods, the bookies serve mutual TLS and reach an etcd that
 requires client certificates, the operator reaches them with its own certificate (or says what it lacks), and a
 client with a certificate of the CA writes and reads."""
@@ -41,9 +41,7 @@ def test_a_tls_cluster_serves_mutual_tls_and_reaches_etcd_over_tls(tls_kube: tup
 
     kube, ca = tls_kube
     k = kube.k
-    ips = [f"{kube.runner.ip_prefix}.{i}" for i in range(1, 10)]  # the runner's pod addresses, in creation order
-    k.create("v1", "secrets", tls_secret("logs-tls", ca, "logs", [
-        "*.logs-bookies.default.svc", "logs.default.svc", *ips]))
+    k.create("v1", "secrets", tls_secret("logs-tls", ca, "logs", ["*.logs-bookies.default.svc", "logs.default.svc"]))
     k.create("v1", "secrets", tls_secret("etcd-client", ca, "bookies", []))
     operator = ca.write(tmp_path / "operator", "operator", common_name="octavo-operator", sans=[])
     client = ca.write(tmp_path / "client", "client", common_name="spark-writer", sans=[])
@@ -98,7 +96,7 @@ def test_a_tls_cluster_serves_mutual_tls_and_reaches_etcd_over_tls(tls_kube: tup
         assert got == PAYLOAD
 
         # Without a client certificate, or in plaintext, a bookie serves nothing.
-        address = kube.runner.address(NAMESPACE, "logs-0")
+        address = kube.address(NAMESPACE, "logs-0")
         from octavo.node.testing import BookieConnection
 
         for tls in (TlsFiles(ca_file=client.ca_file), None):
