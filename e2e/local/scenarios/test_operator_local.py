@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from typing import Any
@@ -365,3 +366,61 @@ def test_a_killed_bookie_shows_in_the_status_until_its_pod_is_back(local_kube: L
         eventually(lambda: k.condition("logs", "Ready").get("status") == "True"
                    and k.condition("logs", "Degraded").get("status") == "False", 60, "Ready after the restart")
         assert local_kube.restarts("default", "logs-1") == 1, local_kube.story("default", "logs-1")
+
+
+def test_a_spec_change_rolls_the_statefulsets_pods_one_at_a_time(local_kube: LocalKube) -> None:
+    """A bookie setting changes the ConfigMap, so the pod template's config-hash annotation: kube-controller-manager
+    replaces the pods (RollingUpdate, maxUnavailable 1), never two of them down at once."""
+    k, eventually = local_kube.k, local_kube.eventually
+    names = ["logs-0", "logs-1", "logs-2"]
+
+    def ready(pod: dict[str, Any]) -> bool:
+        return not pod["metadata"].get("deletionTimestamp") and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
+
+    def pods() -> dict[str, dict[str, Any]]:
+        return {p["metadata"]["name"]: p for p in k.list("v1", "pods") if p["metadata"]["name"] in names}
+
+    with local_kube.operator():
+        local_kube.bookie_cluster("logs", replicas=3)
+        eventually(lambda: k.condition("logs", "Ready").get("status") == "True", 60, "Ready")
+        before = {name: p["metadata"]["uid"] for name, p in pods().items()}
+        assert sorted(before) == names and all(ready(p) for p in pods().values())
+        old_hash = k.get("apps/v1", "statefulsets", "logs")["spec"]["template"]["metadata"]["annotations"][
+            "octavo.io/config-hash"]
+        k.patch("octavo.io/v1alpha1", "bookieclusters", "logs", {"spec": {"bookie": {"gc_interval_ms": 700}}})
+        seen: dict[str, list[str]] = {name: [uid] for name, uid in before.items()}
+        max_down, down_samples, samples = 0, [], 0
+        started = time.monotonic()
+        deadline = started + 90
+        order: list[tuple[str, float]] = []
+        while True:
+            now = pods()
+            for name, pod in now.items():
+                if pod["metadata"]["uid"] != seen[name][-1]:
+                    seen[name].append(pod["metadata"]["uid"])
+                    order.append((name, round(time.monotonic() - started, 1)))
+            down = sorted(name for name in names if name not in now or not ready(now[name]))
+            samples += 1
+            if len(down) > max_down:
+                max_down = len(down)
+            if len(down) >= 2:
+                down_samples.append(down)
+            if all(len(seen[n]) >= 2 for n in names) and not down:
+                break
+            assert time.monotonic() < deadline, f"not rolled within 90 s: uids {seen}, {k.pod_status()}"
+            time.sleep(0.2)
+        sts = k.get("apps/v1", "statefulsets", "logs")
+        assert sts["spec"]["template"]["metadata"]["annotations"]["octavo.io/config-hash"] != old_hash
+        assert not down_samples, f"two or more bookies down at once ({max_down} of 3): {down_samples[:5]}"
+        assert max_down == 1, f"no pod seen down in {samples} samples"
+        assert {n: len(u) for n, u in seen.items()} == {n: 2 for n in names}, f"replaced more than once: {seen}"
+        assert all(seen[n][1] != before[n] for n in names)
+        status = eventually(lambda: (s := k.get("apps/v1", "statefulsets", "logs")["status"])
+                            and s.get("updatedReplicas") == 3 and s.get("readyReplicas") == 3 and s, 30,
+                            "the StatefulSet's status updated")
+        assert status["updateRevision"] == status["currentRevision"], status
+        eventually(lambda: k.condition("logs", "Ready").get("status") == "True"
+                   and k.cluster("logs")["status"]["readyReplicas"] == 3, 60, "Ready after the roll")
+        logging.getLogger(__name__).warning("rolled in %d samples, replaced (pod, s): %s, at most %d of 3 bookies "
+                                            "down at once", samples, order, max_down)
