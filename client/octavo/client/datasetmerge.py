@@ -152,6 +152,13 @@ def plan_merges(candidates: Sequence[tuple[DatasetLedger, Shape | None]], target
 
     def close() -> None:
         nonlocal group, group_bytes, planned
+        # Size-tiered, as an LSM tree's size-tiered compaction: a ledger is copied only together with at least as
+        # many bytes after it. Without this a merged ledger still under small_bytes was copied again with every
+        # few new ledgers (22x the payload copied over a 74-minute stream, bench/dataset_bench.py); with it a
+        # byte is copied about log2(small_bytes / the ledgers' size) times.
+        while len(group) >= 2 and group[0].bytes > group_bytes - group[0].bytes:
+            group_bytes -= group[0].bytes
+            group = group[1:]
         if len(group) >= 2:
             groups.append(group)
             planned += group_bytes
