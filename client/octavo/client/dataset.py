@@ -896,7 +896,10 @@ class DatasetStore:
             if kv is None:
                 raise gone
             value = json.loads(kv.value)
-            state = await self._load_checkpoint(value)
+            try:
+                state = await self._load_checkpoint(value)
+            except NoSuchLedgerError:  # its ledger was retired, then collected: the version is past keeping
+                raise gone from None
             schema = (value.get("inline") or {}).get("schema", "") or state.schema
         records = await self._records(name, base + 1, version)
         if [r["v"] for r in records] != list(range(base + 1, version + 1)):
