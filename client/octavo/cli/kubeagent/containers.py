@@ -87,7 +87,8 @@ class Container:
         fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the environment holds secrets
         with os.fdopen(fd, "w") as f:
             json.dump({"argv": launch.argv, "env": launch.env, "cwd": launch.cwd, "hostname": launch.hostname,
-                       "netns": launch.netns, "mounts": [m.__dict__ for m in launch.mounts]}, f)
+                       "netns": launch.netns, "mounts": [m.__dict__ for m in launch.mounts],
+                       "keep": host_program_paths()}, f)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-S", LAUNCHER, str(spec_path)], stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
@@ -186,3 +187,23 @@ class Container:
         if pid:
             out["containerID"] = f"octavo://{pid}"
         return out
+
+
+def host_program_paths() -> list[str]:
+    """What a container's programs need from the host, whatever its volumes cover: this Python environment (the
+    `octavo` script, the interpreter and its packages, the sources of an editable install) and the etcd
+    binaries. A volume mounted over a directory holding one of them (an emptyDir at /tmp, with the checkout under
+    /tmp) would hide it: the launcher binds these back after the volumes."""
+    import octavo
+
+    paths = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    paths.update(p for p in sys.path if p and os.path.isdir(p))
+    # An editable install finds the `octavo` packages through an import hook, not sys.path: their directories.
+    paths.update(os.path.dirname(p) for p in octavo.__path__)
+    try:
+        from octavo.cli.localcluster import etcd_binary
+
+        paths.add(os.path.dirname(etcd_binary()))
+    except FileNotFoundError:
+        pass
+    return sorted(os.path.abspath(p) for p in paths)

@@ -4,7 +4,8 @@ their absolute paths. Run by the node agent as `python launch.py SPEC.json`; sta
 before anything else in the container.
 
 SPEC: {"argv": [...], "env": {...}, "cwd": "/", "hostname": "pod", "netns": "/run/netns/x" or null,
-       "mounts": [{"source": "/host/dir", "target": "/abs/path", "read_only": false}, ...]}
+       "mounts": [{"source": "/host/dir", "target": "/abs/path", "read_only": false}, ...],
+       "keep": ["/host/program/dir", ...]}    bound back read-only where a volume would hide them
 
 The mounts are private to the container (propagation private): nothing it binds reaches the host. A target that
 does not exist is made first (an empty directory, or an empty file when the source is a file) on the file system
@@ -65,7 +66,13 @@ def main(spec_path: str) -> None:
     if spec.get("hostname"):
         socket.sethostname(spec["hostname"])
     opened = [(os.open(m["source"], os.O_PATH), m) for m in spec["mounts"]]
-    for fd, m in opened:
+    targets = [m["target"].rstrip("/") or "/" for m in spec["mounts"]]
+    # The host's programs a volume would hide (the checkout and its virtual environment under a /tmp that an
+    # emptyDir covers): opened now, bound back at their own paths after the volumes.
+    hidden = [p for p in spec.get("keep", []) if any(p == t or p.startswith(t + "/") for t in targets)]
+    kept = [(os.open(p, os.O_PATH), {"source": p, "target": p, "read_only": True}) for p in hidden
+            if os.path.isdir(p)]
+    for fd, m in opened + kept:
         _make_target(m["target"], os.path.isdir(f"/proc/self/fd/{fd}"))
         _mount(f"/proc/self/fd/{fd}", m["target"], MS_BIND | MS_REC)
         if m.get("read_only"):
