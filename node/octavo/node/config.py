@@ -163,9 +163,19 @@ class NodeConfig:
     admin_token_file: str = ""
 
     def validate(self) -> NodeConfig:
+        """Self, or ConfigError naming every setting out of its range (all of them, "; "-separated)."""
+        problems = self.problems()
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return self
+
+    def problems(self) -> list[str]:
+        """Every setting out of its range or at odds with another, one message each naming the setting."""
+        found: list[str] = []
+
         def need(ok: bool, msg: str) -> None:
             if not ok:
-                raise ConfigError(msg)
+                found.append(msg)
 
         need(bool(self.data_dir), "data_dir must be set")
         need(0 <= self.port <= 65535, f"port must be in [0, 65535], got {self.port}")
@@ -173,7 +183,6 @@ class NodeConfig:
              f"fsync_policy must be one of {', '.join(FSYNC_POLICIES)}, got {self.fsync_policy!r}")
         need(64 * KIB <= self.log_size_bytes_max <= 64 * GIB,
              f"log_size_bytes_max must be in [64 KiB, 64 GiB], got {self.log_size_bytes_max}")
-        need(self.log_roll_interval_ms >= 10, f"log_roll_interval_ms must be >= 10, got {self.log_roll_interval_ms}")
         need(self.log_rotate_on_close_bytes_min >= 0, "log_rotate_on_close_bytes_min must be >= 0")
         need(self.write_cache_entries_max >= 2 * self.batch_entries_max,
              f"write_cache_entries_max ({self.write_cache_entries_max}) must be at least twice "
@@ -190,21 +199,14 @@ class NodeConfig:
              "read_bytes_max must be in [entry_size_bytes_max, 1 GiB]")
         need(0 <= self.long_poll_wait_ms_max <= 600_000, "long_poll_wait_ms_max must be in [0, 600000]")
         need(1 <= self.long_poll_waiters_max <= 1_000_000, "long_poll_waiters_max must be in [1, 1000000]")
-        need(self.add_wait_ms_max >= 1, "add_wait_ms_max must be >= 1")
         need(8 <= self.open_log_files_max <= 65536, "open_log_files_max must be in [8, 65536]")
         need(2 <= self.registration_ttl_s <= 300, "registration_ttl_s must be in [2, 300]")
-        need(self.gc_interval_ms >= 100, f"gc_interval_ms must be >= 100, got {self.gc_interval_ms}")
         need(bool(self.cluster) and "/" not in self.cluster, "cluster must be non-empty without '/'")
         need("/" not in self.bookie_id, "bookie_id must not contain '/'")
-        need(self.index_map_size_bytes >= 64 * MIB, "index_map_size_bytes must be >= 64 MiB")
         need(0.0 < self.compaction_minor_threshold < self.compaction_major_threshold <= 1.0,
              f"compaction thresholds must satisfy 0 < minor < major <= 1, got minor "
              f"{self.compaction_minor_threshold} and major {self.compaction_major_threshold}")
-        need(self.compaction_minor_interval_ms >= 100 and self.compaction_major_interval_ms >= 100,
-             "compaction_minor_interval_ms and compaction_major_interval_ms must be >= 100")
         need(self.compaction_rate_bytes_per_s >= 0, "compaction_rate_bytes_per_s must be >= 0 (0: unlimited)")
-        need(self.compaction_run_time_ms_max >= 100, "compaction_run_time_ms_max must be >= 100")
-        need(self.disk_check_interval_ms >= 10, "disk_check_interval_ms must be >= 10")
         need(0.0 < self.disk_writable_ratio < self.disk_readonly_ratio <= 1.0,
              f"disk watermarks must satisfy 0 < disk_writable_ratio < disk_readonly_ratio <= 1, got "
              f"{self.disk_writable_ratio} and {self.disk_readonly_ratio}")
@@ -259,7 +261,12 @@ class NodeConfig:
              "etcd_username and etcd_password_file go together: set both or neither")
         need(0.0 <= self.trace_sample_ratio <= 1.0,
              f"trace_sample_ratio must be in [0, 1], got {self.trace_sample_ratio}")
-        return self
+        named = {p.split(" ", 1)[0] for p in found}
+        for name, (low, high) in BOUNDS.items():
+            value = getattr(self, name)
+            if name not in named and not low <= value <= high:
+                found.append(f"{name} must be in [{_bound(name, low)}, {_bound(name, high)}], got {value}")
+        return found
 
     def address(self) -> str:
         return self.advertised_address or f"{self.host}:{self.port}"
@@ -267,6 +274,71 @@ class NodeConfig:
     @staticmethod
     def field_names() -> list[str]:
         return [f.name for f in dataclasses.fields(NodeConfig)]
+
+
+DAY_S = 86_400
+DAY_MS = DAY_S * 1000
+TIB = 1024 * GIB
+# [lowest, highest] of every numeric setting, checked at startup (and by the operator before a roll, so a value
+# no bookie can run with never restarts one). The highest values are far beyond any sensible setting; they are
+# there so that a typo (an extra three zeros) fails here, naming the setting, instead of as a failed allocation
+# or a timer that never fires. A test keeps every numeric field of NodeConfig in this table.
+BOUNDS: dict[str, tuple[float, float]] = {
+    "port": (0, 65535),
+    "registration_ttl_s": (2, 300),
+    "gc_interval_ms": (100, DAY_MS),
+    "lost_bookie_delay_s": (0, 7 * DAY_S),
+    "audit_interval_s": (1, 7 * DAY_S),
+    "open_ledger_grace_s": (0, 7 * DAY_S),
+    "replication_rate_bytes_per_s": (0, 64 * GIB),
+    "replication_batch_bytes_max": (64 * KIB, 1 * GIB),
+    "replication_workers_max": (1, 64),
+    "etcd_compaction_interval_s": (0, 7 * DAY_S),
+    "dataset_maintenance_interval_s": (0, 7 * DAY_S),
+    "dataset_merge_target_bytes": (64 * KIB, 4 * GIB),
+    "dataset_merge_budget_bytes": (0, 64 * GIB),
+    "dataset_orphan_interval_s": (0, 7 * DAY_S),
+    "dataset_orphan_grace_s": (0, 30 * DAY_S),
+    "compaction_minor_threshold": (0.0, 1.0),
+    "compaction_major_threshold": (0.0, 1.0),
+    "compaction_minor_interval_ms": (100, 30 * DAY_MS),
+    "compaction_major_interval_ms": (100, 30 * DAY_MS),
+    "compaction_rate_bytes_per_s": (0, 64 * GIB),
+    "compaction_run_time_ms_max": (100, 7 * DAY_MS),
+    "disk_check_interval_ms": (10, 3_600_000),
+    "disk_warn_ratio": (0.0, 1.0),
+    "disk_readonly_ratio": (0.0, 1.0),
+    "disk_writable_ratio": (0.0, 1.0),
+    "disk_capacity_bytes": (0, 1024 * TIB),
+    "log_size_bytes_max": (64 * KIB, 64 * GIB),
+    "log_roll_interval_ms": (10, DAY_MS),
+    "log_rotate_on_close_bytes_min": (0, 64 * GIB),
+    "write_cache_entries_max": (2, 100_000_000),
+    "add_wait_ms_max": (1, 3_600_000),
+    "entry_size_bytes_max": (1, 32 * MIB),
+    "batch_entries_max": (1, 1_000_000),
+    "batch_bytes_max": (1, 1 * GIB),
+    "read_entries_max": (1, 1_000_000),
+    "read_bytes_max": (1, 1 * GIB),
+    "long_poll_wait_ms_max": (0, 600_000),
+    "long_poll_waiters_max": (1, 1_000_000),
+    "open_log_files_max": (8, 65536),
+    # The index is a sparse file mapped whole: past the address space (128 TiB on x86-64) mmap fails with
+    # ENOMEM, which the bookie would report as an unreadable index.
+    "index_map_size_bytes": (64 * MIB, 16 * TIB),
+    "metrics_port": (-1, 65535),
+    "trace_sample_ratio": (0.0, 1.0),
+}
+SIZE_UNITS = ((TIB, "TiB"), (GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB"))
+
+
+def _bound(name: str, value: float) -> str:
+    """A bound as a person reads it: sizes in binary units when exact."""
+    if "bytes" in name and value:
+        for unit, label in SIZE_UNITS:
+            if value >= unit and value % unit == 0:
+                return f"{int(value // unit)} {label}"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 TENANT_IDENTITY = re.compile(r"^[^,;=\s]+$")
