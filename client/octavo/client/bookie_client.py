@@ -21,9 +21,10 @@ from typing import Any, NamedTuple
 import grpc
 from opentelemetry import trace
 
+from octavo.meta import transport
 from octavo.meta.errors import BookieUnavailableError
 from octavo.meta.etcd import CHANNEL_OPTIONS
-from octavo.meta.tls import TlsFiles, aio_channel
+from octavo.meta.tls import TlsFiles
 from octavo.telemetry.tracing import TRACEPARENT, current_traceparent
 from octavo.v1 import bookie_pb2 as pb
 from octavo.v1 import bookie_pb2_grpc as pb_grpc
@@ -152,7 +153,7 @@ class BookieClient:
         self.address = address
         self.add_timeout_s = add_timeout_s
         self.tls = tls if tls is not None and tls.enabled else None
-        self._channel = aio_channel(address, self.tls, options=[
+        self._channel = transport.current().channel(address, self.tls, options=[
             ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
             ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
             *CHANNEL_OPTIONS,

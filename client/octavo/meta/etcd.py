@@ -14,9 +14,7 @@ repeated one cannot overwrite anything).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import socket
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,9 +22,10 @@ from typing import Any
 import grpc
 from aetcd import rpc
 
+from octavo.meta import transport
 from octavo.meta.errors import EtcdCompactedError, EtcdSpaceExceededError, MetadataUnavailableError
 from octavo.meta.etcdhealth import EtcdStatus
-from octavo.meta.tls import TlsFiles, aio_channel
+from octavo.meta.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +250,7 @@ class EtcdClient:
 
     def _stubs(self) -> tuple[Any, Any]:
         if self._channel is None:
-            self._channel = aio_channel(self.endpoint, self.auth.tls, options=CHANNEL_OPTIONS)
+            self._channel = transport.current().channel(self.endpoint, self.auth.tls, options=CHANNEL_OPTIONS)
             self._kv = rpc.KVStub(self._channel)
             self._lease = rpc.LeaseStub(self._channel)
         return self._kv, self._lease
@@ -278,7 +277,7 @@ class EtcdClient:
     async def _probe(self) -> None:
         """Fail at once when no endpoint can be connected to for a reason that waiting will not change soon
         (refused, unresolvable, unreachable); move to the first endpoint that accepts a connection."""
-        results = await asyncio.gather(*(_tcp_probe(e, min(PROBE_TIMEOUT_S, self.timeout_s))
+        results = await asyncio.gather(*(transport.current().probe(e, min(PROBE_TIMEOUT_S, self.timeout_s))
                                          for e in self.endpoints))
         if any(r is None for r in results):
             first = results.index(None)
@@ -556,26 +555,6 @@ def _refused_for_credentials(error: grpc.aio.AioRpcError) -> bool:
     return error.code() in AUTH_CODES or (
         error.code() == grpc.StatusCode.INVALID_ARGUMENT and ("user name is empty" in details
                                                               or "invalid auth token" in details))
-
-
-async def _tcp_probe(endpoint: str, timeout_s: float) -> str | None:
-    """None if a TCP connection to host:port opens, else why not, in words."""
-    host, _, port = endpoint.rpartition(":")
-    host = host.strip("[]")
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
-    except TimeoutError:
-        return f"no answer within {timeout_s:g}s"
-    except socket.gaierror:
-        return f"cannot resolve {host!r}"
-    except ConnectionRefusedError:
-        return "connection refused"
-    except OSError as e:
-        return e.strerror or str(e)
-    writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
-    return None
 
 
 def _kv(item: Any) -> KeyValue:
