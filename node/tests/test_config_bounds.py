@@ -39,5 +39,5 @@ def test_the_index_map_of_issue_37_is_refused_with_its_range() -> None:
 def test_every_problem_is_reported_at_once() -> None:
     problems = NodeConfig(data_dir="/d", gc_interval_ms=-1, port=70000, trace_sample_ratio=2.0).problems()
     assert sorted(p.split(" ", 1)[0] for p in problems) == ["gc_interval_ms", "port", "trace_sample_ratio"]
-    with pytest.raises(ConfigError, match="port must be in .*; .*gc_interval_ms must be in"):
+    with pytest.raises(ConfigError, match=r"port must be in .*; .*gc_interval_ms must be in"):
         NodeConfig(data_dir="/d", gc_interval_ms=-1, port=70000).validate()
