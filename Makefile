@@ -67,7 +67,7 @@ lint: setup
 	$(BIN)/ruff check .
 
 typecheck: setup
-	$(BIN)/mypy -p octavo.meta -p octavo.node -p octavo.cli -p octavo.client -p octavo.spark -p octavo.operator -p octavo.localk8s -p octavo.telemetry -m octavo.v1.wire
+	$(BIN)/mypy -p octavo.meta -p octavo.node -p octavo.cli -p octavo.client -p octavo.spark -p octavo.operator -p octavo.localk8s -p octavo.telemetry -p octavo.sim -m octavo.v1.wire
 
 # Two pytest processes: the Spark tests start their JVM with a fork, which must not happen while gRPC
 # threads of earlier tests are busy in the same process.

@@ -1,0 +1,348 @@
+"""A model of one etcd server: keys with create/mod revisions and versions, one revision per write
+transaction, compare-and-swap transactions, leases that expire on the loop's (virtual) clock and take their
+keys with them, watches that replay history from a revision, and compaction of that history.
+
+It answers the etcd v3 protocol's own messages (aetcd.rpc) as method handlers served on the simulated network
+(EtcdModel.handlers), so the real EtcdClient talks to it unchanged. Not modelled: a cluster of members (one
+linearizable server), authentication, the space quota and its alarm, ranges at an older revision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from aetcd import rpc
+
+from octavo.meta.etcd import COMPACTED
+
+LEASE_NOT_FOUND = "etcdserver: requested lease not found"
+FUTURE_REVISION = "etcdserver: mvcc: required revision is a future revision"
+# Keys per range answer when the request sets no limit (etcd has none; a bound keeps a run's memory in check).
+RANGE_KEYS_MAX = 100_000
+
+
+@dataclass
+class _Key:
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    version: int
+    lease: int
+
+
+@dataclass
+class _Lease:
+    ttl_s: int
+    expires_at: float
+    keys: set[bytes] = field(default_factory=set)
+
+
+@dataclass
+class _Watcher:
+    start: bytes
+    end: bytes  # b"": the one key `start`
+    no_put: bool
+    no_delete: bool
+    watch_id: int
+    send: Callable[[Any], None]
+
+    def covers(self, key: bytes) -> bool:
+        return _in_range(key, self.start, self.end)
+
+
+class EtcdError(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
+def _in_range(key: bytes, start: bytes, end: bytes) -> bool:
+    if not end:
+        return key == start
+    if end == b"\0":
+        return key >= start
+    return start <= key < end
+
+
+class EtcdModel:
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.revision = 1  # etcd starts at revision 1 with no keys
+        self.compacted = 0
+        self.keys: dict[bytes, _Key] = {}
+        self._sorted: list[bytes] = []
+        self.leases: dict[int, _Lease] = {}
+        self._next_lease = 0x1000
+        # Every event since the last compaction: (revision, type, key snapshot).
+        self.events: list[tuple[int, int, rpc.KeyValue]] = []
+        self.watchers: list[_Watcher] = []
+        self._next_watch = 1
+        self.leases_expired = 0
+
+    # -- reads ---------------------------------------------------------------------------------------
+    def _header(self) -> rpc.ResponseHeader:
+        return rpc.ResponseHeader(cluster_id=1, member_id=1, revision=self.revision, raft_term=1)
+
+    def _kv(self, key: bytes, keys_only: bool = False) -> rpc.KeyValue:
+        k = self.keys[key]
+        return rpc.KeyValue(key=key, value=b"" if keys_only else k.value, create_revision=k.create_revision,
+                            mod_revision=k.mod_revision, version=k.version, lease=k.lease)
+
+    def _matching(self, start: bytes, end: bytes) -> list[bytes]:
+        if not end:
+            return [start] if start in self.keys else []
+        lo = bisect.bisect_left(self._sorted, start)
+        hi = len(self._sorted) if end == b"\0" else bisect.bisect_left(self._sorted, end)
+        return self._sorted[lo:hi]
+
+    def range(self, request: rpc.RangeRequest) -> rpc.RangeResponse:
+        self.expire_due()
+        if request.revision:
+            raise EtcdError(grpc.StatusCode.UNIMPLEMENTED, "the model reads only at the current revision")
+        keys = self._matching(request.key, request.range_end)
+        if request.sort_order == rpc.RangeRequest.DESCEND:
+            keys = keys[::-1]
+        limit = request.limit or RANGE_KEYS_MAX
+        page = keys[:limit]
+        kvs = [] if request.count_only else [self._kv(k, request.keys_only) for k in page]
+        return rpc.RangeResponse(header=self._header(), kvs=kvs, more=len(keys) > len(page), count=len(keys))
+
+    # -- writes --------------------------------------------------------------------------------------
+    def _put(self, revision: int, key: bytes, value: bytes, lease: int) -> None:
+        if lease and lease not in self.leases:
+            raise EtcdError(grpc.StatusCode.NOT_FOUND, LEASE_NOT_FOUND)
+        old = self.keys.get(key)
+        if old is None:
+            bisect.insort(self._sorted, key)
+            new = _Key(value, revision, revision, 1, lease)
+        else:
+            if old.lease and old.lease in self.leases:
+                self.leases[old.lease].keys.discard(key)
+            new = _Key(value, old.create_revision, revision, old.version + 1, lease)
+        self.keys[key] = new
+        if lease:
+            self.leases[lease].keys.add(key)
+        self._event(revision, rpc.Event.PUT, self._kv(key))
+
+    def _delete(self, revision: int, start: bytes, end: bytes) -> int:
+        keys = self._matching(start, end)
+        for key in keys:
+            k = self.keys.pop(key)
+            self._sorted.pop(bisect.bisect_left(self._sorted, key))
+            if k.lease in self.leases:
+                self.leases[k.lease].keys.discard(key)
+            self._event(revision, rpc.Event.DELETE, rpc.KeyValue(key=key, mod_revision=revision))
+        return len(keys)
+
+    def _event(self, revision: int, kind: int, kv: rpc.KeyValue) -> None:
+        self.events.append((revision, kind, kv))
+        for watcher in self.watchers:
+            if watcher.covers(kv.key) and not (watcher.no_put if kind == rpc.Event.PUT else watcher.no_delete):
+                watcher.send(rpc.WatchResponse(header=self._header(), watch_id=watcher.watch_id,
+                                               events=[rpc.Event(type=kind, kv=kv)]))
+
+    def put(self, request: rpc.PutRequest) -> rpc.PutResponse:
+        self.expire_due()
+        self._check_lease(request.lease)
+        self.revision += 1
+        self._put(self.revision, request.key, request.value, request.lease)
+        return rpc.PutResponse(header=self._header())
+
+    def _check_lease(self, lease: int) -> None:
+        if lease and lease not in self.leases:
+            raise EtcdError(grpc.StatusCode.NOT_FOUND, LEASE_NOT_FOUND)
+
+    def delete_range(self, request: rpc.DeleteRangeRequest) -> rpc.DeleteRangeResponse:
+        self.expire_due()
+        if not self._matching(request.key, request.range_end):
+            return rpc.DeleteRangeResponse(header=self._header(), deleted=0)
+        self.revision += 1
+        deleted = self._delete(self.revision, request.key, request.range_end)
+        return rpc.DeleteRangeResponse(header=self._header(), deleted=deleted)
+
+    def _compare(self, c: rpc.Compare) -> bool:
+        keys = self._matching(c.key, c.range_end) if c.range_end else [c.key]
+        for key in keys:
+            k = self.keys.get(key)
+            if c.target == rpc.Compare.MOD:
+                have, want = (k.mod_revision if k else 0), c.mod_revision
+            elif c.target == rpc.Compare.CREATE:
+                have, want = (k.create_revision if k else 0), c.create_revision
+            elif c.target == rpc.Compare.VERSION:
+                have, want = (k.version if k else 0), c.version
+            elif c.target == rpc.Compare.LEASE:
+                have, want = (k.lease if k else 0), c.lease
+            else:  # VALUE: a missing key fails any comparison of its value
+                if k is None:
+                    return False
+                have, want = k.value, c.value  # type: ignore[assignment]
+            ok = {rpc.Compare.EQUAL: have == want, rpc.Compare.NOT_EQUAL: have != want,
+                  rpc.Compare.GREATER: have > want, rpc.Compare.LESS: have < want}[c.result]
+            if not ok:
+                return False
+        return True
+
+    def txn(self, request: rpc.TxnRequest) -> rpc.TxnResponse:
+        self.expire_due()
+        succeeded = all(self._compare(c) for c in request.compare)
+        ops = request.success if succeeded else request.failure
+        writes = any(op.WhichOneof("request") in ("request_put", "request_delete_range") for op in ops)
+        for op in ops:  # a missing lease fails the whole transaction before anything is applied
+            if op.WhichOneof("request") == "request_put":
+                self._check_lease(op.request_put.lease)
+        revision = self.revision + 1 if writes else self.revision
+        responses = []
+        for op in ops:
+            kind = op.WhichOneof("request")
+            if kind == "request_range":
+                responses.append(rpc.ResponseOp(response_range=self.range(op.request_range)))
+            elif kind == "request_put":
+                self._put(revision, op.request_put.key, op.request_put.value, op.request_put.lease)
+                responses.append(rpc.ResponseOp(response_put=rpc.PutResponse(header=self._header())))
+            elif kind == "request_delete_range":
+                deleted = self._delete(revision, op.request_delete_range.key, op.request_delete_range.range_end)
+                responses.append(rpc.ResponseOp(response_delete_range=rpc.DeleteRangeResponse(deleted=deleted)))
+            else:
+                raise EtcdError(grpc.StatusCode.UNIMPLEMENTED, f"the model has no {kind} in a transaction")
+        self.revision = revision
+        return rpc.TxnResponse(header=self._header(), succeeded=succeeded, responses=responses)
+
+    def compact(self, request: rpc.CompactionRequest) -> rpc.CompactionResponse:
+        if request.revision <= self.compacted:
+            raise EtcdError(grpc.StatusCode.OUT_OF_RANGE, f"etcdserver: mvcc: {COMPACTED}")
+        if request.revision > self.revision:
+            raise EtcdError(grpc.StatusCode.OUT_OF_RANGE, FUTURE_REVISION)
+        self.compacted = request.revision
+        self.events = [e for e in self.events if e[0] > request.revision]
+        return rpc.CompactionResponse(header=self._header())
+
+    # -- leases --------------------------------------------------------------------------------------
+    def grant(self, request: rpc.LeaseGrantRequest) -> rpc.LeaseGrantResponse:
+        self.expire_due()
+        self._next_lease += 1
+        lease_id = request.ID or self._next_lease
+        self.leases[lease_id] = _Lease(request.TTL, self.clock() + request.TTL)
+        asyncio.get_running_loop().call_at(self.clock() + request.TTL, self.expire_due)
+        return rpc.LeaseGrantResponse(header=self._header(), ID=lease_id, TTL=request.TTL)
+
+    def keep_alive(self, lease_id: int) -> rpc.LeaseKeepAliveResponse:
+        self.expire_due()
+        lease = self.leases.get(lease_id)
+        if lease is None:
+            return rpc.LeaseKeepAliveResponse(header=self._header(), ID=lease_id, TTL=0)
+        lease.expires_at = self.clock() + lease.ttl_s
+        asyncio.get_running_loop().call_at(lease.expires_at, self.expire_due)
+        return rpc.LeaseKeepAliveResponse(header=self._header(), ID=lease_id, TTL=lease.ttl_s)
+
+    def revoke(self, lease_id: int) -> None:
+        lease = self.leases.pop(lease_id, None)
+        if lease is None:
+            raise EtcdError(grpc.StatusCode.NOT_FOUND, LEASE_NOT_FOUND)
+        if lease.keys:
+            self.revision += 1
+            for key in sorted(lease.keys):
+                self._delete(self.revision, key, b"")
+
+    def expire_due(self) -> None:
+        now = self.clock()
+        for lease_id in sorted(i for i, lease in self.leases.items() if lease.expires_at <= now):
+            self.leases_expired += 1
+            self.revoke(lease_id)
+
+    def expire_all(self) -> None:
+        """Every lease expires now (an etcd that lost its leader long enough: a fault the run injects)."""
+        for lease in self.leases.values():
+            lease.expires_at = self.clock()
+        self.expire_due()
+
+    # -- watches -------------------------------------------------------------------------------------
+    def watch(self, create: rpc.WatchCreateRequest, send: Callable[[Any], None]) -> _Watcher | None:
+        """Start a watch: history from its start revision first, then every new event. None when that history
+        was compacted (the watch is then answered with compact_revision and cancelled)."""
+        watch_id = self._next_watch
+        self._next_watch += 1
+        send(rpc.WatchResponse(header=self._header(), watch_id=watch_id, created=True))
+        start_revision = create.start_revision or self.revision + 1
+        if start_revision <= self.compacted:
+            send(rpc.WatchResponse(header=self._header(), watch_id=watch_id, canceled=True,
+                                   compact_revision=self.compacted, cancel_reason=COMPACTED))
+            return None
+        no_put = rpc.WatchCreateRequest.NOPUT in create.filters
+        no_delete = rpc.WatchCreateRequest.NODELETE in create.filters
+        watcher = _Watcher(create.key, create.range_end, no_put, no_delete, watch_id, send)
+        past = [rpc.Event(type=kind, kv=kv) for revision, kind, kv in self.events
+                if revision >= start_revision and watcher.covers(kv.key)
+                and not (no_put if kind == rpc.Event.PUT else no_delete)]
+        if past:
+            send(rpc.WatchResponse(header=self._header(), watch_id=watch_id, events=past))
+        self.watchers.append(watcher)
+        return watcher
+
+    # -- the service ---------------------------------------------------------------------------------
+    def handlers(self) -> list[Any]:
+        """The etcd v3 methods the client uses, as grpc generic handlers (served by network.Network.serve)."""
+        def unary(fn: Callable[[Any], Any], request_type: Any) -> Any:
+            async def handle(request: Any, context: Any) -> Any:
+                try:
+                    return fn(request)
+                except EtcdError as e:
+                    await context.abort(e.code, e.details)
+            return grpc.unary_unary_rpc_method_handler(handle, request_deserializer=request_type.FromString,
+                                                       response_serializer=lambda m: m.SerializeToString())
+
+        def streaming(fn: Callable[[AsyncIterator[Any]], AsyncIterator[Any]], request_type: Any) -> Any:
+            def handle(requests: AsyncIterator[Any], _context: Any) -> AsyncIterator[Any]:
+                return fn(requests)
+            return grpc.stream_stream_rpc_method_handler(handle, request_deserializer=request_type.FromString,
+                                                         response_serializer=lambda m: m.SerializeToString())
+
+        def revoke(request: rpc.LeaseRevokeRequest) -> rpc.LeaseRevokeResponse:
+            self.revoke(request.ID)
+            return rpc.LeaseRevokeResponse(header=self._header())
+
+        return [
+            grpc.method_handlers_generic_handler("etcdserverpb.KV", {
+                "Range": unary(self.range, rpc.RangeRequest), "Put": unary(self.put, rpc.PutRequest),
+                "DeleteRange": unary(self.delete_range, rpc.DeleteRangeRequest),
+                "Txn": unary(self.txn, rpc.TxnRequest), "Compact": unary(self.compact, rpc.CompactionRequest)}),
+            grpc.method_handlers_generic_handler("etcdserverpb.Lease", {
+                "LeaseGrant": unary(self.grant, rpc.LeaseGrantRequest),
+                "LeaseRevoke": unary(revoke, rpc.LeaseRevokeRequest),
+                "LeaseKeepAlive": streaming(self._keep_alive_stream, rpc.LeaseKeepAliveRequest)}),
+            grpc.method_handlers_generic_handler("etcdserverpb.Watch", {
+                "Watch": streaming(self._watch_stream, rpc.WatchRequest)}),
+            grpc.method_handlers_generic_handler("etcdserverpb.Maintenance", {
+                "Status": unary(lambda _: rpc.StatusResponse(header=self._header(), dbSize=len(self.keys) * 100,
+                                                             dbSizeInUse=len(self.keys) * 100),
+                                rpc.StatusRequest),
+                "Alarm": unary(lambda _: rpc.AlarmResponse(header=self._header()), rpc.AlarmRequest)}),
+        ]
+
+    async def _keep_alive_stream(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for request in requests:
+            yield self.keep_alive(request.ID)
+
+    async def _watch_stream(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        out: asyncio.Queue[Any] = asyncio.Queue()
+        mine: list[_Watcher] = []
+
+        async def take_requests() -> None:
+            async for request in requests:
+                if request.HasField("create_request"):
+                    watcher = self.watch(request.create_request, out.put_nowait)
+                    if watcher is not None:
+                        mine.append(watcher)
+
+        reader = asyncio.get_running_loop().create_task(take_requests())
+        try:
+            while True:
+                yield await out.get()
+        finally:
+            reader.cancel()
+            for watcher in mine:
+                self.watchers.remove(watcher)

@@ -1,0 +1,402 @@
+"""The in-memory network: a Transport (octavo.meta.transport) whose channels deliver gRPC calls to handlers
+served in the same process, through the same serializers and method handlers as the gRPC server, with
+faults drawn from the run's random generator.
+
+Each node (a bookie process, a client, etcd) has a name; code runs "on" a node when the contextvar NODE names
+it (a task inherits it from the task that created it), so a channel knows which link it uses. Per link:
+- every message is delayed by a random latency within [latency_s_min, latency_s_max]; separate calls are
+  therefore reordered, while the messages of one stream keep their order (HTTP/2 over one connection);
+- a message is dropped with probability drop_ratio: a unary call then never gets its answer (the request or
+  the answer is lost: the caller cannot tell which) and times out; a stream breaks (UNAVAILABLE on both sides);
+- a partitioned link loses every message (calls time out, streams go silent).
+A node that is down refuses calls (UNAVAILABLE) and its streams break; a call with wait_for_ready waits for
+it, up to its deadline, as gRPC does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import random
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from octavo.meta.tls import TlsFiles
+
+NODE: contextvars.ContextVar[str] = contextvars.ContextVar("octavo_sim_node", default="sim")
+# How often a call that waits for its target to be ready looks again.
+READY_POLL_S = 0.05
+_END = object()
+
+
+@dataclass
+class Link:
+    latency_s_min: float = 0.0002
+    latency_s_max: float = 0.002
+    drop_ratio: float = 0.0
+    partitioned: bool = False
+
+
+@dataclass
+class Host:
+    """A node that serves calls: its method handlers by full method name, up or down."""
+
+    name: str
+    handlers: dict[str, Any] = field(default_factory=dict)
+    up: bool = True
+    streams: set[SimStreamCall] = field(default_factory=set)
+
+
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+
+class _Abort(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
+class SimServicerContext:
+    """What the servicers ask of grpc's ServicerContext."""
+
+    def __init__(self, peer: str, metadata: Sequence[tuple[str, str]] | None) -> None:
+        self._peer = peer
+        self._metadata = tuple(metadata or ())
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    def peer(self) -> str:
+        return f"sim:{self._peer}"
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {}
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = None) -> None:
+        raise _Abort(code, details)
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        pass
+
+    def set_details(self, details: str) -> None:
+        pass
+
+
+class Network:
+    """The transport of a simulated cluster. `history` gets one line per fault decision."""
+
+    def __init__(self, rng: random.Random, history: Callable[[str], None]) -> None:
+        self.rng = rng
+        self.history = history
+        self.hosts: dict[str, Host] = {}
+        self.addresses: dict[str, str] = {}  # address -> node name
+        self.links: dict[tuple[str, str], Link] = {}
+        self.default_link = Link()
+        self.messages = 0
+
+    # -- the cluster's shape -------------------------------------------------------------------------
+    def serve(self, node: str, address: str, generic_handlers: Sequence[Any]) -> Host:
+        """Serve the method handlers of grpc generic handlers (as a gRPC server would) at `address`."""
+        host = Host(node)
+        for generic in generic_handlers:
+            # grpc's generic handler keeps its method handlers by full name; ours are all built that way.
+            for method, handler in generic._method_handlers.items():
+                host.handlers[method] = handler
+        self.hosts[node] = host
+        self.addresses[address] = node
+        return host
+
+    def link(self, src: str, dst: str) -> Link:
+        key = (min(src, dst), max(src, dst))
+        link = self.links.get(key)
+        if link is None:
+            link = self.links[key] = Link(self.default_link.latency_s_min, self.default_link.latency_s_max,
+                                          self.default_link.drop_ratio)
+        return link
+
+    def down(self, node: str, why: str) -> None:
+        host = self.hosts.get(node)
+        if host is None:
+            return
+        host.up = False
+        for call in list(host.streams):
+            call.broken(rpc_error(grpc.StatusCode.UNAVAILABLE, f"{node} {why}"))
+
+    def up(self, node: str) -> None:
+        if node in self.hosts:
+            self.hosts[node].up = True
+
+    # -- Transport -----------------------------------------------------------------------------------
+    def channel(self, address: str, tls: TlsFiles | None, options: Sequence[tuple[str, Any]] = ()) -> Any:
+        return SimChannel(self, NODE.get(), address)
+
+    async def probe(self, address: str, timeout_s: float) -> str | None:
+        node = self.addresses.get(address)
+        if node is None:
+            return f"cannot resolve {address!r}"
+        return None if self.hosts[node].up else "connection refused"
+
+    # -- one message ---------------------------------------------------------------------------------
+    def fate(self, src: str, dst: str) -> float | None:
+        """The delay of one message from src to dst, None when it is lost."""
+        self.messages += 1
+        link = self.link(src, dst)
+        if link.partitioned:
+            return None
+        if link.drop_ratio and self.rng.random() < link.drop_ratio:
+            self.history(f"drop {src}->{dst}")
+            return None
+        return self.rng.uniform(link.latency_s_min, link.latency_s_max)
+
+    def target(self, address: str) -> Host | None:
+        node = self.addresses.get(address)
+        return self.hosts.get(node) if node is not None else None
+
+
+def _serialize(serializer: Callable[[Any], bytes] | None, message: Any) -> bytes:
+    return message if serializer is None else serializer(message)
+
+
+def _deserialize(deserializer: Callable[[bytes], Any] | None, data: bytes) -> Any:
+    return data if deserializer is None else deserializer(data)
+
+
+class SimChannel:
+    """A grpc.aio.Channel to one address over the simulated network."""
+
+    def __init__(self, network: Network, src: str, address: str) -> None:
+        self.network = network
+        self.src = src
+        self.address = address
+        self.closed = False
+
+    def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
+        host = self.network.target(self.address)
+        if self.closed:
+            return grpc.ChannelConnectivity.SHUTDOWN
+        return grpc.ChannelConnectivity.READY if host is not None and host.up else \
+            grpc.ChannelConnectivity.TRANSIENT_FAILURE
+
+    async def close(self, grace: float | None = None) -> None:
+        self.closed = True
+
+    async def __aenter__(self) -> SimChannel:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def unary_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
+                    **_: Any) -> Callable[..., Any]:
+        def call(request: Any, timeout: float | None = None, wait_for_ready: bool | None = None,
+                 metadata: Any = None, **__: Any) -> Any:
+            return asyncio.ensure_future(self._unary(method, _serialize(request_serializer, request),
+                                                     response_deserializer, timeout, bool(wait_for_ready), metadata))
+        return call
+
+    def unary_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
+                     **_: Any) -> Callable[..., Any]:
+        def call(*_args: Any, **__: Any) -> Any:
+            raise rpc_error(grpc.StatusCode.UNIMPLEMENTED, f"{method}: the simulated network has no unary streams")
+        return call
+
+    def stream_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
+                     **_: Any) -> Callable[..., Any]:
+        return self.unary_stream(method)
+
+    def stream_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
+                      **_: Any) -> Callable[..., Any]:
+        def call(request_iterator: Any = None, timeout: float | None = None, wait_for_ready: bool | None = None,
+                 metadata: Any = None, **__: Any) -> SimStreamCall:
+            return SimStreamCall(self, method, request_serializer, response_deserializer, request_iterator,
+                                 metadata)
+        return call
+
+    async def _ready_host(self, wait_for_ready: bool) -> Host:
+        while True:
+            host = self.network.target(self.address)
+            if self.closed:
+                raise rpc_error(grpc.StatusCode.CANCELLED, "channel closed")
+            if host is not None and host.up:
+                return host
+            if not wait_for_ready:
+                raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"{self.address}: connection refused")
+            await asyncio.sleep(READY_POLL_S)
+
+    async def _unary(self, method: str, request: bytes, response_deserializer: Any, timeout: float | None,
+                     wait_for_ready: bool, metadata: Any) -> Any:
+        try:
+            async with asyncio.timeout(timeout):
+                host = await self._ready_host(wait_for_ready)
+                response = await self._deliver(host, method, request, metadata)
+        except TimeoutError:
+            raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+        return _deserialize(response_deserializer, response)
+
+    async def _deliver(self, host: Host, method: str, request: bytes, metadata: Any) -> bytes:
+        network = self.network
+        delay = network.fate(self.src, host.name)
+        if delay is None:
+            await asyncio.Event().wait()  # lost: the caller's deadline ends it
+        await asyncio.sleep(delay or 0.0)
+        if not host.up:
+            raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"{host.name}: connection reset")
+        handler = host.handlers.get(method)
+        if handler is None:
+            raise rpc_error(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not served by {host.name}")
+        context = SimServicerContext(self.src, metadata)
+        served = _on_node(host.name, self._serve(handler, request, context))
+        try:
+            response: bytes = await asyncio.shield(served)
+        except _Abort as e:
+            raise rpc_error(e.code, e.details) from None
+        delay = network.fate(host.name, self.src)
+        if delay is None:
+            await asyncio.Event().wait()
+        await asyncio.sleep(delay or 0.0)
+        return response
+
+    @staticmethod
+    async def _serve(handler: Any, request: bytes, context: SimServicerContext) -> bytes:
+        parsed = _deserialize(handler.request_deserializer, request)
+        response = await handler.unary_unary(parsed, context)
+        return _serialize(handler.response_serializer, response)
+
+
+def _on_node(node: str, coro: Any) -> asyncio.Task[Any]:
+    """Run `coro` as a task of `node` (its tasks end with it when the node crashes)."""
+    context = contextvars.copy_context()
+    context.run(NODE.set, node)
+    return asyncio.get_running_loop().create_task(coro, context=context)
+
+
+class SimStreamCall:
+    """A bidirectional stream: the client writes and reads here; the server's handler runs as a task of the
+    server's node, reading what the client wrote and its answers coming back, each message over the link."""
+
+    def __init__(self, channel: SimChannel, method: str, request_serializer: Any, response_deserializer: Any,
+                 request_iterator: Any, metadata: Any) -> None:
+        self.channel = channel
+        self.network = channel.network
+        self.method = method
+        self.request_serializer = request_serializer
+        self.response_deserializer = response_deserializer
+        self.to_server: asyncio.Queue[Any] = asyncio.Queue()
+        self.to_client: asyncio.Queue[Any] = asyncio.Queue()
+        self.error: grpc.aio.AioRpcError | None = None
+        self.done = False
+        self._up_at = 0.0  # when the last message written reaches the server (in order)
+        self._down_at = 0.0
+        self.host = channel.network.target(channel.address)
+        self._server: asyncio.Task[None] | None = None
+        self._writer: asyncio.Task[None] | None = None
+        if self.host is None or not self.host.up:
+            self.broken(rpc_error(grpc.StatusCode.UNAVAILABLE, f"{channel.address}: connection refused"))
+            return
+        self.host.streams.add(self)
+        handler = self.host.handlers.get(method)
+        if handler is None:
+            self.broken(rpc_error(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not served"))
+            return
+        self._server = _on_node(self.host.name, self._serve(handler, SimServicerContext(channel.src, metadata)))
+        if request_iterator is not None:
+            self._writer = asyncio.get_running_loop().create_task(self._write_all(request_iterator))
+
+    # -- faults --------------------------------------------------------------------------------------
+    def broken(self, error: grpc.aio.AioRpcError) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.error = error
+        self.to_client.put_nowait(_END)
+        self.to_server.put_nowait(_END)
+        for task in (self._server, self._writer):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+        if self.host is not None:
+            self.host.streams.discard(self)
+
+    def _send(self, queue: asyncio.Queue[Any], item: Any, src: str, dst: str, up: bool) -> None:
+        delay = self.network.fate(src, dst)
+        if delay is None:
+            link = self.network.link(src, dst)
+            if not link.partitioned:  # dropped on a live link: the connection breaks
+                self.broken(rpc_error(grpc.StatusCode.UNAVAILABLE, f"connection {src}->{dst} reset"))
+            return  # partitioned: the message is lost and the stream goes silent
+        loop = asyncio.get_running_loop()
+        at = max(loop.time() + delay, self._up_at if up else self._down_at)
+        if up:
+            self._up_at = at
+        else:
+            self._down_at = at
+        loop.call_at(at, self._arrive, queue, item)
+
+    def _arrive(self, queue: asyncio.Queue[Any], item: Any) -> None:
+        if not self.done:
+            queue.put_nowait(item)
+
+    # -- the client's side ---------------------------------------------------------------------------
+    async def write(self, message: Any) -> None:
+        if self.done:
+            raise self.error or rpc_error(grpc.StatusCode.CANCELLED, "stream finished")
+        assert self.host is not None
+        self._send(self.to_server, _serialize(self.request_serializer, message), self.channel.src, self.host.name,
+                   True)
+
+    async def done_writing(self) -> None:
+        if not self.done and self.host is not None:
+            self._send(self.to_server, _END, self.channel.src, self.host.name, True)
+
+    async def _write_all(self, request_iterator: AsyncIterator[Any]) -> None:
+        async for message in request_iterator:
+            await self.write(message)
+
+    async def read(self) -> Any:
+        item = await self.to_client.get()
+        if item is _END:
+            self.to_client.put_nowait(_END)
+            if self.error is not None:
+                raise self.error
+            return grpc.aio.EOF
+        return _deserialize(self.response_deserializer, item)
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Any]:
+        while True:
+            item = await self.read()
+            if item is grpc.aio.EOF:
+                return
+            yield item
+
+    def cancel(self) -> bool:
+        if self.done:
+            return False
+        self.broken(rpc_error(grpc.StatusCode.CANCELLED, "cancelled by the client"))
+        return True
+
+    # -- the server's side ---------------------------------------------------------------------------
+    async def _requests(self, deserializer: Any) -> AsyncIterator[Any]:
+        while True:
+            item = await self.to_server.get()
+            if item is _END:
+                self.to_server.put_nowait(_END)
+                return
+            yield _deserialize(deserializer, item)
+
+    async def _serve(self, handler: Any, context: SimServicerContext) -> None:
+        assert self.host is not None
+        src, dst = self.host.name, self.channel.src
+        try:
+            async for response in handler.stream_stream(self._requests(handler.request_deserializer), context):
+                if self.done:
+                    return
+                self._send(self.to_client, _serialize(handler.response_serializer, response), src, dst, False)
+            self._send(self.to_client, _END, src, dst, False)
+        except _Abort as e:
+            self.broken(rpc_error(e.code, e.details))

@@ -1,0 +1,116 @@
+"""The etcd model behind the real EtcdClient, on the simulated network in virtual time: revisions, CAS
+transactions, paging, leases that expire on the virtual clock, watches that replay history, compaction, and an
+etcd that is unavailable for a while."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from octavo.meta.errors import EtcdCompactedError, MetadataUnavailableError
+from octavo.meta.etcd import EtcdClient, Txn, WatchPosition
+from octavo.sim.world import ETCD_ADDRESS, ETCD_NODE, World
+
+
+def run(main, seed: int = 1):  # type: ignore[no-untyped-def]
+    world = World(seed)
+    return world, world.run(lambda: main(world))
+
+
+def test_revisions_and_cas() -> None:
+    async def main(world: World) -> None:
+        async with EtcdClient(ETCD_ADDRESS) as etcd:
+            assert await etcd.cas_put(b"/a", b"1", 0)
+            assert not await etcd.cas_put(b"/a", b"2", 0)  # create-only: it exists
+            kv = await etcd.get(b"/a")
+            assert kv is not None and kv.value == b"1" and kv.mod_revision == kv.create_revision == 2
+            assert await etcd.cas_put(b"/a", b"2", kv.mod_revision)
+            assert not await etcd.cas_put(b"/a", b"3", kv.mod_revision)  # stale revision
+            kv2 = await etcd.get(b"/a")
+            assert kv2 is not None and (kv2.value, kv2.mod_revision, kv2.create_revision) == (b"2", 3, 2)
+            ok, resp = await etcd.txn(Txn().mod_revision_is(b"/a", 3).put(b"/b", b"x").delete(b"/a").get(b"/b"))
+            assert ok and resp.responses[2].response_range.kvs[0].value == b"x"
+            assert await etcd.get(b"/a") is None
+            assert await etcd.revision() == 4  # one revision for the whole transaction
+            ok, resp = await etcd.txn(Txn().mod_revision_is(b"/b", 1).put(b"/c", b"y").get_on_failure(b"/b"))
+            assert not ok and resp.responses[0].response_range.kvs[0].value == b"x"
+            assert await etcd.get(b"/c") is None
+
+    run(main)
+
+
+def test_prefix_pages_in_key_order() -> None:
+    async def main(world: World) -> None:
+        async with EtcdClient(ETCD_ADDRESS, range_page_keys=3) as etcd:
+            for i in reversed(range(10)):
+                await etcd.put(b"/p/%02d" % i, b"v")
+            await etcd.put(b"/q", b"outside")
+            keys = [kv.key for kv in await etcd.get_prefix(b"/p/")]
+            assert keys == [b"/p/%02d" % i for i in range(10)]
+            assert await etcd.last_key(b"/p/") == b"/p/09"
+            assert len(await etcd.get_prefix(b"/p/", limit=4)) == 4
+
+    run(main)
+
+
+def test_lease_expires_on_the_virtual_clock_and_takes_its_keys() -> None:
+    async def main(world: World) -> None:
+        async with EtcdClient(ETCD_ADDRESS) as etcd:
+            lease = await etcd.grant_lease(5)
+            await etcd.put(b"/reg", b"me", lease)
+            await asyncio.sleep(4)
+            assert await etcd.keep_alive_once(lease) == 5
+            await asyncio.sleep(4.5)
+            assert await etcd.get(b"/reg") is not None  # kept alive 4.5 s ago
+            await asyncio.sleep(1)
+            assert await etcd.get(b"/reg") is None
+            assert await etcd.keep_alive_once(lease) == 0
+            assert world.clock.now_s >= 9.5
+
+    run(main)
+
+
+def test_watch_replays_deletes_from_a_position_and_refuses_compacted_history() -> None:
+    async def main(world: World) -> None:
+        async with EtcdClient(ETCD_ADDRESS) as etcd:
+            for k in (b"/w/1", b"/w/2", b"/w/3"):
+                await etcd.put(k, b"v")
+            position = WatchPosition(await etcd.revision())
+            await etcd.delete(b"/w/1")
+            await etcd.delete(b"/w/2")
+            seen: list[bytes] = []
+
+            async def watch() -> None:
+                async for keys in etcd.watch_deletes(b"/w/", position):
+                    seen.extend(keys)
+                    if len(seen) == 3:
+                        return
+
+            task = asyncio.ensure_future(watch())
+            await asyncio.sleep(0.1)
+            await etcd.delete(b"/w/3")
+            await asyncio.wait_for(task, 5)
+            assert seen == [b"/w/1", b"/w/2", b"/w/3"]
+            assert await etcd.compact(await etcd.revision())
+            with pytest.raises(EtcdCompactedError):
+                async for _ in etcd.watch_deletes(b"/w/", WatchPosition(1)):
+                    pass
+
+    run(main)
+
+
+def test_unavailable_etcd_times_out_then_serves_again() -> None:
+    async def main(world: World) -> None:
+        async with EtcdClient(ETCD_ADDRESS, timeout_s=2.0) as etcd:
+            await etcd.put(b"/k", b"v")
+            world.network.down(ETCD_NODE, "unavailable")
+            t0 = world.clock.now_s
+            with pytest.raises(MetadataUnavailableError):
+                await etcd.get(b"/k")
+            assert world.clock.now_s - t0 == pytest.approx(2.0, abs=0.1)
+            world.loop.call_later(1.0, world.network.up, ETCD_NODE)
+            kv = await etcd.get(b"/k")  # waits for etcd, as a gRPC call with wait_for_ready does
+            assert kv is not None and kv.value == b"v"
+
+    run(main)
