@@ -161,6 +161,23 @@ class SimIO(FileIO):
         with self._lock:
             self._index_snapshot[os.path.abspath(index_dir)] = snap
 
+    def settle(self, index_dirs: tuple[str, ...] = ()) -> None:
+        """Take everything on disk now as durable (a machine booting again after a power cut: what it finds is
+        what the disk holds), the LMDB index directories named too. A later power_loss starts from here."""
+        for dirpath, _, files in os.walk(self.root):
+            dirpath = os.path.abspath(dirpath)
+            names = {}
+            for name in files:
+                path = os.path.join(dirpath, name)
+                ident = self._ident(os.stat(path).st_ino)
+                names[name] = ident
+                with open(path, "rb") as f:
+                    self._inode_durable[ident] = f.read()
+            self._dir_durable[dirpath] = names
+        for index_dir in index_dirs:
+            if os.path.isdir(index_dir):
+                self.index_synced(index_dir)
+
     # -- the power cut ---------------------------------------------------------------------------
     def crash(self) -> None:
         self.crashed = True

@@ -1,0 +1,146 @@
+"""A simulated bookie: the real storage engine on SimIO, the real data plane (BookieService) served on the
+simulated network, the real registration, deletion watch, GC and compaction loop (BookieServer's own), tail
+repair after an unclean restart, and the flusher's rounds driven on the loop instead of its thread.
+
+What BookieServer.start does besides, and this leaves out: the gRPC server (the network serves the data
+plane's handlers instead), health and reflection, the admin plane, TLS, telemetry, the disk monitor.
+
+A process crash cancels every task of the bookie's node and drops its files without a sync (the page cache
+survives: the next start replays the unsynced tail). A machine crash also rewrites the data directory to what
+a power cut leaves (SimIO.power_loss) and gives the machine a new boot id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+from typing import Any
+
+from octavo.node.autorecovery import AutoRecovery
+from octavo.node.compaction import Compactor
+from octavo.node.config import NodeConfig
+from octavo.node.dataplane import BookieService, bookie_handler
+from octavo.node.files import INDEX_DIR
+from octavo.node.flusher import Flusher
+from octavo.node.registration import Registration
+from octavo.node.repair import TailRepair
+from octavo.node.server import BookieServer
+from octavo.node.simio import SimIO
+from octavo.node.startup import BOOT_ID_ENV
+from octavo.node.storage import Storage
+
+log = logging.getLogger(__name__)
+
+CLUSTER = "sim"
+BOOKIE_PORT = 3181
+# The settings a simulated bookie runs with, scaled to a run of seconds of virtual time: small logs that roll
+# and flush often, a short registration lease, GC every few seconds, a small index map.
+SIM_SETTINGS: dict[str, Any] = {
+    "registration_ttl_s": 3,
+    "gc_interval_ms": 2_000,
+    "log_size_bytes_max": 256 * 1024,
+    "batch_bytes_max": 64 * 1024,
+    "read_bytes_max": 64 * 1024,
+    "entry_size_bytes_max": 16 * 1024,
+    "log_roll_interval_ms": 1_000,
+    "log_rotate_on_close_bytes_min": 4 * 1024,
+    "index_map_size_bytes": 64 * 1024 * 1024,
+    "lost_bookie_delay_s": 2.0,
+    "audit_interval_s": 2.0,
+    "open_ledger_grace_s": 5.0,
+    "compaction_minor_interval_ms": 3_000,
+    "compaction_major_interval_ms": 6_000,
+    "metrics_port": -1,
+}
+
+
+class SimBookie:
+    def __init__(self, name: str, root_dir: str, settings: dict[str, Any] | None = None) -> None:
+        self.name = name
+        self.address = f"{name}:{BOOKIE_PORT}"
+        self.data_dir = os.path.join(root_dir, name)
+        self.settings = {**SIM_SETTINGS, **(settings or {})}
+        self.boot = 1
+        os.makedirs(self.data_dir, exist_ok=True)
+        # The machine's disk: one SimIO for as long as the machine runs (a process crash keeps what it knows
+        # was synced), a new one after a power cut.
+        self.io = SimIO(self.data_dir)
+        self.server: BookieServer | None = None
+        self.running = False
+        self.starts = 0
+        self.tasks: list[asyncio.Task[None]] = []  # the background loops started here (the node owns them all)
+
+    @property
+    def storage(self) -> Storage | None:
+        return self.server.storage if self.server is not None else None
+
+    def config(self, etcd_address: str) -> NodeConfig:
+        return NodeConfig(data_dir=self.data_dir, etcd=etcd_address, cluster=CLUSTER, bookie_id=self.name,
+                          advertised_address=self.address, **self.settings).validate()
+
+    async def start(self, network: Any, etcd_address: str) -> None:
+        """Open the storage (recovery runs), check the cookie, serve, register, start the background loops.
+        Runs on the bookie's node (its tasks are the bookie's)."""
+        config = self.config(etcd_address)
+        loop = asyncio.get_running_loop()
+        os.environ[BOOT_ID_ENV] = f"{self.name}-boot-{self.boot}"
+        storage = Storage.open(config, self.io, start_flusher=False, clock=loop.time)
+        server = self.server = BookieServer(config)
+        server.storage, server.bookie_id, server.advertised = storage, self.name, self.address
+        server.compactor = Compactor(storage)
+        registration = server.registration = Registration(storage, self.name, self.address)
+        try:
+            await registration.check_cookie()
+        except BaseException:
+            storage.abandon()
+            raise
+        server.service = BookieService(storage, registration)
+        network.serve(self.name, self.address, [bookie_handler(server.service)])
+        self.running = True
+        self.starts += 1
+        await registration.start()
+        self.tasks = [loop.create_task(self._flush_loop(storage), name="sim-flusher")]
+        server._watch_task = loop.create_task(server._watch_deletions(), name="octavo-watch")
+        server._space_task = loop.create_task(server._space_loop(), name="octavo-space")
+        if config.autorecovery_enabled:
+            server.autorecovery = AutoRecovery(config, self.name, registration, lambda: not storage.read_only_reason)
+            self.tasks.append(loop.create_task(server.autorecovery.run(), name="octavo-autorecovery"))
+        if storage.tail_maybe_lost and config.tail_repair:
+            server.repair = TailRepair(storage, self.name)
+            self.tasks.append(loop.create_task(server.repair.run(), name="octavo-tail-repair"))
+
+    async def _flush_loop(self, storage: Storage) -> None:
+        """The flusher thread's rounds (Flusher._run), on the loop: a failed round is retried next tick."""
+        flusher = Flusher(storage)
+        tick_s = min(1.0, storage.config.log_roll_interval_ms / 1000 / 4)
+        while True:
+            await asyncio.sleep(tick_s)
+            try:
+                flusher.step()
+                storage.last_flush_error = ""
+            except Exception as e:  # as the thread does: keep flushing
+                storage.last_flush_error = f"{type(e).__name__}: {e}"
+
+    def crash_process(self) -> None:
+        """The process dies: files closed without a sync (what was written stays, as in the page cache). The
+        caller cancels the node's tasks and takes it off the network."""
+        self.running = False
+        storage = self.storage
+        if storage is not None:
+            with contextlib.suppress(Exception):
+                storage.abandon()
+        self.server = None
+
+    def crash_machine(self, rng: random.Random) -> dict[str, str]:
+        """The machine loses power: the process dies and only what was synced survives (plus a random part of
+        the rest, torn); the next boot has a new boot id."""
+        io = self.io
+        self.crash_process()
+        self.boot += 1
+        report = io.power_loss(rng)
+        self.io = SimIO(self.data_dir)
+        self.io.settle((os.path.join(self.data_dir, INDEX_DIR),))
+        return report
