@@ -39,8 +39,9 @@ async def test_the_operator_sees_a_full_etcd(small_etcd: EtcdProcess) -> None:
     spec = parse_cluster("logs", {"image": "octavo:0.1", "storage": {"size": "1Gi"},
                                   "etcd": {"endpoints": small_etcd.endpoint, "quotaBytes": QUOTA_BYTES}})
     # The endpoints are in the spec: the Kubernetes API is not asked for them.
-    etcd, error = await observe_etcd(None, "ns", spec, 5.0)  # type: ignore[arg-type]
-    assert error == "" and etcd is not None and not etcd.refuses_writes
+    reading = await observe_etcd(None, "ns", spec, 5.0)  # type: ignore[arg-type]
+    etcd, error = reading.health, reading.error
+    assert error == "" and etcd is not None and not etcd.refuses_writes and reading.underreplicated == 0
     assert etcd.quota_bytes == QUOTA_BYTES and etcd.quota_source == "setting" and etcd.db_size_bytes > 0
     healthy = status_of(etcd, error)
     assert {c["type"]: c["status"] for c in healthy["conditions"]}[ETCD_HEALTHY] == "True"
@@ -57,7 +58,8 @@ async def test_the_operator_sees_a_full_etcd(small_etcd: EtcdProcess) -> None:
             await asyncio.sleep(0.05)
         assert refused, "etcd never refused a write for space"
 
-    etcd, error = await observe_etcd(None, "ns", spec, 5.0)  # type: ignore[arg-type]
+    reading = await observe_etcd(None, "ns", spec, 5.0)  # type: ignore[arg-type]
+    etcd, error = reading.health, reading.error
     assert etcd is not None and etcd.alarms == ("NOSPACE",) and etcd.refuses_writes
     status = status_of(etcd, error)
     c = {c["type"]: c for c in status["conditions"]}
@@ -71,7 +73,22 @@ async def test_an_etcd_that_does_not_answer_is_reported_not_fatal(small_etcd: Et
     endpoint = small_etcd.endpoint
     small_etcd.stop()
     spec = parse_cluster("logs", {"image": "octavo:0.1", "storage": {"size": "1Gi"}, "etcd": {"endpoints": endpoint}})
-    etcd, error = await observe_etcd(None, "ns", spec, 1.0)  # type: ignore[arg-type]
-    assert etcd is None and error.startswith("cannot read etcd's status")
+    reading = await observe_etcd(None, "ns", spec, 1.0)  # type: ignore[arg-type]
+    etcd, error = reading.health, reading.error
+    assert etcd is None and reading.underreplicated is None and error.startswith("cannot read etcd's status")
     c = {c["type"]: c for c in status_of(etcd, error)["conditions"]}
     assert c[ETCD_HEALTHY]["status"] == "False" and c[ETCD_HEALTHY]["reason"] == "EtcdUnreachable"
+
+
+async def test_the_operator_counts_the_clusters_underreplicated_marks(small_etcd: EtcdProcess) -> None:
+    """A roll waits for none (rolling.py); only this cluster's marks count."""
+    from octavo.meta.layout import Layout
+
+    spec = parse_cluster("logs", {"image": "octavo:0.1", "storage": {"size": "1Gi"},
+                                  "etcd": {"endpoints": small_etcd.endpoint}})
+    async with EtcdClient(small_etcd.endpoint) as client:
+        await client.put(Layout("logs").underreplicated_ledger(5), b"{}")
+        await client.put(Layout("logs").underreplicated_ledger(6), b"{}")
+        await client.put(Layout("other").underreplicated_ledger(7), b"{}")
+    reading = await observe_etcd(None, "ns", spec, 5.0)  # type: ignore[arg-type]
+    assert reading.underreplicated == 2 and reading.error == ""

@@ -159,3 +159,35 @@ def test_bad_cluster_specs_are_refused_naming_the_field(change: dict[str, Any], 
 def test_bad_policies_are_refused_naming_the_field(spec: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError, match=message):
         parse_policy(spec)
+
+
+def test_every_fault_of_a_cluster_spec_is_reported_at_once() -> None:
+    """Issue 29: seven mistakes took six rounds of editing; one message now lists them all."""
+    bad = {"replicaz": 3, "image": "", "storage": {"size": "lots"}, "etcd": {"endpoints": "etcd"},
+           "clusterName": "Logs_1", "imagePullPolicy": "Sometimes",
+           "bookie": {"gc_intervl_ms": 5, "index_map_size_bytes": 1 << 50, "port": 1}}
+    with pytest.raises(SpecError) as caught:
+        parse_cluster("logs", bad)
+    message = str(caught.value)
+    assert message.startswith(f"{len(caught.value.problems)} problems: ")
+    for part in ("unknown field replicaz", "spec.image is required", "spec.storage.size must be a size",
+                 "must be host:port", "must be a DNS label", "spec.imagePullPolicy must be",
+                 "unknown setting gc_intervl_ms (did you mean gc_interval_ms?)",
+                 "spec.bookie: index_map_size_bytes must be in [64 MiB, 16 TiB]",
+                 "spec.bookie.port is set by the operator"):
+        assert part in message, (part, message)
+    assert len(caught.value.problems) == 9
+
+
+def test_an_unknown_bookie_setting_far_from_any_name_gets_no_suggestion() -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_cluster("logs", {**CLUSTER, "bookie": {"zzzz": 1}})
+    assert "unknown setting zzzz;" in str(caught.value) and "did you mean" not in str(caught.value)
+
+
+def test_the_image_defaults_to_the_operators_own() -> None:
+    spec = {k: v for k, v in CLUSTER.items() if k != "image"}
+    assert parse_cluster("logs", spec, default_image="registry/octavo:1.2").image == "registry/octavo:1.2"
+    assert parse_cluster("logs", CLUSTER, default_image="registry/octavo:1.2").image == CLUSTER["image"]
+    with pytest.raises(SpecError, match=r"spec.image is required.*OCTAVO_OPERATOR_IMAGE"):
+        parse_cluster("logs", spec)

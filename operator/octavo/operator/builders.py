@@ -198,9 +198,11 @@ def stateful_set(name: str, namespace: str, spec: ClusterSpec, config_hash: str)
         "spec": {
             "replicas": spec.replicas,
             "serviceName": headless,
-            # Bookies start in parallel (none waits for another), and roll one at a time.
+            # Bookies start in parallel (none waits for another). OnDelete: the operator rolls them, one at a time,
+            # waiting between two for the restarted bookie to serve and for no ledger to be under-replicated
+            # (rolling.py); Kubernetes only recreates each pod it deletes with the current template.
             "podManagementPolicy": "Parallel",
-            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+            "updateStrategy": {"type": "OnDelete"},
             "selector": {"matchLabels": selector(name)},
             "template": {"metadata": {"labels": pod_labels, "annotations": annotations}, "spec": pod_spec},
             "volumeClaimTemplates": claims,

@@ -23,6 +23,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -33,6 +34,7 @@ import kopf
 from octavo.meta.errors import MetadataUnavailableError
 from octavo.meta.etcd import EtcdAuth, EtcdClient
 from octavo.meta.etcdhealth import EtcdHealth, etcd_health
+from octavo.meta.layout import Layout
 from octavo.meta.tls import TlsError, TlsFiles
 from octavo.operator import builders
 from octavo.operator.bookies import ADMIN_TIMEOUT_S, PLAINTEXT, Reach, after, apply, observe
@@ -48,6 +50,7 @@ from octavo.operator.resources import (
     parse_cluster,
     parse_policy,
 )
+from octavo.operator.rolling import ROLL_MARKS_READ_MAX, PodState, RollMemory, decide_roll, restart_reason
 from octavo.operator.scaling import ScaleDownStep, decommission_step, operator_etcd_settings
 from octavo.operator.status import (
     COMPACTION_WINDOW_OPEN,
@@ -57,6 +60,7 @@ from octavo.operator.status import (
     memory_from_status,
     merge_patch,
     timestamp,
+    with_roll,
 )
 from octavo.operator.windows import next_window, open_until
 from octavo.telemetry import ServerTls, Telemetry
@@ -73,6 +77,11 @@ VALID = "Valid"
 # Status fields the handlers add to what status.py builds.
 SPEC_ERROR_FIELD = "specError"
 SCALE_DOWN_FIELD = "scaleDown"
+# The last spec the operator applied: while a new one is refused, the cluster runs (and is watched) on this one.
+APPLIED_SPEC_FIELD = "appliedSpec"
+ROLL_FIELD = "roll"
+# The operator's own image, the default of spec.image (the chart sets it from the operator's Deployment).
+OPERATOR_IMAGE_ENV = "OCTAVO_OPERATOR_IMAGE"
 
 
 @dataclass
@@ -222,10 +231,19 @@ async def etcd_endpoints(kube: Kube, namespace: str, spec: ClusterSpec) -> str:
     return str(value).strip()
 
 
-async def observe_etcd(kube: Kube, namespace: str, spec: ClusterSpec,
-                       timeout_s: float) -> tuple[EtcdHealth | None, str]:
-    """etcd's health (alarms, database against spec.etcd.quotaBytes or the quota etcd reports), or None and why
-    it could not be read. etcd is reached with the operator's own etcd settings ($OCTAVO_ETCD_*)."""
+@dataclass(frozen=True)
+class EtcdReading:
+    """What the operator read of etcd: its health (alarms, database against spec.etcd.quotaBytes or the quota
+    etcd reports) and the cluster's under-replicated marks (at most ROLL_MARKS_READ_MAX counted); None and why
+    when etcd could not be read."""
+
+    health: EtcdHealth | None
+    underreplicated: int | None
+    error: str = ""
+
+
+async def observe_etcd(kube: Kube, namespace: str, spec: ClusterSpec, timeout_s: float) -> EtcdReading:
+    """etcd is reached with the operator's own etcd settings ($OCTAVO_ETCD_*)."""
     try:
         endpoints = await etcd_endpoints(kube, namespace, spec)
         secure = operator_etcd_settings()
@@ -233,9 +251,12 @@ async def observe_etcd(kube: Kube, namespace: str, spec: ClusterSpec,
                                       secure["etcd_tls_key_file"], secure["etcd_username"],
                                       secure["etcd_password_file"])
         async with EtcdClient(endpoints, timeout_s=timeout_s, auth=auth) as etcd:
-            return etcd_health(await etcd.status(), spec.etcd.quota_bytes), ""
+            health = etcd_health(await etcd.status(), spec.etcd.quota_bytes)
+            marks = await etcd.get_prefix(Layout(spec.cluster_name).underreplicated, limit=ROLL_MARKS_READ_MAX,
+                                          keys_only=True)
+            return EtcdReading(health, len(marks))
     except (SpecError, ValueError, MetadataUnavailableError) as e:
-        return None, f"cannot read etcd's status: {e}"
+        return EtcdReading(None, None, f"cannot read etcd's status: {e}")
 
 
 def applied_hash(obj: Mapping[str, Any]) -> str:
@@ -285,28 +306,40 @@ async def reconcile(name: str, namespace: str, body: Mapping[str, Any], status: 
 
 async def _reconcile(name: str, namespace: str, body: Mapping[str, Any], status: Mapping[str, Any],
                      patch: kopf.Patch, poll: bool) -> bool:
-    """One reconcile; False when the spec could not be applied."""
+    """One reconcile; False when the spec could not be applied (the cluster then runs on the last one that
+    could: it is still polled, forced read-only and compacted in its windows)."""
     kube = _kube()
     async with _lock(namespace, name):
         now = CONFIG.now()
-        spec: ClusterSpec | None = None
-        policy: PolicySpec | None = None
+        raw = dict(body.get("spec") or {})
         try:
-            spec = parse_cluster(name, body.get("spec") or {})
-            policy = await read_policy(kube, namespace, spec.policy_name)
+            spec, policy = await _parse(kube, name, namespace, raw)
         except SpecError as e:
             error = str(e)
             if (status.get(SPEC_ERROR_FIELD) or "") != error:
-                kopf.warn(dict(body), reason="InvalidSpec", message=error)  # type: ignore[arg-type]
-            _write_status(patch, status, cluster_status(
-                now, generation=int(body.get("metadata", {}).get("generation") or 0),
-                replicas=int((body.get("spec") or {}).get("replicas") or 0) if isinstance(
-                    (body.get("spec") or {}).get("replicas"), int) else 0,
-                ready_replicas=int(status.get("readyReplicas") or 0), selector=builders.selector_string(name),
-                bookies=[], pods={}, decision=None, spec_error=error, old=status), error)
+                kopf.warn(dict(body), reason="InvalidSpec",  # type: ignore[arg-type]
+                          message=f"the new spec is refused, the cluster keeps running on the last valid one: "
+                                  f"{error}" if status.get(APPLIED_SPEC_FIELD) else error)
+            fallback = await _last_valid(kube, name, namespace, status)
+            if fallback is None or not poll:
+                if fallback is None:
+                    _write_status(patch, status, cluster_status(
+                        now, generation=int(body.get("metadata", {}).get("generation") or 0),
+                        replicas=raw["replicas"] if isinstance(raw.get("replicas"), int) else 0,
+                        ready_replicas=int(status.get("readyReplicas") or 0),
+                        selector=builders.selector_string(name), bookies=[], pods={}, decision=None,
+                        spec_error=error, old=status), error)
+                return False
+            spec, policy = fallback
+            statefulset = await kube.get("apps/v1", "statefulsets", namespace, name)
+            running = int(((statefulset or {}).get("spec") or {}).get("replicas") or spec.replicas)
+            await _poll(kube, name, namespace, body, status, patch, spec, policy, statefulset,
+                        max(spec.replicas, running), now, spec_error=error)
+            CONFIG.last_poll_unix_s = now.timestamp()
             return False
-        current = await kube.get("apps/v1", "statefulsets", namespace, name)
-        current_replicas = int((current or {}).get("spec", {}).get("replicas") or 0) if current else spec.replicas
+        patch.status[APPLIED_SPEC_FIELD] = raw
+        existing = await kube.get("apps/v1", "statefulsets", namespace, name)
+        current_replicas = int((existing or {}).get("spec", {}).get("replicas") or 0) if existing else spec.replicas
         # A scale-down keeps the StatefulSet's replicas until the highest ordinal is decommissioned.
         target = max(spec.replicas, current_replicas)
         objects = builders.owned_objects(name, namespace, spec, policy.compaction if policy else None)
@@ -317,13 +350,34 @@ async def _reconcile(name: str, namespace: str, body: Mapping[str, Any], status:
                      extra={"event": "applied", "namespace": namespace, "cluster": name})
         if changed:
             CONFIG.metrics.objects_applied.add(len(changed))
-        if not poll and current is not None:
+        if not poll and existing is not None:
             return True
         statefulset = await kube.get("apps/v1", "statefulsets", namespace, name)
         await _poll(kube, name, namespace, body, status, patch, spec, policy, statefulset, target, now)
         CONFIG.last_poll_unix_s = now.timestamp()
         CONFIG.metrics.scale_downs = sum(1 for task in CONFIG.scale_downs.values() if not task.done())
         return True
+
+
+async def _parse(kube: Kube, name: str, namespace: str,
+                 raw: Mapping[str, Any]) -> tuple[ClusterSpec, PolicySpec | None]:
+    spec = parse_cluster(name, raw, default_image=os.environ.get(OPERATOR_IMAGE_ENV, ""))
+    return spec, await read_policy(kube, namespace, spec.policy_name)
+
+
+async def _last_valid(kube: Kube, name: str, namespace: str,
+                      status: Mapping[str, Any]) -> tuple[ClusterSpec, PolicySpec | None] | None:
+    """The last applied spec (and its policy), if there is one and it still parses; None otherwise."""
+    applied = status.get(APPLIED_SPEC_FIELD)
+    if not isinstance(applied, Mapping):
+        return None
+    try:
+        return await _parse(kube, name, namespace, applied)
+    except SpecError:
+        try:  # its policy may be the invalid part now: the cluster still runs, without the policy
+            return parse_cluster(name, applied, default_image=os.environ.get(OPERATOR_IMAGE_ENV, "")), None
+        except SpecError:
+            return None
 
 
 def cluster_reach(name: str, namespace: str, spec: ClusterSpec, ids: Sequence[str]) -> tuple[Reach, str]:
@@ -347,7 +401,7 @@ def cluster_reach(name: str, namespace: str, spec: ClusterSpec, ids: Sequence[st
 
 async def _poll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], status: Mapping[str, Any],
                 patch: kopf.Patch, spec: ClusterSpec, policy: PolicySpec | None,
-                statefulset: Mapping[str, Any] | None, target: int, now: datetime) -> None:
+                statefulset: Mapping[str, Any] | None, target: int, now: datetime, spec_error: str = "") -> None:
     pods = {p["metadata"]["name"]: p for p in await kube.list("v1", "pods", namespace, builders.selector_string(name))}
     ids = builders.bookie_ids(name, target)
     addresses = {b: (f"{pods[b]['status']['podIP']}:{builders.BOOKIE_PORT}"
@@ -368,13 +422,14 @@ async def _poll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], 
         else:
             kopf.info(dict(body), reason=action.kind,  # type: ignore[arg-type]
                       message=f"bookie {action.bookie_id}: {action.reason}")
-    scale_message = await _scale_down(kube, name, namespace, body, spec, target)
-    etcd, etcd_error = await observe_etcd(kube, namespace, spec, CONFIG.admin_timeout_s)
+    scale_message = await _scale_down(kube, name, namespace, body, status, spec, target)
+    etcd = await observe_etcd(kube, namespace, spec, CONFIG.admin_timeout_s)
     ready = int(((statefulset or {}).get("status") or {}).get("readyReplicas") or 0)
-    new = cluster_status(now, generation=int(body.get("metadata", {}).get("generation") or 0),
-                         replicas=spec.replicas, ready_replicas=ready, selector=builders.selector_string(name),
-                         bookies=observed, pods={b: b for b in ids if b in pods}, decision=decision,
-                         spec_error="", old=status, etcd=etcd, etcd_error=etcd_error)
+    generation = int(body.get("metadata", {}).get("generation") or 0)
+    new = cluster_status(now, generation=generation, replicas=spec.replicas, ready_replicas=ready,
+                         selector=builders.selector_string(name), bookies=observed,
+                         pods={b: b for b in ids if b in pods}, decision=decision, spec_error=spec_error, old=status,
+                         etcd=etcd.health, etcd_error=etcd.error)
     _warn_etcd(body, status, new)
     if reach_problem:
         for c in new["conditions"]:
@@ -385,7 +440,66 @@ async def _poll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], 
         for c in new["conditions"]:
             if c["type"] == "Progressing":
                 c.update(status="True", reason="ScalingDown", message=scale_message)
-    _write_status(patch, status, new, "")
+    else:
+        new = await _roll(kube, name, namespace, body, status, new, statefulset, pods, observed, target,
+                          etcd.underreplicated, generation, now)
+    _write_status(patch, status, new, spec_error)
+
+
+async def _roll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], status: Mapping[str, Any],
+                new: dict[str, Any], statefulset: Mapping[str, Any] | None, pods: Mapping[str, Mapping[str, Any]],
+                observed: Sequence[Any], target: int, underreplicated: int | None, generation: int,
+                now: datetime) -> dict[str, Any]:
+    """One step of a roll (rolling.py): the pods it deletes, one Event per step, and the status it shows."""
+    if statefulset is None:
+        return new
+    sts_status = statefulset.get("status") or {}
+    update_revision = str(sts_status.get("updateRevision") or "")
+    template = (statefulset.get("spec") or {}).get("template") or {}
+    answers = {b.bookie_id: b.reachable for b in observed}
+    states = [_pod_state(pod, template, update_revision, answers.get(pod_name, False))
+              for pod_name, pod in sorted(pods.items()) if pod_name in set(builders.bookie_ids(name, target))]
+    current = int(sts_status.get("observedGeneration") or 0) >= int(
+        (statefulset.get("metadata") or {}).get("generation") or 0) and bool(update_revision)
+    step = decide_roll(now.timestamp(), generation=generation, template_current=current, replicas=target,
+                       pods=states, underreplicated=underreplicated,
+                       memory=RollMemory.from_status(status.get(ROLL_FIELD)))
+    for pod_name in step.delete:
+        await kube.delete("v1", "pods", namespace, pod_name)
+    for event in step.events:
+        log.info("cluster %s/%s: %s", namespace, name, event.message,
+                 extra={"event": event.reason, "namespace": namespace, "cluster": name})
+        (kopf.warn if event.warning else kopf.info)(dict(body), reason=event.reason,  # type: ignore[arg-type]
+                                                    message=event.message)
+    memory = step.memory
+    return with_roll(new, status, progress=step.progress, waiting_for=step.waiting_for,
+                     halted=memory.halted if memory else "", restarting=memory.restarting if memory else "",
+                     roll=memory.to_status() if memory else None, now=now)
+
+
+def _pod_state(pod: Mapping[str, Any], template: Mapping[str, Any], update_revision: str,
+               answers: bool) -> PodState:
+    meta = pod.get("metadata") or {}
+    pod_status = pod.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in pod_status.get("conditions") or [])
+    return PodState(meta["name"], int(meta["name"].rsplit("-", 1)[1]), str(
+        (meta.get("labels") or {}).get("controller-revision-hash") or ""), ready, answers,
+        bool(meta.get("deletionTimestamp")), restart_reason(pod, template, update_revision), _not_ready_cause(pod))
+
+
+def _not_ready_cause(pod: Mapping[str, Any]) -> str:
+    """Why a pod's container does not serve, from its container status (the last exit, a waiting reason)."""
+    for c in (pod.get("status") or {}).get("containerStatuses") or []:
+        state = c.get("state") or {}
+        last = (c.get("lastState") or {}).get("terminated") or {}
+        waiting = state.get("waiting") or {}
+        if last:
+            return (f"its container exited with code {last.get('exitCode')} ({last.get('reason') or 'Error'})"
+                    f"{': ' + str(last.get('message'))[-300:] if last.get('message') else ''}, "
+                    f"restarted {c.get('restartCount', 0)} times")
+        if waiting:
+            return f"its container is waiting: {waiting.get('reason')} {waiting.get('message') or ''}".strip()
+    return ""
 
 
 def _warn_etcd(body: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
@@ -404,8 +518,8 @@ def _write_status(patch: kopf.Patch, old: Mapping[str, Any], new: dict[str, Any]
         patch.status[key] = value
 
 
-async def _scale_down(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], spec: ClusterSpec,
-                      target: int) -> str:
+async def _scale_down(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], status: Mapping[str, Any],
+                      spec: ClusterSpec, target: int) -> str:
     """One step of a scale-down (started, or finished and applied); what it is doing, in words ("" if none)."""
     key = (namespace, name)
     task = CONFIG.scale_downs.get(key)
@@ -417,8 +531,9 @@ async def _scale_down(kube: Kube, name: str, namespace: str, body: Mapping[str, 
     victim = f"{name}-{target - 1}"
     if task is None or (task.done() and task.cancelled()):
         etcd = await etcd_endpoints(kube, namespace, spec)
-        kopf.info(dict(body), reason="ScaleDown",  # type: ignore[arg-type]
-                  message=f"decommissioning {victim} before its pod is removed ({target} -> {spec.replicas})")
+        if not status.get(SCALE_DOWN_FIELD):  # once per scale-down step, not per attempt
+            kopf.info(dict(body), reason="ScaleDown",  # type: ignore[arg-type]
+                      message=f"decommissioning {victim} before its pod is removed ({target} -> {spec.replicas})")
         CONFIG.scale_downs[key] = asyncio.create_task(decommission_step(
             etcd, spec.cluster_name, victim, CONFIG.decommission_rate_bytes_per_s, DECOMMISSION_WAIT_S,
             CONFIG.admin_timeout_s, tls=TlsFiles.from_env() if spec.tls is not None else None))
@@ -433,7 +548,7 @@ async def _scale_down(kube: Kube, name: str, namespace: str, body: Mapping[str, 
         kopf.warn(dict(body), reason="ScaleDownFailed", message=f"{victim}: {e!r}")  # type: ignore[arg-type]
         return f"decommission of {victim} failed: {e!r}; retrying"
     if not step.retired:
-        if step.refused:
+        if step.refused and status.get(SCALE_DOWN_FIELD) != step.message:  # once per change of reason
             kopf.warn(dict(body), reason="ScaleDownRefused", message=step.message)  # type: ignore[arg-type]
         return step.message
     # The volumes go first (Kubernetes keeps a claim in use until its pod is gone), so that no crash between

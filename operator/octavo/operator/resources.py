@@ -6,16 +6,18 @@ becomes a condition with a message, never a half-applied cluster. A test keeps t
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from octavo.meta.etcdhealth import ETCD_QUOTA_BYTES_DEFAULT
 from octavo.node.config import NodeConfig
 from octavo.operator.policy import OUTSIDE_WAIT, Policy, PolicyError, Watermarks
 from octavo.operator.windows import Window, WindowError, parse_duration
 
+T = TypeVar("T")
 GROUP = "octavo.io"
 VERSION = "v1alpha1"
 BOOKIE_CLUSTER = ("bookieclusters", "BookieCluster")
@@ -34,7 +36,13 @@ REPLICAS_MAX = 1000
 
 
 class SpecError(ValueError):
-    """A spec the operator cannot apply; the message names the field and what to change."""
+    """A spec the operator cannot apply: one or more problems, each naming the field and what to change. The
+    message is the problems, "; "-separated, counted when there are several."""
+
+    def __init__(self, *problems: str) -> None:
+        self.problems = list(problems)
+        count = f"{len(problems)} problems: " if len(problems) > 1 else ""
+        super().__init__(count + "; ".join(problems))
 
 
 def bookie_settings() -> dict[str, Any]:
@@ -201,60 +209,99 @@ def _quantity(value: Any, where: str) -> str:
     return text
 
 
+class Problems:
+    """Every fault of a spec, collected so that one message lists them all (seven mistakes, one round)."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def add(self, message: str) -> None:
+        self.messages.append(message)
+
+    def take(self, part: Callable[[], T], fallback: T) -> T:
+        """`part()`, or `fallback` with its SpecError noted."""
+        try:
+            return part()
+        except SpecError as e:
+            self.messages.extend(e.problems)
+            return fallback
+
+    def check(self) -> None:
+        if self.messages:
+            raise SpecError(*self.messages)
+
+
+def closest(name: str, known: Iterable[str]) -> str:
+    """' (did you mean X?)' for the known name nearest to a mistyped one; '' when none is near."""
+    near = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {near[0]}?)" if near else ""
+
+
 def check_bookie_settings(settings: Mapping[str, Any], tls: TlsSpec | None = None) -> dict[str, Any]:
-    """The `bookie` settings, checked by the bookie's own rules (NodeConfig) together with what the operator
-    sets (etcd, and TLS from spec.tls), unknown and owned names refused."""
+    """The `bookie` settings, checked by the bookie's own rules and bounds (NodeConfig) together with what the
+    operator sets (etcd, and TLS from spec.tls), unknown and owned names refused; every fault at once."""
     known = bookie_settings()
-    owned = sorted(set(settings) & OPERATOR_OWNED_SETTINGS)
-    if owned:
-        raise SpecError(f"spec.bookie.{owned[0]} is set by the operator and cannot be given")
-    unknown = sorted(set(settings) - set(known))
-    if unknown:
-        raise SpecError(f"spec.bookie: unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
-                        "the settings are those of octavo node (docs/operations.md)")
+    problems = Problems()
+    for name in sorted(set(settings) & OPERATOR_OWNED_SETTINGS):
+        problems.add(f"spec.bookie.{name} is set by the operator and cannot be given")
+    for name in sorted(set(settings) - set(known) - OPERATOR_OWNED_SETTINGS):
+        problems.add(f"spec.bookie: unknown setting {name}{closest(name, known)}; the settings are those of "
+                     "octavo node (docs/operations.md)")
+    typed: dict[str, Any] = {}
     for name, value in settings.items():
+        if name not in known:
+            continue
         default = known[name]
         ok = (isinstance(value, bool) if isinstance(default, bool) else
               isinstance(value, int) and not isinstance(value, bool) if isinstance(default, int) else
               isinstance(value, int | float) and not isinstance(value, bool) if isinstance(default, float) else
               isinstance(value, str))
         if not ok:
-            raise SpecError(f"spec.bookie.{name} must be a {type(default).__name__}, got {value!r}")
-    try:
-        values: dict[str, Any] = {k: (float(v) if isinstance(known[k], float) else v) for k, v in settings.items()}
-        operator_set: dict[str, Any] = {"etcd": "etcd:2379"}
-        if tls is not None:  # the files are the operator's mounts; only their presence matters here
-            operator_set.update(tls_cert_file="/tls/tls.crt", tls_key_file="/tls/tls.key", tls_ca_file="/tls/ca.crt",
-                         tls_client_auth=tls.client_auth)
-        NodeConfig(data_dir="/data", **operator_set, **values).validate()
-    except ValueError as e:
-        raise SpecError(f"spec.bookie: {e}") from e
+            problems.add(f"spec.bookie.{name} must be a {type(default).__name__}, got {value!r}")
+        else:
+            typed[name] = float(value) if isinstance(default, float) else value
+    operator_set: dict[str, Any] = {"etcd": "etcd:2379"}
+    if tls is not None:  # the files are the operator's mounts; only their presence matters here
+        operator_set.update(tls_cert_file="/tls/tls.crt", tls_key_file="/tls/tls.key", tls_ca_file="/tls/ca.crt",
+                            tls_client_auth=tls.client_auth)
+    for message in NodeConfig(data_dir="/data", **operator_set, **typed).problems():
+        problems.add(f"spec.bookie: {message}")
+    problems.check()
     return dict(settings)
 
 
-def parse_cluster(name: str, spec: Mapping[str, Any]) -> ClusterSpec:
-    _refuse_unknown(spec, CLUSTER_FIELDS, "spec.")
+def _image(spec: Mapping[str, Any], default_image: str) -> str:
+    image = spec.get("image", default_image) or default_image
+    if not isinstance(image, str) or not image:
+        raise SpecError("spec.image is required: the Octavo image to run (it defaults to the operator's own image "
+                        "when the operator knows it: $OCTAVO_OPERATOR_IMAGE, which the chart sets)")
+    return image
+
+
+def _replicas(spec: Mapping[str, Any]) -> int:
     replicas = _integer(spec, "replicas", 3, "spec.", minimum=1)
     if replicas > REPLICAS_MAX:
         raise SpecError(f"spec.replicas must be <= {REPLICAS_MAX}, got {replicas}")
-    min_writable = _integer(spec, "minWritableBookies", 3, "spec.", minimum=1)
-    if replicas < min_writable:
-        raise SpecError(f"spec.replicas ({replicas}) must be at least spec.minWritableBookies ({min_writable}), "
-                        "the bookies a new ledger needs")
-    image = spec.get("image")
-    if not isinstance(image, str) or not image:
-        raise SpecError("spec.image is required: the Octavo image to run")
+    return replicas
+
+
+def _storage(spec: Mapping[str, Any]) -> StorageSpec:
     storage = spec.get("storage")
     if not isinstance(storage, Mapping) or "size" not in storage:
         raise SpecError("spec.storage.size is required, like 100Gi")
-    _refuse_unknown(storage, {"size", "storageClassName", "logs"}, "spec.storage.")
+    problems = Problems()
+    problems.take(lambda: _refuse_unknown(storage, {"size", "storageClassName", "logs"}, "spec.storage."), None)
     logs = storage.get("logs") or {}
     if logs:
-        _refuse_unknown(logs, {"size", "storageClassName"}, "spec.storage.logs.")
-    storage_spec = StorageSpec(_quantity(storage["size"], "spec.storage.size"),
-                               str(storage.get("storageClassName", "")),
-                               _quantity(logs["size"], "spec.storage.logs.size") if logs else "",
-                               str(logs.get("storageClassName", "")) if logs else "")
+        problems.take(lambda: _refuse_unknown(logs, {"size", "storageClassName"}, "spec.storage.logs."), None)
+    size = problems.take(lambda: _quantity(storage["size"], "spec.storage.size"), "")
+    logs_size = problems.take(lambda: _quantity(logs.get("size"), "spec.storage.logs.size"), "") if logs else ""
+    problems.check()
+    return StorageSpec(size, str(storage.get("storageClassName", "")), logs_size,
+                       str(logs.get("storageClassName", "")) if logs else "")
+
+
+def _etcd(spec: Mapping[str, Any]) -> EtcdSpec:
     etcd = spec.get("etcd")
     if not isinstance(etcd, Mapping) or ("endpoints" in etcd) == ("endpointsFrom" in etcd):
         raise SpecError("spec.etcd: set exactly one of endpoints and endpointsFrom")
@@ -274,31 +321,67 @@ def parse_cluster(name: str, spec: Mapping[str, Any]) -> ClusterSpec:
             raise SpecError(f"spec.etcd.endpointsFrom.{kind} needs a name and a key")
         pair = (str(key_ref["name"]), str(key_ref["key"]))
         etcd_spec = EtcdSpec(config_map=pair) if kind == "configMapKeyRef" else EtcdSpec(secret=pair)
-    etcd_spec = replace(_etcd_security(etcd, etcd_spec), quota_bytes=_integer(
+    return replace(_etcd_security(etcd, etcd_spec), quota_bytes=_integer(
         etcd, "quotaBytes", ETCD_QUOTA_BYTES_DEFAULT, "spec.etcd.", minimum=1))
+
+
+def _cluster_name(name: str, spec: Mapping[str, Any]) -> str:
     cluster_name = str(spec.get("clusterName") or name)
     if not CLUSTER_NAME.match(cluster_name) or len(cluster_name) > 63:
         raise SpecError(f"spec.clusterName {cluster_name!r} must be a DNS label (lower case, digits, '-')")
-    bookie = spec.get("bookie", {}) or {}
-    if not isinstance(bookie, Mapping):
-        raise SpecError("spec.bookie must be an object of octavo node settings")
-    template = spec.get("podTemplate", {}) or {}
-    _refuse_unknown(template, POD_TEMPLATE_FIELDS, "spec.podTemplate.")
-    pdb = spec.get("podDisruptionBudget", {}) or {}
-    _refuse_unknown(pdb, {"maxUnavailable"}, "spec.podDisruptionBudget.")
+    return cluster_name
+
+
+def _policy_name(spec: Mapping[str, Any]) -> str:
     ref = spec.get("compactionPolicyRef") or {}
-    if ref and not ref.get("name"):
+    if ref and (not isinstance(ref, Mapping) or not ref.get("name")):
         raise SpecError("spec.compactionPolicyRef.name is required when compactionPolicyRef is set")
+    return str(ref.get("name", "")) if ref else ""
+
+
+def _pull_policy(spec: Mapping[str, Any]) -> str:
     pull = str(spec.get("imagePullPolicy", "IfNotPresent"))
     if pull not in ("Always", "IfNotPresent", "Never"):
         raise SpecError(f"spec.imagePullPolicy must be Always, IfNotPresent or Never, got {pull!r}")
-    tls = _tls(spec.get("tls"))
-    return ClusterSpec(replicas=replicas, min_writable=min_writable, image=image, storage=storage_spec,
-                       etcd=etcd_spec, cluster_name=cluster_name, image_pull_policy=pull,
-                       resources=dict(spec.get("resources") or {}), bookie=check_bookie_settings(bookie, tls),
-                       pod_template=dict(template),
-                       max_unavailable=_integer(pdb, "maxUnavailable", 1, "spec.podDisruptionBudget."),
-                       policy_name=str(ref.get("name", "")), tls=tls)
+    return pull
+
+
+def _bookie(spec: Mapping[str, Any], tls: TlsSpec | None) -> dict[str, Any]:
+    bookie = spec.get("bookie", {}) or {}
+    if not isinstance(bookie, Mapping):
+        raise SpecError("spec.bookie must be an object of octavo node settings")
+    return check_bookie_settings(bookie, tls)
+
+
+def parse_cluster(name: str, spec: Mapping[str, Any], default_image: str = "") -> ClusterSpec:
+    """The spec checked whole: SpecError lists every fault found (`default_image`: spec.image when unset)."""
+    problems = Problems()
+    problems.take(lambda: _refuse_unknown(spec, CLUSTER_FIELDS, "spec."), None)
+    replicas = problems.take(lambda: _replicas(spec), 0)
+    min_writable = problems.take(lambda: _integer(spec, "minWritableBookies", 3, "spec.", minimum=1), 0)
+    if replicas and min_writable and replicas < min_writable:
+        problems.add(f"spec.replicas ({replicas}) must be at least spec.minWritableBookies ({min_writable}), the "
+                     "bookies a new ledger needs")
+    image = problems.take(lambda: _image(spec, default_image), "")
+    storage = problems.take(lambda: _storage(spec), StorageSpec(""))
+    etcd = problems.take(lambda: _etcd(spec), EtcdSpec())
+    cluster_name = problems.take(lambda: _cluster_name(name, spec), name)
+    tls = problems.take(lambda: _tls(spec.get("tls")), None)
+    no_settings: dict[str, Any] = {}
+    bookie = problems.take(lambda: _bookie(spec, tls), no_settings)
+    template = spec.get("podTemplate", {}) or {}
+    problems.take(lambda: _refuse_unknown(template, POD_TEMPLATE_FIELDS, "spec.podTemplate."), None)
+    pdb = spec.get("podDisruptionBudget", {}) or {}
+    problems.take(lambda: _refuse_unknown(pdb, {"maxUnavailable"}, "spec.podDisruptionBudget."), None)
+    max_unavailable = problems.take(lambda: _integer(pdb, "maxUnavailable", 1, "spec.podDisruptionBudget."), 1)
+    policy_name = problems.take(lambda: _policy_name(spec), "")
+    pull = problems.take(lambda: _pull_policy(spec), "IfNotPresent")
+    problems.check()
+    return ClusterSpec(replicas=replicas, min_writable=min_writable, image=image, storage=storage,
+                       etcd=etcd, cluster_name=cluster_name, image_pull_policy=pull,
+                       resources=dict(spec.get("resources") or {}), bookie=bookie,
+                       pod_template=dict(template), max_unavailable=max_unavailable,
+                       policy_name=policy_name, tls=tls)
 
 
 def _secret_name(value: Any, where: str) -> str:

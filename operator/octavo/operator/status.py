@@ -131,13 +131,19 @@ def cluster_status(now: datetime, *, generation: int, replicas: int, ready_repli
         else:
             entry.update(mode="unknown", reason="did not answer")
         entries.append(entry)
-    ready = not spec_error and ready_replicas >= replicas and not missing and len(reachable) >= replicas
+    # During a scale-down the bookies observed outnumber the spec's replicas until the highest is retired.
+    observed_count = max(len(bookies), replicas)
+    ready = bool(bookies) and ready_replicas >= replicas and not missing and len(reachable) >= replicas
+    leaving = f" ({observed_count - replicas} being removed)" if observed_count > replicas else ""
+    pods_ready = min(ready_replicas, observed_count)
+    starting = bool(bookies) and ready_replicas < replicas
     conditions = [
         condition(old_conditions, READY, ready, "AllBookiesReady" if ready else "NotAllBookiesReady",
-                  f"{len(reachable)} of {replicas} bookies answer, {ready_replicas} pods ready", now),
-        condition(old_conditions, PROGRESSING, ready_replicas != replicas,
-                  "Rolling" if ready_replicas != replicas else "Stable",
-                  f"{ready_replicas} of {replicas} pods ready", now),
+                  f"{len(reachable)} of {observed_count} bookies answer{leaving}, {pods_ready} pods ready", now),
+        condition(old_conditions, PROGRESSING, starting, "PodsStarting" if starting else
+                  "SpecRefused" if spec_error and not bookies else "Stable",
+                  f"{pods_ready} of {replicas} pods ready" if bookies else
+                  "nothing is applied while the spec is invalid", now),
         _degraded(old_conditions, spec_error, missing, etcd, now),
         condition(old_conditions, DISK_PRESSURE, bool(decision and decision.disk_pressure),
                   "DiskUsageHigh" if decision and decision.disk_pressure else "DiskUsageNormal",
@@ -203,3 +209,30 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
         elif value != before or key not in old:
             patch[key] = value
     return patch
+
+
+def with_roll(status: dict[str, Any], old: Mapping[str, Any], *, progress: str, waiting_for: str, halted: str,
+              restarting: str, roll: Mapping[str, Any] | None, now: datetime) -> dict[str, Any]:
+    """The status during a roll (rolling.py): Progressing True with reason RollingUpdate and "k of n bookies
+    updated"; observedGeneration stays at the last generation fully rolled out; the bookie being restarted does
+    not make the cluster Degraded (a halted roll does, reason RollingUpdateHalted). `roll` None: no roll."""
+    old_conditions = list(old.get("conditions") or [])
+    if roll is None and not waiting_for:
+        status.pop("roll", None)
+        return status
+    if roll is not None:
+        status["roll"] = dict(roll)
+    if "observedGeneration" in old:
+        status["observedGeneration"] = old["observedGeneration"]
+    message = "; ".join(part for part in (progress, f"waiting for {waiting_for}" if waiting_for else "") if part)
+    for i, c in enumerate(status["conditions"]):
+        if c["type"] == PROGRESSING:
+            status["conditions"][i] = condition(old_conditions, PROGRESSING, True, "RollingUpdate", message, now)
+        elif c["type"] == DEGRADED and halted:
+            messages = [m for m in (halted, c["message"] if c["status"] == "True" else "") if m]
+            status["conditions"][i] = condition(old_conditions, DEGRADED, True, "RollingUpdateHalted",
+                                                "; ".join(messages), now)
+        elif c["type"] == DEGRADED and c["reason"] == "BookiesNotAnswering" and restarting and \
+                c["message"] == f"not answering: {restarting}":
+            status["conditions"][i] = condition(old_conditions, DEGRADED, False, "AsExpected", "", now)
+    return status
