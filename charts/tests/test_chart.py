@@ -217,7 +217,7 @@ OPERATOR_GRANTS = {
     ("", "services"): ({"get", "create", "patch"}, "the headless and client Services"),
     ("", "configmaps"): ({"get", "create", "patch"}, "the bookie settings; etcd endpoints from a ConfigMap"),
     ("policy", "poddisruptionbudgets"): ({"get", "create", "patch"}, "the bookies' PDB"),
-    ("", "pods"): ({"list"}, "the bookies' addresses, for their admin API"),
+    ("", "pods"): ({"list", "delete"}, "the bookies' addresses, for their admin API; a roll deletes one at a time"),
     ("", "persistentvolumeclaims"): ({"delete"}, "a decommissioned bookie's volumes on scale-down"),
     ("", "secrets"): ({"get"}, "etcd endpoints kept in a Secret (spec.etcd.endpointsFrom.secretKeyRef)"),
     ("", "events"): ({"create"}, "ForceReadOnly, OpenCompactionWindow, ScaleDown, InvalidSpec, ..."),

@@ -191,3 +191,15 @@ def test_the_image_defaults_to_the_operators_own() -> None:
     assert parse_cluster("logs", CLUSTER, default_image="registry/octavo:1.2").image == CLUSTER["image"]
     with pytest.raises(SpecError, match=r"spec.image is required.*OCTAVO_OPERATOR_IMAGE"):
         parse_cluster("logs", spec)
+
+
+def test_the_crds_bookie_settings_carry_the_bookies_bounds_and_a_description() -> None:
+    """The API server refuses a setting out of range at apply time (kubectl names the field), with the same
+    bounds the operator and the bookie check (octavo.node.config.BOUNDS); `kubectl explain` says what each is."""
+    from octavo.node.config import BOUNDS
+
+    bookie = spec_schema("bookieclusters")["properties"]["bookie"]["properties"]
+    for name, schema in bookie.items():
+        assert schema.get("description"), f"spec.bookie.{name} has no description for kubectl explain"
+        if name in BOUNDS:
+            assert (schema.get("minimum"), schema.get("maximum")) == BOUNDS[name], name

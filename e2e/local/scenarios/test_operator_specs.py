@@ -1,0 +1,52 @@
+"""Specs a platform engineer gets wrong, and deleting what they made, on the real control plane (issue 29 items
+3 and 5, issue 37 item 4): every fault at once, no Progressing=True while invalid, the closest known name for a
+mistyped setting (where the API server lets one through: kubectl's strict field validation refuses it first);
+settings out of their bounds refused by the API server at apply time; deletions that complete."""
+
+from __future__ import annotations
+
+from typing import Any
+
+LocalKube = Any  # the local_kube fixture (conftest.py)
+API = "octavo.io/v1alpha1"
+
+
+def test_an_invalid_spec_is_reported_whole_and_the_cluster_and_policies_delete(local_kube: LocalKube) -> None:
+    k, eventually = local_kube.k, local_kube.eventually
+    with local_kube.operator():
+        local_kube.policy("nightly", {"windows": [{"schedule": "0 2 * * *", "duration": "2h"}]})
+        local_kube.policy("unused", {"windows": []})
+        # The API server takes these (each fits the CRD's schema and bounds); the operator's checks of how the
+        # settings go together refuse them, all in one message.
+        k.create(API, "bookieclusters", {
+            "apiVersion": API, "kind": "BookieCluster", "metadata": {"name": "bad"},
+            "spec": {"replicas": 3, "image": "octavo:dev", "storage": {"size": "1Gi"},
+                     "etcd": {"endpoints": local_kube.etcd}, "compactionPolicyRef": {"name": "nightly"},
+                     "bookie": {"disk_writable_ratio": 0.99, "write_cache_entries_max": 10,
+                                "compaction_minor_threshold": 0.9}}})
+        error = eventually(lambda: (k.cluster("bad").get("status") or {}).get("specError"), 30, "the spec error")
+        for part in ("3 problems: ", "spec.bookie: write_cache_entries_max (10) must be at least twice",
+                     "spec.bookie: compaction thresholds must satisfy", "spec.bookie: disk watermarks must satisfy"):
+            assert part in error, (part, error)
+        assert k.condition("bad", "Degraded")["reason"] == "InvalidSpec"
+        assert k.condition("bad", "Progressing")["status"] == "False", k.condition("bad", "Progressing")
+        assert k.get("apps/v1", "statefulsets", "bad") is None, "an invalid spec applied something"
+        warnings = [e for e in k.events("InvalidSpec") if e["involvedObject"]["name"] == "bad"]
+        assert len(warnings) == 1 and sum(e.get("count", 1) for e in warnings) == 1, warnings
+
+        for plural, name in (("compactionpolicies", "unused"), ("compactionpolicies", "nightly"),
+                             ("bookieclusters", "bad")):
+            k.delete(API, plural, name)
+            eventually(lambda plural=plural, name=name: k.get(API, plural, name) is None, 30,
+                       f"{plural}/{name} deleted")
+
+
+def test_a_setting_out_of_its_bounds_is_refused_at_apply_time_naming_it(local_kube: LocalKube) -> None:
+    """The CRD carries the bookie's bounds (issue 37: a 1 PiB index map once crash-looped a bookie)."""
+    import pytest
+
+    spec = {"image": "octavo:dev", "storage": {"size": "1Gi"}, "etcd": {"endpoints": local_kube.etcd},
+            "bookie": {"index_map_size_bytes": 1 << 50}}
+    with pytest.raises(AssertionError, match=r"422.*spec.bookie.index_map_size_bytes"):
+        local_kube.k.create(API, "bookieclusters", {"apiVersion": API, "kind": "BookieCluster",
+                                                    "metadata": {"name": "huge"}, "spec": spec})
