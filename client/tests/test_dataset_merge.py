@@ -15,6 +15,7 @@ import pytest
 
 from octavo.cli.localcluster import LocalCluster
 from octavo.client import Client
+from octavo.client.colstats import STATS_KEY, ColumnStats, LedgerStats
 from octavo.client.dataset import CHECKPOINT_EVERY_COMMITS, META_DATASET, META_WRITE, DatasetLedger, Manifest
 from octavo.client.datasetmerge import (
     MergeResult,
@@ -28,6 +29,7 @@ from octavo.client.datasetmerge import (
 from octavo.meta.errors import NoSuchLedgerError
 from octavo.node.datasetmaintenance import budget_left, due
 from octavo.spark.arrowio import decode_entry, encode_entries
+from octavo.spark.skipping import StatsCollector
 
 PW = b"merge-pw"
 SCHEMA = '{"type":"struct","fields":[{"name":"v","type":"long","nullable":false,"metadata":{}}]}'
@@ -92,7 +94,9 @@ async def _write(client: Client, name: str, values: list[int], rows_per_entry: i
     entries = [data for data, _ in encode_entries(batch, rows_per_entry, "none")]
     handle = await client.create_ledger(3, 3, 2, password=PW, metadata={META_DATASET: name, META_WRITE: "t"})
     await handle.append_many(entries)
-    await handle.close()
+    stats = StatsCollector()  # column statistics, as the Spark sink keeps them (data skipping)
+    stats.add(batch)
+    await handle.close(metadata=stats.metadata())
     return DatasetLedger(handle.ledger_id, len(values), sum(len(e) for e in entries), len(entries))
 
 
@@ -156,6 +160,12 @@ async def test_a_merge_keeps_every_row_once_in_order_and_every_seq(cluster: Loca
         # The merged ledgers have the sources' password and the dataset's metadata; the sources stay readable.
         meta = await client.ledger_metadata(after.ledgers[0].ledger_id)
         assert meta.custom_metadata[META_DATASET] == name and META_WRITE in meta.custom_metadata
+        # ... and the sources' column statistics, combined: the merged ledger's own bounds.
+        for x in after.ledgers:
+            stats = LedgerStats.decode((await client.ledger_metadata(x.ledger_id)).custom_metadata.get(STATS_KEY))
+            values = await _read(client, x.ledger_id, 0, x.entries - 1)
+            assert stats is not None and stats.rows == x.rows
+            assert stats.columns["v"] == ColumnStats("int", 0, min(values), max(values))
         old = before.ledgers[0]
         assert await _read(client, old.ledger_id, 0, old.entries - 1) == list(range(10))
         assert {x.ledger_id for x in before.ledgers} <= {i for i, _ in after.retired}

@@ -501,3 +501,47 @@ def test_a_write_and_read_over_mutual_tls(spark, tmp_path: Path) -> None:  # typ
         df = frame(spark, 5_000, parts=2)
         write(df, tls_cluster, "secured", **tls)
         assert checksum(read(spark, tls_cluster, "secured", **tls)) == checksum(df)
+
+
+def test_data_skipping_reads_only_the_ledgers_a_filter_can_match(spark, cluster: LocalCluster) -> None:  # type: ignore[no-untyped-def]
+    # 40 ledgers (one per partition), each an hour of event time; half of them have no `tag`.
+    df = spark.range(0, 4000, numPartitions=40).selectExpr(
+        "id", "timestamp_seconds(1767225600 + id * 36) as ts", "cast(timestamp_seconds(1767225600 + id * 36) "
+        "as date) as day", "cast(id as decimal(20, 2)) as amount", "format_string('k%05d', id) as key",
+        "case when id % 200 < 100 then 'x' end as tag")
+    write(df, cluster, "skipping")
+
+    def planned(frame) -> int:  # type: ignore[no-untyped-def]
+        return int(frame.rdd.getNumPartitions())
+
+    one_per_ledger = {"entries_per_partition": "1000000000"}  # every ledger read is an input partition
+    original = spark.conf.get("spark.sql.python.filterPushdown.enabled", "false")
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    try:
+        full = read(spark, cluster, "skipping", **one_per_ledger)
+        skipping = read(spark, cluster, "skipping", data_skipping="true", **one_per_ledger)
+        assert planned(full) == 40 and planned(skipping) == 40  # no filter: nothing skipped
+        hour = 3600 // 36  # ids per hour of event time
+        cases = {  # condition: (the ids it selects, the ledgers it reads)
+            "ts >= timestamp'2026-01-01 05:00:00Z' and ts < timestamp'2026-01-01 06:00:00Z'":
+                (range(5 * hour, 6 * hour), 1),
+            "id in (5, 3999)": ([5, 3999], 2),
+            "amount = 1234.00": ([1234], 1),
+            "key > 'k03899'": (range(3900, 4000), 1),
+            "day > date'2026-01-02'": ([], 0),
+            "tag is null and id < 150": (range(100, 150), 1),
+            "id > 100 and key < 'k00150'": (range(101, 150), 1),
+        }
+        for condition, (ids, ledgers) in cases.items():
+            got = skipping.filter(condition)
+            assert sorted(r["id"] for r in got.select("id").collect()) == list(ids), (condition, planned(got))
+            assert planned(got) == ledgers or (ledgers == 0 and planned(got) == 1), condition
+        # Filters statistics cannot decide are still applied by Spark: exact results, nothing skipped.
+        odd = skipping.filter("id % 7 = 3 and key like '%9'")
+        assert planned(odd) == 40
+        assert odd.count() == full.filter("id % 7 = 3 and key like '%9'").count()
+        spark.conf.set("spark.sql.python.filterPushdown.enabled", "false")
+        with pytest.raises(Exception, match="filterPushdown"):
+            read(spark, cluster, "skipping", data_skipping="true").filter("id = 1").collect()
+    finally:
+        spark.conf.set("spark.sql.python.filterPushdown.enabled", original)

@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from octavo.client.client import Client
+from octavo.client.colstats import STATS_KEY, LedgerStats, combine
 from octavo.client.dataset import (
     META_DATASET,
     META_WRITE,
@@ -274,9 +275,15 @@ async def _merge_group(client: Client, name: str, schema: str, group: list[Datas
     """Copy `group` into a new ledger and swap it in; None if the swap lost to an overwrite or another merge
     (the new ledger is deleted then)."""
     first = metas[group[0].ledger_id]
+    custom = {META_DATASET: name, META_WRITE: write_id}
+    # The sources' column statistics combined (data skipping): kept only when every source has them.
+    stats = combine([LedgerStats.decode(metas[x.ledger_id].custom_metadata.get(STATS_KEY)) for x in group])
+    encoded = stats.encode() if stats is not None else None
+    if encoded is not None:
+        custom[STATS_KEY] = encoded
     handle = await client._create_keyed_ledger(
         first.ensemble_size, first.write_quorum, first.ack_quorum, first.password_digest,
-        bytes.fromhex(first.master_key_hex), {META_DATASET: name, META_WRITE: write_id})
+        bytes.fromhex(first.master_key_hex), custom)
     try:
         copied = await _copy(client, handle, [(metas[x.ledger_id], x.bytes) for x in group])
         await handle.close()

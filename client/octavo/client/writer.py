@@ -28,6 +28,7 @@ recovery open took the ledger over: every pending and later append fails with Le
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import random
@@ -39,7 +40,7 @@ from typing import Any
 import grpc
 
 from octavo.client import faults
-from octavo.client.arguments import check_bytes, check_entry_list
+from octavo.client.arguments import check_bytes, check_entry_list, check_str_map
 from octavo.client.bookie_client import AddCallback, AddGroup, Refusal, add_group
 from octavo.client.context import ClientContext
 from octavo.client.placement import CONNECTING, IDLE, READY, UNREGISTERED, replacement_choice
@@ -60,7 +61,7 @@ from octavo.meta.errors import (
     PermissionDeniedError,
     WrongPasswordError,
 )
-from octavo.meta.ledger_metadata import CLOSED, OPEN, LedgerMetadata, write_set
+from octavo.meta.ledger_metadata import CLOSED, CUSTOM_METADATA_BYTES_MAX, OPEN, LedgerMetadata, write_set
 from octavo.meta.retry import CasRetry
 from octavo.v1 import bookie_pb2 as pb
 
@@ -115,6 +116,7 @@ class WriteHandle:
         self._room.set()
         self._error: OctavoError | None = None
         self._closing = False
+        self._close_metadata: dict[str, str] | None = None  # custom metadata the close writes (close())
         self._closed = False
         self._change_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()  # ensemble changes running (kept referenced)
@@ -549,6 +551,26 @@ class WriteHandle:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def bookie_draining(self, bookie_id: str) -> None:
+        """The bookie is stopping (controlled shutdown, drain.py): move off it while it still stores adds, as
+        after a failure (a new segment from LAC + 1, the unacknowledged entries sent to the replacement; what
+        is already on its way to the draining bookie still lands there). With no bookie usable in its place now
+        (the ensemble is the whole cluster), keep writing to it: once it stops, its failure is handled as any
+        other."""
+        if self._error is not None or self._closed or self._client.closed \
+                or bookie_id not in self.metadata.last_ensemble or bookie_id in self._changing:
+            return
+        choice = replacement_choice(bookie_id, self.metadata.last_ensemble, self._client.registrations,
+                                    self._quarantine, asyncio.get_running_loop().time(),
+                                    self._options.bookie_quarantine_s, max(map(len, self._data), default=0),
+                                    self._connection_state)
+        if not choice.ready:
+            log.debug("ledger %d: bookie %s is draining but no other bookie can take its place (%s); writing "
+                     "to it until it stops", self.ledger_id, bookie_id,
+                     "; ".join(f"{b} {why}" for b, why in sorted(choice.unusable.items())) or "none registered")
+            return
+        self._bookie_failed(bookie_id, "draining: the bookie is stopping")
+
     def _change_not_needed(self, failed: str) -> bool:
         """The handle failed or closed, the bookie is already replaced, or a close waits with every entry
         acknowledged (the ledger closes as it is; the missing copies are re-replication's to restore)."""
@@ -694,10 +716,17 @@ class WriteHandle:
         return CONNECTING
 
     # -- close -----------------------------------------------------------------------------------------
-    async def close(self) -> None:
+    async def close(self, metadata: dict[str, str] | None = None) -> None:
         """Wait for every append in flight, close the ledger in etcd (CAS to CLOSED with its last entry),
         then queue the advisory write-close to the bookies (it rides their add streams; not waited for).
+        `metadata`: custom metadata added in the same CAS (what is known only once the entries are written, such
+        as a dataset ledger's column statistics; CUSTOM_METADATA_BYTES_MAX counts it with the creation's).
         Raises LedgerFencedError if a recovery open took the ledger over first."""
+        if metadata:
+            custom = {**self.metadata.custom_metadata, **check_str_map("metadata", metadata)}
+            if sum(len(k) + len(v) for k, v in custom.items()) > CUSTOM_METADATA_BYTES_MAX:
+                raise ValueError(f"custom metadata is over {CUSTOM_METADATA_BYTES_MAX} bytes")
+            self._close_metadata = custom
         if self._error is not None:
             raise self._error  # a failed handle never closes the ledger: recovery does, from etcd's record
         if self._closed:
@@ -730,6 +759,8 @@ class WriteHandle:
         retry = CasRetry(f"ledger {self.ledger_id}: the close", ENSEMBLE_CHANGE_ATTEMPTS_MAX)
         while True:
             closed = self.metadata.with_state(CLOSED, last_entry_id=self._lac, length=self._length)
+            if self._close_metadata is not None:
+                closed = dataclasses.replace(closed, custom_metadata=self._close_metadata)
             revision = await store.update_ledger(closed, self._revision)
             if revision is not None:
                 self.metadata, self._revision = closed, revision

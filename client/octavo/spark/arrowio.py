@@ -22,6 +22,7 @@ from octavo.client.client import Client
 from octavo.client.dataset import META_DATASET, META_WRITE, DatasetLedger, check_name
 from octavo.client.options import ClientOptions
 from octavo.meta.errors import EntryTooLargeError, OctavoError
+from octavo.spark.skipping import StatsCollector
 
 # Appended bytes a task keeps in flight (the client bounds this too); entries go out in groups of this size.
 GROUP_BYTES = 1024 * 1024
@@ -59,6 +60,7 @@ class Options:
     version_as_of: int = 0  # batch reads: time travel to this version (0: the newest)
     timestamp_as_of_ms: int = 0  # batch reads: time travel to the version current at this time (0: now)
     merge_schema: bool = False  # appends: add the frame's new (nullable) columns to the dataset's schema
+    data_skipping: bool = False  # batch reads: prune ledgers by their column statistics (pushFilters)
     starting_version: str = "earliest"
     starting_timestamp_ms: int = 0
     max_rows_per_trigger: int = 0
@@ -146,7 +148,7 @@ class Options:
                        if_exists=if_exists, otlp_endpoint=o.get("otlp_endpoint", ""),
                        starting_version=starting_version, starting_timestamp_ms=starting_ms,
                        version_as_of=integer("versionasof", 0, 1, 1 << 62), timestamp_as_of_ms=as_of_ms,
-                       merge_schema=_boolean(o, "mergeschema"),
+                       merge_schema=_boolean(o, "mergeschema"), data_skipping=_boolean(o, "data_skipping"),
                        max_rows_per_trigger=integer("maxrowspertrigger", 0, 1, 1 << 62),
                        max_bytes_per_trigger=integer("maxbytespertrigger", 0, 1, 1 << 62),
                        tls=tuple((name, o[name]) for name in TLS_OPTIONS if o.get(name)))
@@ -223,7 +225,7 @@ KNOWN_OPTIONS = frozenset({
     "password_file", "rows_per_entry", "compression", "key_column", "orphan_grace_s", "stream_id",
     "entries_per_partition", "max_partition_bytes", "columns", "if_exists", "otlp_endpoint", "startingversion",
     "startingtimestamp", "maxrowspertrigger", "maxbytespertrigger", "versionasof", "timestampasof", "mergeschema",
-    *TLS_OPTIONS})
+    "data_skipping", *TLS_OPTIONS})
 # Options Spark itself passes to a data source on some paths (a load's paths, a stream's checkpoint location):
 # accepted and ignored.
 SPARK_OPTIONS = frozenset({"checkpointlocation", "paths"})
@@ -264,6 +266,7 @@ async def _write_ledger(opts: Options, batches: Iterable[Any] | AsyncIterable[An
             group_bytes = 0
             in_flight: list[asyncio.Future[list[int]]] = []
             segments: list[tuple[int, int]] = []
+            stats = StatsCollector()  # column statistics, kept in the ledger's metadata (data skipping)
 
             async def send() -> None:
                 nonlocal group, group_bytes
@@ -275,6 +278,7 @@ async def _write_ledger(opts: Options, batches: Iterable[Any] | AsyncIterable[An
             async def take(item: Any) -> None:
                 nonlocal group_bytes, rows, nbytes, entries, handle
                 seq, batch = item if with_seqs else (0, item)
+                stats.add(batch)
                 for data, n in encode_entries(batch, opts.rows_per_entry, opts.compression):
                     if handle is None:  # created at the first row: an empty partition writes no ledger
                         handle = await client.create_ledger(
@@ -302,7 +306,7 @@ async def _write_ledger(opts: Options, batches: Iterable[Any] | AsyncIterable[An
                 await send()
             for f in in_flight:
                 await f
-            await handle.close()
+            await handle.close(metadata=stats.metadata())
         except BaseException as e:
             if handle is not None:
                 handle.abandon(OctavoError(f"the write of this partition failed: {e}"))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,7 @@ from pyspark.sql.datasource import (
     DataSourceReader,
     DataSourceStreamArrowWriter,
     DataSourceStreamReader,
+    Filter,
     InputPartition,
     WriterCommitMessage,
 )
@@ -43,10 +45,14 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from octavo.client.client import Client, SyncClient
+from octavo.client.colstats import LedgerStats, Predicate, may_match
 from octavo.client.dataset import DatasetExistsError, DatasetHead, DatasetLedger, NoSuchDatasetError
 from octavo.meta.errors import NotEnoughBookiesError
 from octavo.spark.arrowio import Options, client_options, decode_entry, new_write_id, write_ledger
 from octavo.spark.metrics import spark_metrics
+from octavo.spark.skipping import ledger_stats, predicates
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -159,7 +165,9 @@ class OctavoDataSource(DataSource):  # type: ignore[misc]
         return schema
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return OctavoReader(self.opts, schema)
+        # pushFilters only with data_skipping: PySpark fails every read of a reader that implements it while
+        # spark.sql.python.filterPushdown.enabled is false, and a source cannot see that setting.
+        return OctavoSkippingReader(self.opts, schema) if self.opts.data_skipping else OctavoReader(self.opts, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
         # Spark passes only append or overwrite to Python sources; error-if-exists and ignore come through the
@@ -261,7 +269,42 @@ class OctavoReader(DataSourceReader):  # type: ignore[misc]
         return _plan(self.opts, _pieces(self.opts, manifest.ledgers))
 
     def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, LedgerSlices):  # PySpark's one empty partition when none was planned
+            return iter(())
         return _read_slice(self.opts, self.target, partition)
+
+
+class OctavoSkippingReader(OctavoReader):
+    """A batch read with `data_skipping`: Spark's filters, pushed, prune the ledgers whose column statistics prove
+    they hold no matching row. Every filter is handed back, so Spark still evaluates each one on the rows read:
+    skipping changes what is read, never the result."""
+
+    def __init__(self, opts: Options, schema: StructType) -> None:
+        super().__init__(opts, schema)
+        self.schema = schema
+        self.predicates: list[Predicate] = []
+        self.skipped = 0
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        self.predicates = predicates(filters, self.schema)
+        yield from filters
+
+    def partitions(self) -> list[LedgerSlices]:
+        manifest = _run(_manifest(self.opts))
+        ledgers = list(manifest.ledgers)
+        if self.predicates and ledgers:
+            stats = _run(_ledger_stats(self.opts, ledgers))
+            kept = [x for x, s in zip(ledgers, stats, strict=True) if may_match(s, self.predicates)]
+            self.skipped = len(ledgers) - len(kept)
+            log.info("dataset %s: data skipping read %d of %d ledgers (%s)", self.opts.dataset, len(kept),
+                     len(ledgers), ", ".join(f"{p.column} {p.op}" for p in self.predicates))
+            ledgers = kept
+        return _plan(self.opts, _pieces(self.opts, ledgers))
+
+
+async def _ledger_stats(opts: Options, ledgers: list[DatasetLedger]) -> list[LedgerStats | None]:
+    async with Client(opts.etcd, opts.cluster, client_options(opts)) as client:
+        return await ledger_stats(client, ledgers)
 
 
 class OctavoWriter(DataSourceArrowWriter):  # type: ignore[misc]
