@@ -84,6 +84,47 @@ def test_scale_down_and_up(kind: Kind) -> None:
     assert "ok: ledger" in done.stdout
 
 
+def acknowledged(log: str) -> dict[str, int]:
+    acked: dict[str, int] = {}
+    for line in log.splitlines():
+        if line.startswith("{"):
+            record = json.loads(line)
+            acked[str(record["ledger"])] = record["acked"]
+    return acked
+
+
+def test_a_settings_roll_and_an_image_roll_under_a_writer_lose_nothing(kind: Kind) -> None:
+    """Issue 37, as e2e/local/scenarios/test_roll.py on the local control plane: the operator restarts one
+    bookie at a time; every acknowledged entry is read back, and found on every bookie of its segment."""
+    def completed() -> list[dict[str, Any]]:
+        events = kind.get("events", "--field-selector", "involvedObject.name=octavo,reason=RollingUpdateComplete")
+        return list((events or {}).get("items") or [])
+
+    kind.job("roller", "octavo:dev", ["python", "/jobs/ledger_job.py", "write", "300"], wait=False)
+    kind.eventually(lambda: kind.kubectl("logs", "job/roller", check=False).stdout.count("\n") > 20, 120,
+                    "the writer writing")
+    # A bookie setting, then the image (the same image by another reference: kind has no registry).
+    for patch in ({"spec": {"bookie": {"gc_interval_ms": 45000}}}, {"spec": {"image": "docker.io/library/octavo:dev"}}):
+        before = len(completed())
+        kind.kubectl("patch", "bookiecluster", "octavo", "--type=merge", "-p", json.dumps(patch))
+        kind.eventually(lambda before=before: len(completed()) > before, 900, "the roll complete")
+        assert kind.get("bookiecluster", "octavo")["status"]["observedGeneration"] == kind.get(
+            "bookiecluster", "octavo")["metadata"]["generation"]
+    done = kind.kubectl("wait", "job/roller", "--for=condition=complete", "--timeout=600s", check=False, timeout=630)
+    log = kind.kubectl("logs", "job/roller").stdout
+    assert done.returncode == 0, log[-3000:]
+    acked = acknowledged(log)
+    assert len(acked) >= 2
+    assert kind.job("roll-verify", "octavo:dev", ["python", "/jobs/ledger_job.py", "verify",
+                                                  json.dumps(acked)]).startswith("ok: ")
+    assert kind.job("roll-replicas", "octavo:dev", ["python", "/jobs/ledger_job.py", "replicas",
+                                                    json.dumps(acked)]).startswith("ok: ")
+    restarts = kind.get("events", "--field-selector", "involvedObject.name=octavo,reason=RollingUpdate")
+    messages = [e["message"] for e in (restarts or {}).get("items") or []]
+    assert sum(m.startswith("Restarting bookie octavo-") for m in messages) >= 8, messages
+    kind.eventually(lambda: ready(kind, 4), 300, "Ready after the rolls")
+
+
 def test_uninstall_leaves_no_orphan(kind: Kind) -> None:
     kind.helm("uninstall", "octavo", "--wait", "--timeout", "10m")
     # Everything the chart and the operator made carries app.kubernetes.io/name=octavo.

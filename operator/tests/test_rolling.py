@@ -9,6 +9,7 @@ from octavo.operator.rolling import (
     ROLL_SETTLE_S,
     PodState,
     RollMemory,
+    RollStep,
     decide_roll,
     restart_reason,
 )
@@ -23,7 +24,7 @@ def pods(outdated: set[int], not_ready: set[int] = frozenset(), n: int = 4,  # t
 
 
 def step(now: float, observed: list[PodState], memory: RollMemory | None, underreplicated: int | None = 0,
-         generation: int = 7, template_current: bool = True):  # type: ignore[no-untyped-def]
+         generation: int = 7, template_current: bool = True) -> RollStep:
     return decide_roll(now, generation=generation, template_current=template_current, replicas=4, pods=observed,
                        underreplicated=underreplicated, memory=memory)
 
@@ -34,7 +35,7 @@ def test_a_roll_restarts_one_bookie_at_a_time_waiting_for_it_to_serve_settle_and
     assert [e.message for e in s.events] == [
         f"Rolling update started: 4 of 4 bookies to restart ({WHY}, generation 7)",
         f"Restarting bookie c-3: {WHY} (generation 7)"]
-    memory = s.memory
+    memory: RollMemory | None = s.memory
     # c-3 is being deleted, then recreated and not yet ready: nothing else is restarted.
     for observed in (pods({0, 1, 2, 3}, deleting={3}), pods({0, 1, 2}, not_ready={3})):
         s = step(1, observed, memory)
