@@ -179,6 +179,9 @@ class BookieClient:
         self._sender: asyncio.Task[None] | None = None
         self._receiver: asyncio.Task[None] | None = None
         self._closed = False
+        # Called with the bookie's id when an add response says the bookie is draining (stopping): its writers
+        # move off it (Client._bookie_draining).
+        self.on_draining: Callable[[str], None] | None = None
 
     # -- the connection ------------------------------------------------------------------------------
     def connectivity(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
@@ -361,6 +364,8 @@ class BookieClient:
             async for response in call:
                 _, taken, closes = self._pending.pop(response.request_id, (0.0, [], []))
                 self._update_window()
+                if response.draining and self.on_draining is not None:
+                    self.on_draining(self.bookie_id)
                 if closes:
                     _settle_closes(closes, response, self.bookie_id)
                 if response.error in REQUEST_REFUSALS:  # about the request itself, not the bookie's health
@@ -455,6 +460,17 @@ class BookieClient:
             return await self._stub.ReadLastAddConfirmed(
                 pb.ReadLacRequest(ledger_id=ledger_id, fence=fence, master_key=master_key), timeout=timeout_s,
                 metadata=_trace_metadata())
+        except grpc.aio.AioRpcError as e:
+            raise BookieUnavailableError(
+                f"bookie {self.bookie_id} at {self.address}: {_describe(e, self.tls)}") from e
+
+    async def list_entries(self, ledger_id: int, first_entry_id: int, last_entry_id: int,
+                           timeout_s: float = CALL_TIMEOUT_S) -> Any:
+        """Which entries of [first, last] the bookie stores (ListEntriesResponse; a long range comes in parts)."""
+        try:
+            return await self._stub.ListEntries(
+                pb.ListEntriesRequest(ledger_id=ledger_id, first_entry_id=first_entry_id,
+                                      last_entry_id=last_entry_id), timeout=timeout_s)
         except grpc.aio.AioRpcError as e:
             raise BookieUnavailableError(
                 f"bookie {self.bookie_id} at {self.address}: {_describe(e, self.tls)}") from e

@@ -44,6 +44,7 @@ from octavo.meta.errors import (
     BufferFullError,
     LedgerClosedError,
     NotEnoughBookiesError,
+    OctavoError,
     WrongPasswordError,
 )
 from octavo.meta.etcd import EtcdClient
@@ -64,6 +65,8 @@ log = logging.getLogger(__name__)
 
 # How long closing a client waits for the bookies to answer the write-closes of its ledgers.
 CLOSE_FLUSH_TIMEOUT_S = 1.0
+# A draining bookie's flag rides every add response: its writers are asked to move at most this often.
+DRAIN_CHECK_INTERVAL_S = 0.5
 # A ledger's master key: a SHA-256 digest (octavo.meta.ledger_metadata.master_key).
 MASTER_KEY_BYTES = 32
 
@@ -95,6 +98,9 @@ class Client:
         self._registration_reader: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self._writers: weakref.WeakSet[WriteHandle] = weakref.WeakSet()
+        # Draining bookies (drain.py on the bookie): when their writers were last asked to move off each.
+        self._drain_checked: dict[str, float] = {}
+        self._drain_tasks: set[asyncio.Task[None]] = set()
         self.write_scheduler = WriteScheduler()
         self.closed = False
 
@@ -113,6 +119,8 @@ class Client:
         for writer in list(self._writers):
             writer.abandon(LedgerClosedError("the client was closed with this append in flight"))
         self.write_scheduler.cancel()
+        for task in list(self._drain_tasks):
+            task.cancel()
         if self._registration_reader is not None:
             self._registration_reader.cancel()
         clients, self._bookie_clients = self._bookie_clients, {}
@@ -205,7 +213,30 @@ class Client:
                 bookie_id, info.address, self.options.add_timeout_s, self.options.tls,
                 request_entries_max=min(REQUEST_ENTRIES_MAX, info.batch_entries_max or REQUEST_ENTRIES_MAX),
                 request_bytes_max=min(REQUEST_BYTES_MAX, info.batch_bytes_max or REQUEST_BYTES_MAX))
+            client.on_draining = self._bookie_draining
         return client
+
+    def _bookie_draining(self, bookie_id: str) -> None:
+        """An add response said the bookie is stopping (controlled shutdown): at most once per
+        DRAIN_CHECK_INTERVAL_S, read the registrations again (one read shared by every caller) and ask each
+        write handle with the bookie in its last ensemble to move off it (WriteHandle.bookie_draining)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self.closed or now - self._drain_checked.get(bookie_id, -DRAIN_CHECK_INTERVAL_S) < DRAIN_CHECK_INTERVAL_S:
+            return
+        self._drain_checked[bookie_id] = now
+        log.info("bookie %s is draining (stopping): moving write handles off it", bookie_id)
+        task = loop.create_task(self._move_off(bookie_id), name=f"octavo-drain-{bookie_id}")
+        self._drain_tasks.add(task)
+        task.add_done_callback(self._drain_tasks.discard)
+
+    async def _move_off(self, bookie_id: str) -> None:
+        try:
+            await self.bookies(refresh=True)
+        except OctavoError as e:  # the handles decide from the registrations known
+            log.info("moving off draining bookie %s with the registrations known: %s", bookie_id, e)
+        for writer in list(self._writers):
+            writer.bookie_draining(bookie_id)
 
     # -- ledgers ---------------------------------------------------------------------------------------
     async def create_ledger(self, ensemble_size: int = 3, write_quorum: int = 3, ack_quorum: int = 2,
@@ -231,6 +262,16 @@ class Client:
         return await self._create_keyed_ledger(ensemble_size, write_quorum, ack_quorum, password_digest(password),
                                                master_key(password), custom)
 
+    async def _cluster_hint(self, any_writable: bool) -> str:
+        """" in cluster 'x'", and when etcd holds nothing at all for it, that it may be misspelled: the cluster a
+        client names is only a key prefix, so a typo looks like an empty cluster."""
+        layout = self.metadata_store.layout
+        text = f" in cluster {layout.cluster!r}"
+        if not any_writable and not await self.etcd.get_prefix(layout.root, limit=1, keys_only=True):
+            text += (f", which has nothing in etcd (no bookie, ledger or dataset ever): a misspelled cluster name? "
+                     f"It is the bookies' --cluster (default {DEFAULT_CLUSTER!r})")
+        return text
+
     async def _create_keyed_ledger(self, ensemble_size: int, write_quorum: int, ack_quorum: int, digest: str,
                                    key: bytes, custom: dict[str, str]) -> WriteHandle:
         """Create a ledger given its password's digest and master key instead of the password (a merge of a
@@ -243,7 +284,8 @@ class Client:
         writable = await self.writable_bookies()
         if len(writable) < ensemble_size:
             raise NotEnoughBookiesError(f"an ensemble of {ensemble_size} needs {ensemble_size} writable bookies; "
-                                        f"{len(writable)} are registered ({', '.join(writable) or 'none'})")
+                                        f"{len(writable)} are registered ({', '.join(writable) or 'none'})"
+                                        + await self._cluster_hint(bool(writable)))
         ensemble = tuple(random.sample(writable, ensemble_size))
         meta, revision = await self.metadata_store.create_ledger(
             ensemble_size=ensemble_size, write_quorum=write_quorum, ack_quorum=ack_quorum,

@@ -19,6 +19,8 @@ from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 
 from octavo.meta.errors import MetadataUnavailableError
 from octavo.meta.ledger_metadata import META_DATASET, LedgerMetadata
+from octavo.node.drain import Drain
+from octavo.node.entrylist import list_entries
 from octavo.node.errors import Code, StorageError, WriteCacheFull
 from octavo.node.lookups import LedgerLookups
 from octavo.node.metrics import RequestStats
@@ -87,6 +89,7 @@ class BookieService(pb_grpc.BookieServicer):
         self._write_closed: dict[int, None] = {}
         self.tail_waiters = TailWaiters(storage.config.long_poll_waiters_max)
         self.stats = RequestStats()
+        self.drain = Drain()  # controlled shutdown: server.py begins it on SIGTERM
         # Tracing (server.py sets both when spans have somewhere to go): a request carrying a sampled trace
         # context gets a span, others at the sampling ratio. With no tracer no span is ever made.
         self.tracer: Tracer | None = None
@@ -113,16 +116,27 @@ class BookieService(pb_grpc.BookieServicer):
                          context: grpc.aio.ServicerContext) -> AsyncIterator[pb.AddResponse]:
         stats = self.stats
         tenant = self.tenants.tenant(context) if self.tenants is not None else None  # one identity per stream
-        async for request in request_iterator:
-            t0 = time.perf_counter()
-            if self.tracer is not None and (request.trace_parent or self.sampling.enabled):
-                response = await self._traced_add(request, tenant)
-            else:
-                response = await self._add(request, tenant)
-            stats.add_requests += 1
-            if stats.add_latency is not None:
-                stats.add_latency.record(time.perf_counter() - t0)
-            yield response
+        drain = self.drain
+        stream = drain.opened(context)
+        try:
+            async for request in request_iterator:
+                stream.busy = True
+                t0 = time.perf_counter()
+                if self.tracer is not None and (request.trace_parent or self.sampling.enabled):
+                    response = await self._traced_add(request, tenant)
+                else:
+                    response = await self._add(request, tenant)
+                stats.add_requests += 1
+                if stats.add_latency is not None:
+                    stats.add_latency.record(time.perf_counter() - t0)
+                if drain.draining:
+                    response.draining = True
+                yield response
+                stream.busy = False
+                if drain.draining:
+                    stream.idle_since = asyncio.get_running_loop().time()
+        finally:
+            drain.closed(stream)
 
     async def _traced_add(self, request: pb.AddRequest, tenant: Tenant | None) -> pb.AddResponse:
         span = self._span("octavo.bookie.add", request.trace_parent)
@@ -447,7 +461,7 @@ class BookieService(pb_grpc.BookieServicer):
             if (state is not None and (state.last_add_confirmed > previous or state.fenced)) or closed:
                 break
             remaining = deadline - loop.time()
-            if remaining <= 0:
+            if remaining <= 0 or self.drain.draining:  # a stopping bookie holds no poll: its reader moves on
                 break
             future = self.tail_waiters.add(ledger_id)
             if future is None:
@@ -511,6 +525,18 @@ class BookieService(pb_grpc.BookieServicer):
                                   last_entry_id=info.last_entry_id, fenced=info.fenced,
                                   tail_maybe_lost=info.tail_maybe_lost)
 
+    def begin_drain(self) -> None:
+        """Controlled shutdown (drain.py): add responses say `draining` from now on; held tail polls answer."""
+        self.drain.begin()
+        for ledger_id in list(self.tail_waiters.by_ledger):
+            self.tail_waiters.wake(ledger_id)
+
+    async def ListEntries(self, request: pb.ListEntriesRequest,
+                          context: grpc.aio.ServicerContext) -> pb.ListEntriesResponse:
+        if self.tenants is not None and (denied := await self._denied(context, request.ledger_id)):
+            return pb.ListEntriesResponse(error=pb.PERMISSION_DENIED, error_message=denied, next_entry_id=-1)
+        return await asyncio.get_running_loop().run_in_executor(None, list_entries, self.storage, request)
+
     async def WriteClose(self, request: pb.WriteCloseRequest,
                          context: grpc.aio.ServicerContext) -> pb.WriteCloseResponse:
         if self.tenants is not None and (denied := await self._denied(context, request.ledger_id)):
@@ -568,4 +594,5 @@ def bookie_handler(service: BookieService) -> Any:
         "ReadLastAddConfirmed": unary(service.ReadLastAddConfirmed, pb.ReadLacRequest, pb.ReadLacResponse),
         "ReadTail": unary(service.ReadTail, pb.ReadTailRequest, pb.ReadResponse),
         "WriteClose": unary(service.WriteClose, pb.WriteCloseRequest, pb.WriteCloseResponse),
+        "ListEntries": unary(service.ListEntries, pb.ListEntriesRequest, pb.ListEntriesResponse),
     })

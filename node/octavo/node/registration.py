@@ -48,6 +48,8 @@ class Registration:
         self.last_error = ""
         self.failing_since_unix_s = 0.0
         self.disk_usage_ratio = 0.0
+        # Stopping (drain.py): registered in the read-only set, so no writer chooses this bookie any more.
+        self.draining = False
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -98,7 +100,7 @@ class Registration:
                 f"{layout.instance(instance_id).decode()} and {layout.cookie(owner).decode()} in etcd first.")
 
     def info(self) -> BookieInfo:
-        return BookieInfo(self.bookie_id, self.address, readonly=bool(self.storage.read_only_reason),
+        return BookieInfo(self.bookie_id, self.address, readonly=bool(self.storage.read_only_reason) or self.draining,
                           disk_usage_ratio=self.disk_usage_ratio, registered_unix_ms=int(time.time() * 1000),
                           entry_size_bytes_max=self.storage.config.entry_size_bytes_max,
                           batch_entries_max=self.storage.config.batch_entries_max,
@@ -110,7 +112,7 @@ class Registration:
         if self.lease_id:
             await self.store.register_bookie(self.info(), self.lease_id)
             log.info("bookie %s registered as %s", self.bookie_id,
-                     "read-only" if self.storage.read_only_reason else "writable")
+                     "read-only" if self.info().readonly else "writable")
 
     async def register(self) -> None:
         self.lease_id = await self.etcd.grant_lease(self.ttl_s)

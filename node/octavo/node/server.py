@@ -340,9 +340,31 @@ class BookieServer:
         if asyncio.iscoroutine(result):
             await result
 
-    async def stop(self) -> None:
+    async def drain(self, deadline: float) -> None:
+        """Controlled shutdown (drain.py): tell the writers, move to the read-only set, and wait until the add
+        streams have ended (the writers moved) or the loop time reaches `deadline`."""
+        if self.service is None or self.server is None:
+            return
+        t0 = asyncio.get_running_loop().time()
+        self.service.begin_drain()
+        if self.registration is not None:
+            self.registration.draining = True
+            with contextlib.suppress(TimeoutError):  # etcd slow: the drain goes on, the flag still moves writers
+                await asyncio.wait_for(self._update_registration(),
+                                       max(0.0, deadline - asyncio.get_running_loop().time()))
+        drain = self.service.drain
+        if await drain.wait(deadline):
+            log.info("drained in %.2fs: every add stream ended (%d idle ones ended by the bookie)",
+                     asyncio.get_running_loop().time() - t0, drain.streams_ended)
+        else:
+            log.warning("grace period over with %d add streams still busy (a writer ignoring the drain, or "
+                        "with no other bookie to move to): they are cancelled", len(drain.streams))
+
+    async def stop(self, deadline: float | None = None) -> None:
         """Graceful: leave the cluster (writers stop choosing this bookie), report NOT_SERVING, finish in-flight
-        calls (bounded grace), then close storage cleanly."""
+        calls (bounded grace: until `deadline`, loop time, else SHUTDOWN_GRACE_S from now), then close storage
+        cleanly."""
+        grace_s = SHUTDOWN_GRACE_S if deadline is None else max(0.0, deadline - asyncio.get_running_loop().time())
         if self.compactor is not None:
             self.compactor.stop()  # a running pass stops at its next safe point
         for task in (self._repair_task, self._space_task, self._disk_task, self._watch_task, self._autorecovery_task):
@@ -359,7 +381,7 @@ class BookieServer:
         self.serving = False
         if self.server is not None:
             await self._set_health("", health_pb2.HealthCheckResponse.NOT_SERVING)
-            await self.server.stop(SHUTDOWN_GRACE_S)
+            await self.server.stop(grace_s)
             self.server = None
         if self.telemetry is not None:
             await self.telemetry.shutdown()
@@ -412,5 +434,7 @@ async def serve(config: NodeConfig, ready_file: str | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("signal received: stopping")
-    await node.stop()
+    log.info("signal received: draining, then stopping (grace period %gs)", SHUTDOWN_GRACE_S)
+    deadline = loop.time() + SHUTDOWN_GRACE_S
+    await node.drain(deadline)
+    await node.stop(deadline)

@@ -111,6 +111,65 @@ MODE_READ_ONLY: BookieMode.ValueType  # 2
 Global___BookieMode: _TypeAlias = BookieMode  # noqa: Y015
 
 @_typing.final
+class ListEntriesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEDGER_ID_FIELD_NUMBER: _builtins.int
+    FIRST_ENTRY_ID_FIELD_NUMBER: _builtins.int
+    LAST_ENTRY_ID_FIELD_NUMBER: _builtins.int
+    ledger_id: _builtins.int
+    first_entry_id: _builtins.int
+    last_entry_id: _builtins.int
+    """inclusive"""
+    def __init__(
+        self,
+        *,
+        ledger_id: _builtins.int = ...,
+        first_entry_id: _builtins.int = ...,
+        last_entry_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_entry_id", b"first_entry_id", "last_entry_id", b"last_entry_id", "ledger_id", b"ledger_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListEntriesRequest: _TypeAlias = ListEntriesRequest  # noqa: Y015
+
+@_typing.final
+class ListEntriesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERROR_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    ENTRY_IDS_FIELD_NUMBER: _builtins.int
+    NEXT_ENTRY_ID_FIELD_NUMBER: _builtins.int
+    error: Global___ResultCode.ValueType
+    """NO_SUCH_LEDGER: nothing of it here; UNKNOWN: after an unclean restart, not yet checked"""
+    error_message: _builtins.str
+    next_entry_id: _builtins.int
+    """the first id not looked at; -1 when the whole range was"""
+    @_builtins.property
+    def entry_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """the stored ones, ascending"""
+
+    def __init__(
+        self,
+        *,
+        error: Global___ResultCode.ValueType = ...,
+        error_message: _builtins.str = ...,
+        entry_ids: _abc.Iterable[_builtins.int] | None = ...,
+        next_entry_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_ids", b"entry_ids", "error", b"error", "error_message", b"error_message", "next_entry_id", b"next_entry_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListEntriesResponse: _TypeAlias = ListEntriesResponse  # noqa: Y015
+
+@_typing.final
 class LedgerAdds(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -280,6 +339,7 @@ class AddResponse(_message.Message):
     REFUSED_GROUPS_FIELD_NUMBER: _builtins.int
     GROUP_COUNT_FIELD_NUMBER: _builtins.int
     REFUSED_CLOSES_FIELD_NUMBER: _builtins.int
+    DRAINING_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     error: Global___ResultCode.ValueType
     """A request-level failure (e.g. batch over its limit): no entry of the request was written."""
@@ -287,6 +347,11 @@ class AddResponse(_message.Message):
     group_count: _builtins.int
     """A flat request's number of groups, echoed: a bookie that does not know the flat form answers 0, and
     the client then fails the request instead of reading the empty answer as "all stored".
+    """
+    draining: _builtins.bool
+    """The bookie is stopping (controlled shutdown, node/octavo/node/drain.py): it still stores adds, but
+    writers should move their ensembles off it now. An older client ignores this; the bookie then ends its
+    stream when the grace period runs out.
     """
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___LedgerAddResult]:
@@ -314,10 +379,11 @@ class AddResponse(_message.Message):
         refused_groups: _abc.Iterable[Global___GroupResult] | None = ...,
         group_count: _builtins.int = ...,
         refused_closes: _abc.Iterable[Global___GroupResult] | None = ...,
+        draining: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "error_message", b"error_message", "group_count", b"group_count", "refused_closes", b"refused_closes", "refused_groups", b"refused_groups", "request_id", b"request_id", "results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["draining", b"draining", "error", b"error", "error_message", b"error_message", "group_count", b"group_count", "refused_closes", b"refused_closes", "refused_groups", b"refused_groups", "request_id", b"request_id", "results", b"results"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1208,6 +1274,12 @@ class AutorecoveryState(_message.Message):
     LOST_FIELD_NUMBER: _builtins.int
     LOST_BOOKIE_DELAY_S_FIELD_NUMBER: _builtins.int
     OPEN_LEDGER_GRACE_S_FIELD_NUMBER: _builtins.int
+    REPLICAS_CHECK_INTERVAL_S_FIELD_NUMBER: _builtins.int
+    REPLICAS_CHECK_LAST_UNIX_MS_FIELD_NUMBER: _builtins.int
+    REPLICAS_MISSING_ENTRIES_FIELD_NUMBER: _builtins.int
+    REPLICAS_EXTRA_COPIES_FIELD_NUMBER: _builtins.int
+    REPLICAS_LEDGERS_MARKED_FIELD_NUMBER: _builtins.int
+    REPLICAS_ENTRIES_RESTORED_FIELD_NUMBER: _builtins.int
     enabled: _builtins.bool
     is_auditor: _builtins.bool
     last_full_audit_unix_ms: _builtins.int
@@ -1218,6 +1290,17 @@ class AutorecoveryState(_message.Message):
     last_error: _builtins.str
     lost_bookie_delay_s: _builtins.float
     open_ledger_grace_s: _builtins.float
+    replicas_check_interval_s: _builtins.float
+    """As auditor: the replicas check (replicascheck.py), every replicas_check_interval_s (0: off). What the last
+    pass found: entries with fewer copies than their segment's write quorum (marked for re-replication under
+    replicas-missing/), and copies on bookies outside the segment's ensemble (collectable).
+    """
+    replicas_check_last_unix_ms: _builtins.int
+    replicas_missing_entries: _builtins.int
+    replicas_extra_copies: _builtins.int
+    replicas_ledgers_marked: _builtins.int
+    replicas_entries_restored: _builtins.int
+    """As a worker: entries of replicas-missing marks copied back to the live bookie that lacked them."""
     @_builtins.property
     def missing_since_unix_ms(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """As auditor: bookies seen gone and since when (unix ms), and those whose ledgers it marked."""
@@ -1247,10 +1330,16 @@ class AutorecoveryState(_message.Message):
         lost: _abc.Iterable[_builtins.str] | None = ...,
         lost_bookie_delay_s: _builtins.float = ...,
         open_ledger_grace_s: _builtins.float = ...,
+        replicas_check_interval_s: _builtins.float = ...,
+        replicas_check_last_unix_ms: _builtins.int = ...,
+        replicas_missing_entries: _builtins.int = ...,
+        replicas_extra_copies: _builtins.int = ...,
+        replicas_ledgers_marked: _builtins.int = ...,
+        replicas_entries_restored: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_copied", b"bytes_copied", "enabled", b"enabled", "entries_copied", b"entries_copied", "is_auditor", b"is_auditor", "last_error", b"last_error", "last_full_audit_unix_ms", b"last_full_audit_unix_ms", "ledgers_marked", b"ledgers_marked", "ledgers_replicated", b"ledgers_replicated", "lost", b"lost", "lost_bookie_delay_s", b"lost_bookie_delay_s", "marked_lost", b"marked_lost", "missing_since_unix_ms", b"missing_since_unix_ms", "open_ledger_grace_s", b"open_ledger_grace_s", "replicating_ledgers", b"replicating_ledgers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_copied", b"bytes_copied", "enabled", b"enabled", "entries_copied", b"entries_copied", "is_auditor", b"is_auditor", "last_error", b"last_error", "last_full_audit_unix_ms", b"last_full_audit_unix_ms", "ledgers_marked", b"ledgers_marked", "ledgers_replicated", b"ledgers_replicated", "lost", b"lost", "lost_bookie_delay_s", b"lost_bookie_delay_s", "marked_lost", b"marked_lost", "missing_since_unix_ms", b"missing_since_unix_ms", "open_ledger_grace_s", b"open_ledger_grace_s", "replicas_check_interval_s", b"replicas_check_interval_s", "replicas_check_last_unix_ms", b"replicas_check_last_unix_ms", "replicas_entries_restored", b"replicas_entries_restored", "replicas_extra_copies", b"replicas_extra_copies", "replicas_ledgers_marked", b"replicas_ledgers_marked", "replicas_missing_entries", b"replicas_missing_entries", "replicating_ledgers", b"replicating_ledgers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -59,6 +59,11 @@ class BookieStub:
                 request_serializer=octavo_dot_v1_dot_bookie__pb2.WriteCloseRequest.SerializeToString,
                 response_deserializer=octavo_dot_v1_dot_bookie__pb2.WriteCloseResponse.FromString,
                 _registered_method=True)
+        self.ListEntries = channel.unary_unary(
+                '/octavo.v1.Bookie/ListEntries',
+                request_serializer=octavo_dot_v1_dot_bookie__pb2.ListEntriesRequest.SerializeToString,
+                response_deserializer=octavo_dot_v1_dot_bookie__pb2.ListEntriesResponse.FromString,
+                _registered_method=True)
 
 
 class BookieServicer:
@@ -106,6 +111,15 @@ class BookieServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListEntries(self, request, context):
+        """Which entries of a ledger in [first_entry_id, last_entry_id] this bookie stores, without reading their
+        bytes (the auditor's replicas check, node/octavo/node/replicascheck.py). A range over the bookie's
+        list_entries_max answers its first part: next_entry_id says where to go on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BookieServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -133,6 +147,11 @@ def add_BookieServicer_to_server(servicer, server):
                     servicer.WriteClose,
                     request_deserializer=octavo_dot_v1_dot_bookie__pb2.WriteCloseRequest.FromString,
                     response_serializer=octavo_dot_v1_dot_bookie__pb2.WriteCloseResponse.SerializeToString,
+            ),
+            'ListEntries': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEntries,
+                    request_deserializer=octavo_dot_v1_dot_bookie__pb2.ListEntriesRequest.FromString,
+                    response_serializer=octavo_dot_v1_dot_bookie__pb2.ListEntriesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -270,6 +289,33 @@ class Bookie:
             '/octavo.v1.Bookie/WriteClose',
             octavo_dot_v1_dot_bookie__pb2.WriteCloseRequest.SerializeToString,
             octavo_dot_v1_dot_bookie__pb2.WriteCloseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEntries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/octavo.v1.Bookie/ListEntries',
+            octavo_dot_v1_dot_bookie__pb2.ListEntriesRequest.SerializeToString,
+            octavo_dot_v1_dot_bookie__pb2.ListEntriesResponse.FromString,
             options,
             channel_credentials,
             insecure,
