@@ -392,6 +392,8 @@ async def _status(client: Any, args: Namespace) -> int:
     auditor_status = next((st for b, (st, _) in zip(ids, statuses, strict=True) if b == auditor and st), None)
     missing_since = dict(auditor_status.autorecovery.missing_since_unix_ms) if auditor_status else {}
     now_ms = time.time() * 1000
+    replicas = _replicas_check(auditor_status.autorecovery if auditor_status else None,
+                               len(await client.etcd.get_prefix(layout.replicas_missing)), now_ms)
     bookies = []
     for bookie_id, (st, error) in zip(ids, statuses, strict=True):
         info = registered.get(bookie_id)
@@ -423,6 +425,7 @@ async def _status(client: Any, args: Namespace) -> int:
     locks = await client.etcd.get_prefix(layout.root + b"replication-locks/")
     etcd, etcd_summary = await _etcd_status(client, _etcd_quota_setting(args))
     out = {"cluster": layout.cluster, "bookies": bookies, "auditor": auditor, "etcd": etcd,
+           "replicas_check": replicas,
            "underreplicated": {"ledgers": count, "missing_bookies": sorted(missing),
                                "oldest_mark_age_s": round((now_ms - oldest_ms) / 1000, 1) if oldest_ms else None},
            "replication_in_progress": [{"ledger_id": layout.ledger_id_under(layout.root + b"replication-locks/",
@@ -445,6 +448,7 @@ async def _status(client: Any, args: Namespace) -> int:
          b.get("compaction", "-"), str(len(b.get("replicating_ledgers", []))) if "replicating_ledgers" in b else "-",
          b["address"] or "-", f"http://{b['metrics_address']}/metrics" if b.get("metrics_address") else "-"]
         for b in bookies]))
+    print(_replicas_line(replicas))
     ur = out["underreplicated"]
     assert isinstance(ur, dict)
     if ur["ledgers"]:
@@ -485,6 +489,31 @@ async def _etcd_status(client: Any, quota_bytes_setting: int) -> tuple[dict[str,
         return {"error": str(e)}, ""
     health = etcd_health(st, quota_bytes_setting)
     return health.to_json(), health.summary()
+
+
+def _replicas_check(state: Any, marks_open: int, now_ms: float) -> dict[str, Any]:
+    """The auditor's replicas check (node/octavo/node/replicascheck.py) as its status says; figures are None when
+    the auditor could not be asked or has made no pass yet."""
+    last_ms = state.replicas_check_last_unix_ms if state is not None else 0
+    return {"interval_s": state.replicas_check_interval_s if state is not None else None,
+            "last_pass_age_s": round((now_ms - last_ms) / 1000, 1) if last_ms else None,
+            "missing_entries": state.replicas_missing_entries if last_ms else None,
+            "ledgers_marked": state.replicas_ledgers_marked if last_ms else None,
+            "extra_copies": state.replicas_extra_copies if last_ms else None,
+            "marks_open": marks_open}
+
+
+def _replicas_line(rc: dict[str, Any]) -> str:
+    if rc["interval_s"] is None:
+        return f"replicas check: the auditor did not answer; {rc['marks_open']} ledgers marked missing copies"
+    if not rc["interval_s"]:
+        return "replicas check: off (replicas_check_interval_s = 0)"
+    every = f"replicas check: every {fmt_age(rc['interval_s'])}"
+    if rc["last_pass_age_s"] is None:
+        return f"{every}, no pass yet"
+    return (f"{every}, last pass {fmt_age(rc['last_pass_age_s'])} ago: {rc['missing_entries']} entries missing a "
+            f"copy ({rc['ledgers_marked']} ledgers marked, {rc['marks_open']} marks left to restore), "
+            f"{rc['extra_copies']} copies outside their ensembles (collectable)")
 
 
 async def _absent() -> tuple[Any, str]:

@@ -77,6 +77,8 @@ NODE_SETTING_HELP: dict[str, str] = {
     "autorecovery_enabled": "audit the cluster for lost bookies and re-replicate their data (true/false)",
     "lost_bookie_delay_s": "a bookie unregistered this long is taken for lost and its ledgers re-replicated",
     "audit_interval_s": "how often the auditor checks every ledger's ensembles for bookies that are gone",
+    "replicas_check_interval_s": "how often the auditor checks that every entry is on every bookie of its write "
+                                 "set and marks missing copies for restoring (0: off)",
     "open_ledger_grace_s": "an open ledger naming a lost bookie is left to its writer this long, then recovered",
     "replication_rate_bytes_per_s": "most bytes this bookie's replication workers copy per second (0: unlimited)",
     "replication_batch_bytes_max": "most bytes in one add of re-replicated entries",

@@ -275,14 +275,21 @@ class Replicator:
     async def _write(self, target: BookieClient, meta: LedgerMetadata, key: bytes, ids: list[int],
                      found: dict[int, bytes], lac: int, size: int, report: LedgerReplication) -> None:
         await self.rate.acquire(size)
-        codes = await target.add(meta.ledger_id, key, ids, [found[e] for e in ids], lac, recovery=True)
-        refused = [(e, c) for e, c in zip(ids, codes, strict=True) if c != pb.OK]
-        if refused:
-            e, code = refused[0]
-            raise ReplicationError(f"ledger {meta.ledger_id}: bookie {target.bookie_id} refused the copy of "
-                                   f"entry {e}: {pb.ResultCode.Name(code)}")  # type: ignore[arg-type]
+        await write_copies(target, meta.ledger_id, key, ids, found, lac)
         report.entries_copied += len(ids)
         report.bytes_copied += size
+
+
+async def write_copies(target: BookieClient, ledger_id: int, key: bytes, ids: list[int], found: dict[int, bytes],
+                       lac: int) -> None:
+    """Write copies of entries read from other replicas to `target` (recovery adds: allowed through a fence; an
+    entry already there with the same bytes is fine). ReplicationError names the first refused entry."""
+    codes = await target.add(ledger_id, key, ids, [found[e] for e in ids], lac, recovery=True)
+    refused = [(e, c) for e, c in zip(ids, codes, strict=True) if c != pb.OK]
+    if refused:
+        e, code = refused[0]
+        raise ReplicationError(f"ledger {ledger_id}: bookie {target.bookie_id} refused the copy of entry {e}: "
+                               f"{pb.ResultCode.Name(code)}")  # type: ignore[arg-type]
 
 
 def _with_replacements(meta: LedgerMetadata, replacements: dict[tuple[int, str], str]) -> LedgerMetadata:

@@ -12,6 +12,8 @@
     /octavo/<cluster>/datasets/<name>                  a dataset's head; its schema, commit log and checkpoints
                                                        under dataset-schemas/, dataset-log/, dataset-checkpoints/
                                                        (octavo.client.dataset)
+    /octavo/<cluster>/replicas-missing/<ledger id>     copies the replicas check found missing on live bookies:
+                                                       bookie -> entry ranges (JSON, replicascheck.py)
 
 Ledger ids are zero-padded so keys sort in id order.
 """
@@ -92,6 +94,13 @@ class Layout:
 
     def ledger_id_under(self, prefix: bytes, key: bytes) -> int:
         return int(key[len(prefix):])
+
+    @property
+    def replicas_missing(self) -> bytes:
+        return self.root + b"replicas-missing/"
+
+    def replicas_missing_ledger(self, ledger_id: int) -> bytes:
+        return self.replicas_missing + self.ledger(ledger_id)[len(self.ledgers):]
 
 
 def check_bookie_id(bookie_id: str) -> None:

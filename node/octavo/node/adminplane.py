@@ -170,6 +170,13 @@ class BookieAdminService(pb_grpc.BookieAdminServicer):
         state.ledgers_replicated = ar.worker.ledgers_replicated
         state.entries_copied = ar.worker.entries_copied
         state.bytes_copied = ar.worker.bytes_copied
+        replicas = ar.replicas.state  # replicascheck.py
+        state.replicas_check_interval_s = cfg.replicas_check_interval_s
+        state.replicas_check_last_unix_ms = replicas.last_pass_unix_ms
+        state.replicas_missing_entries = replicas.missing_entries
+        state.replicas_extra_copies = replicas.extra_copies
+        state.replicas_ledgers_marked = replicas.ledgers_marked
+        state.replicas_entries_restored = replicas.entries_restored
         state.last_error = ar.worker.last_error
         state.lost.extend(ar.worker.lost)
         return state

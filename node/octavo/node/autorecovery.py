@@ -47,6 +47,7 @@ from octavo.node.config import NodeConfig
 from octavo.node.datasetmaintenance import DatasetMaintenance, DatasetMaintenanceSettings
 from octavo.node.etcdcompaction import EtcdCompaction
 from octavo.node.registration import Registration
+from octavo.node.replicascheck import ReplicasCheck
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,7 @@ class AutoRecovery:
         self.dataset_maintenance = DatasetMaintenance(DatasetMaintenanceSettings(  # run by the auditor
             config.dataset_maintenance_interval_s, config.dataset_merge_target_bytes,
             config.dataset_merge_budget_bytes, config.dataset_orphan_interval_s, config.dataset_orphan_grace_s))
+        self.replicas = ReplicasCheck(config.replicas_check_interval_s, config.replication_rate_bytes_per_s)
         self._next_full_audit = 0.0
         self._retry_at: dict[int, float] = {}
         self._slots = asyncio.Semaphore(config.replication_workers_max)
@@ -125,9 +127,16 @@ class AutoRecovery:
             async def merge(name: str, target_bytes: int, budget_bytes: int) -> MergeResult:
                 return await merge_dataset(client, name, target_bytes=target_bytes, budget_bytes=budget_bytes)
 
+            async def restore_replicas() -> None:  # replicascheck.py: copies missing on live bookies
+                if self._writable():
+                    await self.replicas.restore_tick(client, self.registration.lease_id, self.bookie_id)
+
             # Two loops: a worker waiting for a free slot must not hold up the auditor, nor the other way round.
             await asyncio.gather(self._every_tick("the auditor", lambda: self._audit(client, marks)),
                                  self._every_tick("replication", work),
+                                 self._every_tick("the replicas check", lambda: self.replicas.tick(
+                                     client, self.auditor.is_auditor, time.monotonic())),
+                                 self._every_tick("replicas restore", restore_replicas),
                                  self._every_tick("etcd compaction", lambda: self.etcd_compaction.tick(
                                      client.etcd, self.auditor.is_auditor, time.monotonic())),
                                  self._every_tick("dataset maintenance", lambda: self.dataset_maintenance.tick(

@@ -51,6 +51,10 @@ class NodeConfig:
     autorecovery_enabled: bool = True
     lost_bookie_delay_s: float = 60.0
     audit_interval_s: float = 600.0
+    # Every replicas_check_interval_s (0: off) the auditor also checks that every entry of every sealed segment
+    # is on each bookie of its write set, and marks the copies missing on live bookies for the workers to
+    # restore (replicascheck.py; BookKeeper's auditorReplicasCheckInterval).
+    replicas_check_interval_s: float = 86_400.0
     open_ledger_grace_s: float = 300.0
     # 4 MiB/s per bookie: the rate at which a writer on a 2-core machine kept 70% of its throughput while a
     # lost bookie's gigabyte was re-replicated (docs/benchmarks.md, "Re-replication"); raise it on machines
@@ -289,6 +293,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "gc_interval_ms": (100, DAY_MS),
     "lost_bookie_delay_s": (0, 7 * DAY_S),
     "audit_interval_s": (1, 7 * DAY_S),
+    "replicas_check_interval_s": (0, 30 * DAY_S),
     "open_ledger_grace_s": (0, 7 * DAY_S),
     "replication_rate_bytes_per_s": (0, 64 * GIB),
     "replication_batch_bytes_max": (64 * KIB, 1 * GIB),

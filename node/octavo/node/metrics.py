@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.metrics import CallbackOptions, Histogram, Meter, Observation
 
@@ -172,6 +172,14 @@ class BookieMetrics:
                description="ledgers marked under-replicated (reported by the auditor only)")
         gauge("octavo.bookie.underreplicated.oldest_age", [self._oldest_mark], unit="s",
               description="age of the oldest under-replication mark (reported by the auditor only; 0: none)")
+        gauge("octavo.bookie.replicas_check.missing_entries", [self._replicas(lambda r: r.missing_entries, True)],
+              unit="{entry}", description="entries the last replicas check found with a copy missing on a live "
+                                          "bookie of their write set (reported by the auditor after a pass)")
+        gauge("octavo.bookie.replicas_check.extra_copies", [self._replicas(lambda r: r.extra_copies, True)],
+              unit="{entry}", description="copies the last replicas check found on bookies outside their "
+                                          "segment's ensemble, collectable (reported by the auditor after a pass)")
+        counter("octavo.bookie.replicas_check.restored", [self._replicas(lambda r: r.entries_restored, False)],
+                unit="{entry}", description="missing copies this bookie's worker wrote back to a live bookie")
         counter("octavo.bookie.etcd.compactions", [self._etcd_compaction(lambda c: c.compactions)],
                 unit="{compaction}", description="compactions of etcd's history this bookie made as the auditor")
         gauge("octavo.bookie.etcd.compacted_revision", [self._etcd_compaction(lambda c: c.compacted_revision)],
@@ -282,6 +290,18 @@ class BookieMetrics:
         def observe(_: CallbackOptions) -> Iterable[Observation]:
             recovery = self.node.autorecovery
             return [Observation(value(recovery.dataset_maintenance))] if recovery is not None else []
+        return observe
+
+    def _replicas(self, value: Callable[[Any], int], auditor_pass: bool) -> Callable[[CallbackOptions],
+                                                                                  Iterable[Observation]]:
+        """A figure of the replicas check (replicascheck.ReplicasState); with `auditor_pass`, only from the
+        auditor once it has made a pass."""
+        def observe(_: CallbackOptions) -> Iterable[Observation]:
+            recovery = self.node.autorecovery
+            if recovery is None or (auditor_pass and not (recovery.auditor.is_auditor
+                                                          and recovery.replicas.state.last_pass_unix_ms)):
+                return []
+            return [Observation(value(recovery.replicas.state))]
         return observe
 
     def _registered(self) -> int:
