@@ -46,10 +46,12 @@ ALLOWED = {
     # The local Kubernetes (an emulated API and a pod runner): it starts `octavo node` processes, imports none.
     "octavo.localk8s": set(),
 }
-# The sanctioned exceptions: tail repair reads the entries a bookie lost from its peers, and autorecovery
+# The sanctioned exceptions: tail repair reads the entries a bookie lost from its peers, damage repair the good
+# copies of its damaged entries, and autorecovery
 # re-replicates a lost bookie's share from the survivors to other bookies: both as a client.
 # The operator reads the bookie's settings (names, defaults, ranges) from their one definition.
-EXCEPTIONS = {("octavo.node.repair", "octavo.client"), ("octavo.node.autorecovery", "octavo.client"),
+EXCEPTIONS = {("octavo.node.repair", "octavo.client"), ("octavo.node.damagerepair", "octavo.client"),
+              ("octavo.node.autorecovery", "octavo.client"),
               ("octavo.operator.resources", "octavo.node")}
 
 PURE = {

@@ -146,7 +146,10 @@ def test_peak_extra_disk_stays_within_about_one_log(cfg: NodeConfig) -> None:
         s.close()
 
 
-def test_a_corrupt_record_is_reported_and_the_rest_of_the_log_is_still_compacted(cfg: NodeConfig) -> None:
+def test_a_corrupt_record_is_reported_and_its_log_kept_until_the_entry_is_repaired(cfg: NodeConfig) -> None:
+    """Compaction over a damaged log (issue 43): the other logs are compacted, the damaged one stays (the index
+    still points into it), the damage is recorded, and the entry stays repairable; once repaired, the next pass
+    compacts that log too."""
     s = build(cfg, keep=[1], drop=[2, 3])
     metas = s.log_accounting()
     victim = min(metas)
@@ -160,9 +163,14 @@ def test_a_corrupt_record_is_reported_and_the_rest_of_the_log_is_still_compacted
         f.seek(bad_offset + 30)
         f.write(bytes([byte[0] ^ 0xFF]))
     try:
-        report = Compactor(s).run(MAJOR)
+        compactor = Compactor(s)
+        found: list[tuple[int, int, str]] = []
+        compactor.on_damage = lambda lid, eid, why: found.append((lid, eid, why))
+        report = compactor.run(MAJOR)
         assert report.corrupt_records == 1 and not report.error
-        assert report.logs_compacted == len(metas)  # the damaged log too, and every other one
+        assert report.logs_compacted == len(metas) - 1  # every other log
+        assert path.exists() and victim in s.log_accounting()
+        assert [(lid, eid) for lid, eid, _ in found] == [(1, bad_entry)] and f"log {victim}" in found[0][2]
         for e in range(40 * PER_BATCH):
             if e == bad_entry:
                 with pytest.raises(StorageError) as err:
@@ -170,6 +178,13 @@ def test_a_corrupt_record_is_reported_and_the_rest_of_the_log_is_still_compacted
                 assert err.value.code == pb.CORRUPT
             else:
                 assert s.read_entry(1, e) == payload_for(1, e, SIZE)
+        codes, message = s.repair_entries(1, KEY, [bad_entry], [payload_for(1, bad_entry, SIZE)])
+        assert codes == [pb.OK], message
+        assert s.read_entry(1, bad_entry) == payload_for(1, bad_entry, SIZE)
+        flushed(s)
+        report = compactor.run(MAJOR)
+        assert not path.exists() and not report.error  # the dead damaged record is stepped over
+        check_all(s, [1], 40)
     finally:
         s.close()
 

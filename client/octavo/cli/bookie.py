@@ -38,6 +38,7 @@ from octavo.cli.common import (
     bookie_address,
     cli_tls,
     etcd_auth,
+    fmt_age,
     fmt_bytes,
     fmt_time,
     looks_like_bookie_id,
@@ -45,6 +46,7 @@ from octavo.cli.common import (
     print_json,
     proto_to_dict,
     resolve_target,
+    table,
 )
 from octavo.meta.tls import sync_channel
 
@@ -66,6 +68,8 @@ def add_parser(sub: Any) -> None:
     command("readonly", "force the bookie read-only (kept across restarts)", 10.0)
     command("writable", "release a forced read-only mode (the disk watermarks still apply)", 10.0)
     command("gc", "run a garbage-collection pass now", 600.0)
+    command("scrub", "verify every flushed record's checksum now (one scrub pass) and print what is damaged",
+            24 * 3600.0)
     c = command("compact", "run a compaction pass now, with a progress bar", 24 * 3600.0)
     kind = c.add_mutually_exclusive_group()
     kind.add_argument("--major", action="store_true", help="rewrite logs below the major threshold (default)")
@@ -174,7 +178,7 @@ def run(args: Namespace) -> int:
         with sync_channel(args.address, cli_tls(target), metadata=admin_metadata()) as channel:
             stub = pb_grpc.BookieAdminStub(channel)
             handler = {"status": _status, "readonly": _readonly, "writable": _writable, "gc": _gc,
-                       "compact": _compact, "compaction": _compaction}[args.bookie_cmd]
+                       "compact": _compact, "compaction": _compaction, "scrub": _scrub}[args.bookie_cmd]
             return handler(stub, args)
     except CliError as e:
         print(f"octavo bookie {name}: {e}", file=sys.stderr)
@@ -259,6 +263,7 @@ def _status(stub: Any, args: Namespace) -> int:
               f"{fmt_bytes(c.running_bytes_total)} copied")
     if c.last_run.finished_unix_ms:
         print(f"            last pass {_describe_run(c.last_run)}")
+    print(f"scrub       {describe_scrub(status.scrub)}")
     last = "unclean" if status.last_start_was_unclean else "clean"
     print(f"restarts    last start {last}; {status.unclean_restart_count} unclean so far; last recovery scanned "
           f"{status.recovery_logs_scanned} logs, replayed {status.recovery_records_replayed} records, cut "
@@ -295,6 +300,34 @@ def _describe_run(r: Any) -> str:
     if r.error:
         text += f"; FAILED: {r.error}"
     return text
+
+
+def describe_scrub(s: Any) -> str:
+    every = f"every {fmt_age(s.interval_s)}" if s.enabled else "only when asked"
+    line = f"{every} at {fmt_bytes(s.rate_bytes_per_s)}/s; {s.passes} passes"
+    if s.running:
+        line += " (one running)"
+    if s.last_pass_unix_ms:
+        line += (f"; last {fmt_time(s.last_pass_unix_ms)}: {fmt_bytes(s.last_pass_bytes)} in "
+                 f"{s.last_pass_duration_s:.1f}s, {s.last_pass_damaged} damaged")
+    return (line + f"; damage marks naming this bookie {s.damage_marks_open} ({s.damage_entries_damaged} entries), "
+            f"{s.damage_entries_repaired} repaired, {s.damage_entries_refuted} reported but good"
+            + (f"; last error: {s.damage_last_error}" if s.damage_last_error else ""))
+
+
+def _scrub(stub: Any, args: Namespace) -> int:
+    from octavo.v1 import bookie_pb2 as pb
+
+    state = stub.RunScrub(pb.RunScrubRequest(), timeout=args.timeout)
+    if args.json:
+        print(json.dumps(proto_to_dict(state)))
+        return EXIT_OK
+    print(f"scrubbed {fmt_bytes(state.last_pass_bytes)} in {state.last_pass_duration_s:.1f}s: "
+          f"{state.last_pass_damaged} damaged records")
+    if state.findings:
+        print(table(["LEDGER", "ENTRY", "LOG", "OFFSET", "DAMAGE"], [
+            [str(f.ledger_id), str(f.entry_id), str(f.log_id), str(f.offset), f.reason] for f in state.findings]))
+    return EXIT_OK
 
 
 def _set_mode(stub: Any, args: Namespace, read_only: bool) -> int:

@@ -205,16 +205,35 @@ async def _underreplicated(client: Any, args: Namespace) -> int:
         rows.append({"ledger_id": mark.ledger_id, "missing": list(mark.missing), "marked_by": mark.by,
                      "marked_unix_ms": mark.marked_unix_ms, "age_s": round((now_ms - mark.marked_unix_ms) / 1000, 3),
                      "worker": await marks.lock_owner(mark.ledger_id)})
+    damaged = await damage_rows(client)
     if args.json:
-        print_json({"underreplicated": rows})
+        print_json({"underreplicated": rows, "damaged": damaged})
         return EXIT_OK
-    if not rows:
-        print("(no under-replicated ledgers)", file=sys.stderr)
+    if not rows and not damaged:
+        print("(no under-replicated ledgers, no damaged copies)", file=sys.stderr)
         return EXIT_OK
-    print(table(["LEDGER", "MISSING", "AGE", "MARKED BY", "WORKER"], [
-        [str(r["ledger_id"]), ",".join(r["missing"]), fmt_age(r["age_s"]), r["marked_by"], r["worker"] or "-"]
-        for r in rows]))
+    if rows:
+        print(table(["LEDGER", "MISSING", "AGE", "MARKED BY", "WORKER"], [
+            [str(r["ledger_id"]), ",".join(r["missing"]), fmt_age(r["age_s"]), r["marked_by"], r["worker"] or "-"]
+            for r in rows]))
+    if damaged:
+        print(table(["LEDGER", "DAMAGED ON", "ENTRIES", "RANGES", "AGE", "FOUND BY", "REASON"], [
+            [str(r["ledger_id"]), r["bookie_id"], str(r["entries"]),
+             ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in r["ranges"][:4])
+             + (",..." if len(r["ranges"]) > 4 else ""), fmt_age(r["age_s"]), r["found_by"], r["reason"][:60]]
+            for r in damaged]))
     return EXIT_OK
+
+
+async def damage_rows(client: Any) -> list[dict[str, Any]]:
+    """The damage marks (octavo.meta.damage): copies on a bookie that fail their checksum, until repaired."""
+    from octavo.meta.damage import Damage
+
+    now_ms = time.time() * 1000
+    return [{"ledger_id": m.ledger_id, "bookie_id": m.bookie_id, "entries": m.entries,
+             "ranges": [list(r) for r in m.ranges], "reason": m.reason, "found_by": m.found_by,
+             "marked_unix_ms": m.marked_unix_ms, "age_s": round((now_ms - m.marked_unix_ms) / 1000, 3)}
+            async for m in Damage(client.etcd, client.metadata_store.layout).marks()]
 
 
 async def _recover(client: Any, args: Namespace) -> int:
@@ -423,6 +442,7 @@ async def _status(client: Any, args: Namespace) -> int:
         missing.update(mark.missing)
         oldest_ms = mark.marked_unix_ms if oldest_ms is None else min(oldest_ms, mark.marked_unix_ms)
     locks = await client.etcd.get_prefix(layout.root + b"replication-locks/")
+    damaged = await damage_rows(client)
     etcd, etcd_summary = await _etcd_status(client, _etcd_quota_setting(args))
     out = {"cluster": layout.cluster, "bookies": bookies, "auditor": auditor, "etcd": etcd,
            "replicas_check": replicas,
@@ -430,7 +450,10 @@ async def _status(client: Any, args: Namespace) -> int:
                                "oldest_mark_age_s": round((now_ms - oldest_ms) / 1000, 1) if oldest_ms else None},
            "replication_in_progress": [{"ledger_id": layout.ledger_id_under(layout.root + b"replication-locks/",
                                                                             kv.key),
-                                        "worker": kv.value.decode()} for kv in locks]}
+                                        "worker": kv.value.decode()} for kv in locks],
+           "damaged": {"ledgers": len({d["ledger_id"] for d in damaged}), "entries": sum(d["entries"] for d in damaged),
+                       "by_bookie": {b: sum(d["entries"] for d in damaged if d["bookie_id"] == b)
+                                     for b in sorted({d["bookie_id"] for d in damaged})}}}
     if args.json:
         print_json(out)
         return EXIT_OK
@@ -456,6 +479,13 @@ async def _status(client: Any, args: Namespace) -> int:
               f"oldest mark {fmt_age(ur['oldest_mark_age_s'])} old; {len(locks)} being re-replicated now")
     else:
         print("under-replicated: none")
+    dm = out["damaged"]
+    assert isinstance(dm, dict)
+    if dm["entries"]:
+        print(f"damaged copies: {dm['entries']} entries of {dm['ledgers']} ledgers, being repaired in place ("
+              + ", ".join(f"{b}: {n}" for b, n in dm["by_bookie"].items()) + ")")
+    else:
+        print("damaged copies: none")
     if "error" in etcd:
         print(f"etcd: status unavailable: {etcd['error']}")
     else:

@@ -221,7 +221,9 @@ def proto_to_dict(message: Any) -> dict[str, Any]:
             return v
 
         repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
-        if repeated:
+        if repeated and field.message_type is not None and field.message_type.GetOptions().map_entry:
+            out[field.name] = {k: one(v, field.message_type.fields_by_name["value"]) for k, v in value.items()}
+        elif repeated:
             out[field.name] = [one(v) for v in value]
         else:
             out[field.name] = one(value)

@@ -83,6 +83,9 @@ NODE_SETTING_HELP: dict[str, str] = {
     "replication_rate_bytes_per_s": "most bytes this bookie's replication workers copy per second (0: unlimited)",
     "replication_batch_bytes_max": "most bytes in one add of re-replicated entries",
     "replication_workers_max": "ledgers this bookie re-replicates at once",
+    "scrub_interval_s": "how often a scrub pass verifies every flushed record's checksum (0: only when asked)",
+    "scrub_rate_bytes_per_s": "most bytes a scrub pass reads per second",
+    "damage_check_interval_s": "how often the bookie checks the damage marks naming it and repairs its copies",
     "etcd_compaction_interval_s": "the auditor compacts etcd's history to the revision of this long ago (0: off)",
     "dataset_maintenance_interval_s": "how often the auditor checkpoints datasets' logs and merges small ledgers "
                                       "(0: off)",

@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 
 from octavo.client.arguments import check_bool, check_int
 from octavo.client.context import ClientContext
+from octavo.client.damage import report_damage
 from octavo.meta.errors import BookieUnavailableError, MetadataUnavailableError, ReadError
 from octavo.meta.ledger_metadata import LedgerMetadata
 from octavo.v1 import bookie_pb2 as pb
@@ -81,6 +82,8 @@ class ReadHandle:
         self.metadata = metadata
         self._lac = last_add_confirmed
         self._tail_bookie = ""  # the bookie a tailing read long-polls now
+        # Entries some replica answered CORRUPT for, until another gives them: entry -> bookie -> message.
+        self._corrupt: dict[int, dict[str, str]] = {}
 
     @property
     def ledger_id(self) -> int:
@@ -411,10 +414,24 @@ class ReadHandle:
                 if not groups:
                     return found, {e: errors.get(e, "no replica left") for e in remaining}
             await self._read_groups(groups, tried, exclude, found, errors)
+            if self._corrupt:
+                self._report_corrupt(found)
             if len(found) == len(ids):
                 return found, {}
             remaining = [e for e in ids if e not in found]
             groups = None
+
+    def _report_corrupt(self, found: dict[int, bytes]) -> None:
+        """Read repair (damage.py): the copies that answered CORRUPT for entries another replica gave."""
+        damaged: dict[str, list[int]] = {}
+        reason = ""
+        for entry in [e for e in self._corrupt if e in found]:
+            for bookie_id, message in self._corrupt.pop(entry).items():
+                damaged.setdefault(bookie_id, []).append(entry)
+                reason = reason or message
+        if damaged:
+            store = self._client.metadata_store
+            report_damage(store.etcd, store.layout, self.ledger_id, damaged, reason)
 
     def _spread(self, ids: Sequence[int], exclude: set[str] | frozenset[str]) -> dict[str, Sequence[int]] | None:
         """A range inside one segment whose bookies all hold every entry, split into one contiguous part per
@@ -515,6 +532,8 @@ class ReadHandle:
                 for item in items:
                     if item.code:
                         errors[item.entry_id] = f"bookie {bookie_id}: {item.message}"
+                        if item.code == pb.CORRUPT:  # read repair: reported once another replica gives it
+                            self._corrupt.setdefault(item.entry_id, {})[bookie_id] = item.message
             n = len(items)
             if not 0 < n < len(entries) or items[n - 1].code != pb.OK:
                 return

@@ -8,6 +8,8 @@
     /octavo/<cluster>/instances/<instance id>          the other way: which bookie id a data directory serves
     /octavo/<cluster>/underreplicated/<ledger id>      a ledger with copies missing: which bookies (JSON)
     /octavo/<cluster>/replication-locks/<ledger id>    the worker re-replicating it, on the worker's lease
+    /octavo/<cluster>/damage/<ledger id>/<bookie id>    entries whose copies on that bookie fail their
+                                                       checksum or are gone: ranges, reason, finder (JSON)
     /octavo/<cluster>/auditor                          the bookie id of the auditor, on its lease
     /octavo/<cluster>/datasets/<name>                  a dataset's head; its schema, commit log and checkpoints
                                                        under dataset-schemas/, dataset-log/, dataset-checkpoints/
@@ -88,6 +90,13 @@ class Layout:
 
     def underreplicated_ledger(self, ledger_id: int) -> bytes:
         return self.underreplicated + self.ledger(ledger_id)[len(self.ledgers):]
+
+    @property
+    def damage(self) -> bytes:
+        return self.root + b"damage/"
+
+    def damage_mark(self, ledger_id: int, bookie_id: str) -> bytes:
+        return self.damage + self.ledger(ledger_id)[len(self.ledgers):] + b"/" + bookie_id.encode()
 
     def replication_lock(self, ledger_id: int) -> bytes:
         return self.root + b"replication-locks/" + self.ledger(ledger_id)[len(self.ledgers):]

@@ -24,6 +24,9 @@ MARK_CAS_ATTEMPTS_MAX = 20
 # Marks made by a decommission name a bookie that is still registered (it serves reads while its copies move):
 # workers must not take its registration for a sign that it came back.
 DECOMMISSION_BY = "decommission"
+# Marks made by a bookie that holds damaged copies it cannot repair in place (its disk is full, writes fail,
+# octavo.node.damage) name that bookie while it is registered, for the same reason.
+DAMAGE_BY = "damage"
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,11 @@ class Mark:
     @property
     def by_decommission(self) -> bool:
         return self.by.startswith(DECOMMISSION_BY)
+
+    @property
+    def names_live_bookies(self) -> bool:
+        """The bookies it names may be registered and still have to be replaced (decommission, damage)."""
+        return self.by_decommission or self.by.startswith(DAMAGE_BY)
 
     def encode(self) -> bytes:
         return json.dumps({"ledger_id": self.ledger_id, "missing": list(self.missing),

@@ -15,7 +15,9 @@ from octavo.meta.errors import MetadataUnavailableError
 from octavo.node.adminauth import AdminAuthorizer
 from octavo.node.compaction import CompactionProgress, CompactionReport
 from octavo.node.compaction_plan import MAJOR, MINOR
+from octavo.node.damagerepair import scrub_state
 from octavo.node.rpc import bad_requests, unary, unary_stream
+from octavo.node.scrub import ScrubPass
 from octavo.node.storage import Storage
 from octavo.v1 import bookie_pb2 as pb
 from octavo.v1 import bookie_pb2_grpc as pb_grpc
@@ -181,6 +183,20 @@ class BookieAdminService(pb_grpc.BookieAdminServicer):
         state.lost.extend(ar.worker.lost)
         return state
 
+    def _scrub_state(self, report: ScrubPass | None = None) -> pb.ScrubState:
+        control = self.node.damage_control
+        assert control is not None
+        return scrub_state(control, self.storage.config, report)
+
+    async def RunScrub(self, request: pb.RunScrubRequest, context: grpc.aio.ServicerContext) -> pb.ScrubState:
+        control = self.node.damage_control
+        assert control is not None
+        try:
+            report = await control.scrub_now()
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        return self._scrub_state(report)
+
     async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.BookieStatus:
         node = self.node
         storage = self.storage
@@ -227,6 +243,7 @@ class BookieAdminService(pb_grpc.BookieAdminServicer):
             status.registration_error = reg.last_error
             status.registration_failing_since_unix_ms = int(reg.failing_since_unix_s * 1000)
         status.autorecovery.CopyFrom(self._autorecovery_state())
+        status.scrub.CopyFrom(self._scrub_state())
         if request.include_entry_logs:
             status.entry_logs.extend(pb.EntryLogInfo(log_id=i, size_bytes=size, state=state)
                                      for i, size, state in st["entry_logs"])
@@ -262,6 +279,7 @@ def admin_handler(service: BookieAdminService, authorizer: AdminAuthorizer | Non
         "GetStatus": unary(guarded(service.GetStatus), pb.GetStatusRequest, pb.BookieStatus),
         "RunGc": unary(guarded(service.RunGc), pb.RunGcRequest, pb.RunGcResponse),
         "SetReadOnly": unary(guarded(service.SetReadOnly), pb.SetReadOnlyRequest, pb.ModeStatus),
+        "RunScrub": unary(guarded(service.RunScrub), pb.RunScrubRequest, pb.ScrubState),
         "RunCompaction": unary_stream(guarded(service.RunCompaction, streaming=True), pb.RunCompactionRequest,
                                       pb.CompactionUpdate),
         "SetCompactionWindow": unary(guarded(service.SetCompactionWindow), pb.SetCompactionWindowRequest,

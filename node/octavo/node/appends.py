@@ -19,7 +19,7 @@ from crc32c import crc32c as _crc32c
 
 from octavo.node.config import NodeConfig
 from octavo.node.entrylog import LOCATION_LENGTH_BITS, EntryLog
-from octavo.node.errors import Code, fenced, unauthorized
+from octavo.node.errors import Code, StorageError, fenced, unauthorized
 from octavo.node.index import MASTER_KEY_BYTES_MAX
 from octavo.node.ledgers import LedgerState, LedgerTable
 from octavo.node.record import (
@@ -50,6 +50,10 @@ class LedgerBatch:
     payloads: list[bytes] | Any
     last_add_confirmed: int = -1
     recovery: bool = False
+    # A repair write (damage.py): an entry is written only over a stored copy that fails its checksum or is
+    # gone; a good copy is never overwritten (same bytes: OK, other bytes: DUPLICATE_MISMATCH), an entry not
+    # held here at all is NO_SUCH_ENTRY. Implies recovery (passes a fence and read-only mode).
+    repair: bool = False
 
 
 @dataclass(slots=True)
@@ -93,16 +97,18 @@ def refusal(batch: LedgerBatch, config: NodeConfig, ledgers: LedgerTable, read_o
         return [pb.INVALID] * n, f"{n} entry ids but {len(batch.payloads)} payloads"
     if n > config.batch_entries_max:
         return [pb.TOO_LARGE] * n, f"batch of {n} entries is over batch_entries_max={config.batch_entries_max}"
-    if n and read_only_reason and not batch.recovery:
+    if n and read_only_reason and not (batch.recovery or batch.repair):
         return [pb.READ_ONLY] * n, f"this bookie is {read_only_reason}"
     if not batch.master_key or len(batch.master_key) > MASTER_KEY_BYTES_MAX:
         return [pb.INVALID] * n, (f"master key must be 1 to {MASTER_KEY_BYTES_MAX} bytes, got "
                                   f"{len(batch.master_key)}")
     state = ledgers.get(ledger_id)
+    if state is None and batch.repair:
+        return [pb.NO_SUCH_LEDGER] * n, f"ledger {ledger_id} is not known to this bookie: nothing to repair"
     if state is not None:
         if state.master_key != batch.master_key:
             return [pb.UNAUTHORIZED] * n, unauthorized(ledger_id).message
-        if state.fenced and not batch.recovery:
+        if state.fenced and not (batch.recovery or batch.repair):
             return [pb.FENCED] * n, fenced(ledger_id).message
     return None
 
@@ -136,14 +142,17 @@ def encode_group(active: EntryLog, batches: list[LedgerBatch], accepted: list[in
         codes: list[Code] = [OK] * len(batch.entry_ids)
         cache = active.cache.get(batch.ledger_id)
         new_cache = cache is None
+        key_at = -1  # where the ledger's key record went in `parts` (it goes only with an entry record)
         if cache is None:
             cache = {}
-            header, length = encode_record(batch.ledger_id, ENTRY_ID_LEDGER_KEY, batch.master_key)
+            header, key_length = encode_record(batch.ledger_id, ENTRY_ID_LEDGER_KEY, batch.master_key)
+            key_at = len(parts)
             parts += (header, batch.master_key)
-            offset += length
+            offset += key_length
         ids, payloads = batch.entry_ids, batch.payloads
         message = ""
-        if ids and ids[0] > state.last_entry_id and max(map(len, payloads)) <= config.entry_size_bytes_max \
+        if not batch.repair and ids and ids[0] > state.last_entry_id \
+                and max(map(len, payloads)) <= config.entry_size_bytes_max \
                 and all(map(operator.lt, ids, islice(ids, 1, None))):
             # The writer's normal case: new ids, increasing, within limits; no per-entry checks needed.
             offset = encode_records(batch.ledger_id, ids, payloads, parts, cache, offset)
@@ -151,17 +160,24 @@ def encode_group(active: EntryLog, batches: list[LedgerBatch], accepted: list[in
         else:
             offset, written, message = encode_checked(batch.ledger_id, state.last_entry_id, ids, payloads, codes,
                                                       parts, cache, offset, config.entry_size_bytes_max,
-                                                      read_existing)
+                                                      read_existing, batch.repair)
         results[i] = (codes, message)
+        if key_at >= 0 and not written:  # nothing of this ledger written (resends, repairs of good copies)
+            del parts[key_at:]
+            offset -= key_length
+            new_cache = False
         staged.append(Staged(batch, state, cache, new_cache, written))
     return parts, staged, offset
 
 
 def encode_checked(ledger_id: int, last: int, entry_ids: Any, payloads: Any, codes: list[Code], parts: list[bytes],
                    cache: dict[int, int], offset: int, size_max: int,
-                   read_existing: Callable[[int, int], bytes | None]) -> tuple[int, list[int], str]:
+                   read_existing: Callable[[int, int], bytes | None],
+                   repair: bool = False) -> tuple[int, list[int], str]:
     """Encode a batch entry by entry: invalid ids and oversized entries get their codes, entries already
-    stored are compared (same bytes: OK, no second copy; other bytes: DUPLICATE_MISMATCH)."""
+    stored are compared (same bytes: OK, no second copy; other bytes: DUPLICATE_MISMATCH). A stored copy that
+    fails its checksum fails only its own entry (CORRUPT), unless this is a repair write, which writes the
+    entry again (the index then points at the new copy)."""
     message = ""
     written: list[int] = []
     batch_new: dict[int, bytes] = {}
@@ -176,10 +192,22 @@ def encode_checked(ledger_id: int, last: int, entry_ids: Any, payloads: Any, cod
             codes[i] = pb.TOO_LARGE
             message = message or f"entry {eid} is {len(payload)} bytes, over entry_size_bytes_max={size_max}"
             continue
-        if eid <= last or eid in batch_new:
+        if eid <= last or eid in batch_new or repair:
             existing = batch_new.get(eid)
+            damaged = False
             if existing is None:
-                existing = read_existing(ledger_id, eid)
+                try:
+                    existing = read_existing(ledger_id, eid)
+                except StorageError as e:
+                    if e.code != pb.CORRUPT or not repair:
+                        codes[i] = e.code
+                        message = message or e.message
+                        continue
+                    damaged = True
+                if existing is None and repair and not damaged:
+                    codes[i] = pb.NO_SUCH_ENTRY
+                    message = message or f"entry {eid} of ledger {ledger_id} is not stored here: nothing to repair"
+                    continue
             if existing is not None:
                 if existing != payload:
                     codes[i] = pb.DUPLICATE_MISMATCH

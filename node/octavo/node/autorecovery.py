@@ -240,7 +240,7 @@ class AutoRecovery:
         async for mark in self._spread(marks):
             if mark.ledger_id in self.worker.in_progress or self._retry_at.get(mark.ledger_id, 0) > now:
                 continue
-            if set(mark.missing) <= registered and not mark.by_decommission:
+            if set(mark.missing) <= registered and not mark.names_live_bookies:
                 if await marks.unmark(mark):
                     log.info("ledger %d: %s registered again; mark dropped", mark.ledger_id, ", ".join(mark.missing))
                 continue
@@ -290,7 +290,7 @@ class AutoRecovery:
                 if current is None:
                     return
                 age_s = time.time() - current.marked_unix_ms / 1000
-                gone = set(current.missing) if current.by_decommission else set(current.missing) - registered
+                gone = set(current.missing) if current.names_live_bookies else set(current.missing) - registered
                 first_read = None
                 if taken.ledger is not None:
                     with contextlib.suppress(MetadataError):  # unreadable: the replicator reads it and says so

@@ -269,6 +269,10 @@ class Compactor:
         self._stop = threading.Event()
         self._manual = False
         self._cancel: threading.Event | None = None
+        # The logs a pass is rewriting now (the scrub skips them), and where the damaged records it meets go
+        # (ledger id, entry id, reason): damage.DamageFindings.note with its finder, set by the server.
+        self.rewriting: frozenset[int] = frozenset()
+        self.on_damage: Callable[[int, int, str], None] | None = None
 
     # Controls (persisted in the node state, so an operator's decision survives a restart)
 
@@ -390,6 +394,7 @@ class Compactor:
         fd = io.open_append(path, create=True)
         out = _Output(storage, log_id, fd, self, deadline, on_progress)
         copied: list[int] = []
+        self.rewriting = frozenset(src for src, _, _ in group)
         try:
             io.write_at_end(fd, encode_log_header(log_id))
             out.size = LOG_HEADER_BYTES
@@ -401,6 +406,12 @@ class Compactor:
                     out.rewind(mark)  # a source copied in part is not replaced: cut its copies off again
                     report.stopped = str(e)
                     break
+                if src in out.damaged_sources:
+                    # The index still points at a damaged record in it: the log stays (and the repair's new
+                    # copy makes that record dead) so the entry stays repairable and located; a later pass
+                    # compacts it.
+                    out.rewind(mark)
+                    continue
                 copied.append(src)
                 faults.hit(faults.COMPACTION_DURING_COPY)
                 if self.progress:
@@ -425,6 +436,8 @@ class Compactor:
             if os.path.exists(path):
                 io.unlink(path)
             raise
+        finally:
+            self.rewriting = frozenset()
         io.close(fd)
         # Readers follow the switched index into the file before it has its log name: keep a fd for them.
         read_fd = io.open_read(_path(storage, log_id, COMPACTED_SUFFIX))
@@ -455,6 +468,7 @@ class _Output:
         self.rate = storage.config.compaction_rate_bytes_per_s
         self.t0 = time.monotonic()
         self.paced_bytes = 0
+        self.damaged_sources: set[int] = set()  # sources with a damaged record the index still points at
 
     def mark(self) -> tuple[int, int, dict[int, int]]:
         self.flush()
@@ -600,8 +614,11 @@ class _Output:
             except (RecordFormatError, OSError) as e:
                 if offset != after:  # the record the scan stopped at is counted already
                     report.corrupt_records += 1
-                log.error("compaction: entry %d of ledger %d in log %d at %d is unreadable (%s); it stays "
-                          "unreadable here and readers go to another replica", eid, lid, src, offset, e)
+                log.error("compaction: entry %d of ledger %d in log %d at %d is unreadable (%s); the log is kept "
+                          "until the entry is repaired from another replica", eid, lid, src, offset, e)
+                self.damaged_sources.add(src)
+                if self.compactor.on_damage is not None:
+                    self.compactor.on_damage(lid, eid, f"log {src} offset {offset}: {e}")
                 continue
             self.append(lid, eid, raw)
             report.entries_copied += 1

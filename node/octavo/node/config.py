@@ -62,6 +62,14 @@ class NodeConfig:
     replication_rate_bytes_per_s: int = 4 * MIB
     replication_batch_bytes_max: int = 4 * MIB
     replication_workers_max: int = 2
+    # Bit rot (scrub.py, damagerepair.py). Every scrub_interval_s (0: only when asked, `octavo bookie scrub`)
+    # a scrub pass re-reads every flushed record and checks its checksum, at most scrub_rate_bytes_per_s (8 MiB/s:
+    # a 100 GiB bookie is scrubbed in about 3.5 hours); what fails is marked damaged in etcd. Every
+    # damage_check_interval_s the bookie checks the damage marks naming it and repairs its damaged copies in place
+    # from the other replicas (docs/durability.md, "Bit rot").
+    scrub_interval_s: int = 86_400
+    scrub_rate_bytes_per_s: int = 8 * MIB
+    damage_check_interval_s: float = 10.0
     # The auditor also keeps etcd's history bounded (etcdcompaction.py): every etcd_compaction_interval_s it
     # notes etcd's revision and compacts etcd to the revision it noted one interval before (so at least one
     # interval of history stays for watches to resume from). 0: Octavo never compacts, for an etcd that its
@@ -298,6 +306,9 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "replication_rate_bytes_per_s": (0, 64 * GIB),
     "replication_batch_bytes_max": (64 * KIB, 1 * GIB),
     "replication_workers_max": (1, 64),
+    "scrub_interval_s": (0, 30 * DAY_S),
+    "scrub_rate_bytes_per_s": (64 * KIB, 64 * GIB),
+    "damage_check_interval_s": (0.1, DAY_S),
     "etcd_compaction_interval_s": (0, 7 * DAY_S),
     "dataset_maintenance_interval_s": (0, 7 * DAY_S),
     "dataset_merge_target_bytes": (64 * KIB, 4 * GIB),

@@ -20,6 +20,7 @@ from octavo.v1 import bookie_pb2 as pb
 if TYPE_CHECKING:
     from octavo.node.autorecovery import WorkerState
     from octavo.node.compaction import Compactor
+    from octavo.node.damagerepair import DamageControl
     from octavo.node.datasetmaintenance import DatasetMaintenance
     from octavo.node.etcdcompaction import EtcdCompaction
     from octavo.node.server import BookieServer
@@ -166,6 +167,24 @@ class BookieMetrics:
                 [_one(lambda: node.gc_ledgers_dropped_total + node.ledgers_dropped_by_watch)], unit="{ledger}",
                 description="ledgers dropped because etcd deleted them")
 
+        # The scrub and the repair of damaged copies (scrub.py, damagerepair.py).
+        counter("octavo.bookie.scrub.passes", [_one(lambda: self._scrub().scrubber.passes)], unit="{pass}",
+                description="scrub passes run (every flushed record's checksum verified)")
+        counter("octavo.bookie.scrub.bytes", [_one(lambda: self._scrub().scrubber.bytes_verified)], unit="By",
+                description="bytes of records the scrub read and verified")
+        counter("octavo.bookie.scrub.records", [_one(lambda: self._scrub().scrubber.records_verified)],
+                unit="{record}", description="records the scrub verified")
+        counter("octavo.bookie.scrub.damaged", [_one(lambda: self._scrub().scrubber.damaged_records)],
+                unit="{record}", description="records the scrub found damaged (checksum, truncated or missing log)")
+        updown("octavo.bookie.scrub.running", [_one(lambda: int(self._scrub().scrubber.running))],
+               description="1 while a scrub pass runs")
+        updown("octavo.bookie.scrub.damage_open", [_one(lambda: self._repair_stat("entries_damaged"))],
+               unit="{entry}", description="entries named by damage marks for this bookie that still fail here")
+        counter("octavo.bookie.scrub.repaired", [_one(lambda: self._repair_stat("entries_repaired"))],
+                unit="{entry}", description="damaged entries written back in place from a good replica")
+        counter("octavo.bookie.scrub.refuted", [_one(lambda: self._repair_stat("entries_refuted"))],
+                unit="{entry}", description="entries a damage mark named that read back good here (nothing written)")
+
         gauge("octavo.bookie.auditor", [self._auditor],
               description="1 on the bookie that is the cluster's auditor now (sum over bookies: 1)")
         updown("octavo.bookie.underreplicated_ledgers", [self._underreplicated], unit="{ledger}",
@@ -224,6 +243,15 @@ class BookieMetrics:
                 self._gauges = storage.gauges()
             self._gauges_at = now
         return self._gauges
+
+    def _scrub(self) -> DamageControl:
+        control = self.node.damage_control
+        assert control is not None
+        return control
+
+    def _repair_stat(self, name: str) -> int:
+        repair = self._scrub().repair
+        return int(getattr(repair.stats, name)) if repair is not None else 0
 
     def _compactor(self) -> Compactor:
         compactor = self.node.compactor

@@ -24,6 +24,7 @@ from octavo.client.options import ClientOptions
 from octavo.client.reader import ReadHandle
 from octavo.meta.errors import OctavoError
 from octavo.meta.ledger_metadata import LedgerMetadata, write_set
+from octavo.node.config import NodeConfig
 from octavo.node.engine import Engine
 from octavo.node.errors import StorageError, WriteCacheFull
 from octavo.v1 import bookie_pb2 as pb
@@ -31,6 +32,16 @@ from octavo.v1 import bookie_pb2 as pb
 log = logging.getLogger(__name__)
 
 REPAIR_RETRY_DELAY_S_MAX = 30.0
+
+
+def peer_client(cfg: NodeConfig) -> Client:
+    """A client on this bookie's settings (etcd, TLS), to read from its peers."""
+    options = ClientOptions(tls_cert_file=cfg.tls_cert_file, tls_key_file=cfg.tls_key_file,
+                            tls_ca_file=cfg.tls_ca_file,
+                            etcd_tls_ca_file=cfg.etcd_tls_ca_file, etcd_tls_cert_file=cfg.etcd_tls_cert_file,
+                            etcd_tls_key_file=cfg.etcd_tls_key_file, etcd_username=cfg.etcd_username,
+                            etcd_password_file=cfg.etcd_password_file)
+    return Client(cfg.etcd, cfg.cluster, options)
 
 
 class TailRepair:
@@ -54,13 +65,7 @@ class TailRepair:
                 delay = min(delay * 2, REPAIR_RETRY_DELAY_S_MAX)
 
     async def _run_once(self) -> None:
-        cfg = self.storage.config
-        options = ClientOptions(tls_cert_file=cfg.tls_cert_file, tls_key_file=cfg.tls_key_file,
-                                tls_ca_file=cfg.tls_ca_file,
-                                etcd_tls_ca_file=cfg.etcd_tls_ca_file, etcd_tls_cert_file=cfg.etcd_tls_cert_file,
-                                etcd_tls_key_file=cfg.etcd_tls_key_file, etcd_username=cfg.etcd_username,
-                                etcd_password_file=cfg.etcd_password_file)
-        async with Client(cfg.etcd, cfg.cluster, options) as client:
+        async with peer_client(self.storage.config) as client:
             await client.bookies(refresh=True)
             for ledger_id in await client.list_ledgers():
                 try:

@@ -27,6 +27,7 @@ from octavo.node.autorecovery import AutoRecovery
 from octavo.node.compaction import Compactor
 from octavo.node.compaction_plan import MAJOR
 from octavo.node.config import NodeConfig
+from octavo.node.damagerepair import DamageControl
 from octavo.node.dataplane import BookieService, bookie_handler
 from octavo.node.disk import DiskMonitor
 from octavo.node.errors import StorageError
@@ -88,6 +89,7 @@ class BookieServer:
         self.gc_ledgers_dropped_total = 0
         self.disk: DiskMonitor | None = None
         self.compactor: Compactor | None = None
+        self.damage_control: DamageControl | None = None  # scrub and damage repair (damagerepair.py)
         self.advertised = ""
 
     async def start(self) -> None:
@@ -145,6 +147,8 @@ class BookieServer:
             if self.storage.tail_maybe_lost and self.config.tail_repair:
                 self.repair = TailRepair(self.storage, self.bookie_id)
                 self._repair_task = asyncio.create_task(self.repair.run(), name="octavo-tail-repair")
+        self.damage_control = DamageControl(self.storage, self.compactor, self.bookie_id)
+        self.damage_control.start()
         self._space_task = asyncio.create_task(self._space_loop(), name="octavo-space")
         self._disk_task = asyncio.create_task(self._disk_loop(), name="octavo-disk")
         log.info("bookie %s serving on %s:%d%s (data dir %s, recovery %.2fs, %d logs replayed)",
@@ -367,6 +371,8 @@ class BookieServer:
         grace_s = SHUTDOWN_GRACE_S if deadline is None else max(0.0, deadline - asyncio.get_running_loop().time())
         if self.compactor is not None:
             self.compactor.stop()  # a running pass stops at its next safe point
+        if self.damage_control is not None:
+            await self.damage_control.stop()  # a running scrub pass stops at its next read
         for task in (self._repair_task, self._space_task, self._disk_task, self._watch_task, self._autorecovery_task):
             if task is not None:
                 task.cancel()

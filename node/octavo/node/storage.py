@@ -267,6 +267,24 @@ class Storage:
         return self.add_batch([LedgerBatch(ledger_id, master_key, entry_ids, payloads, last_add_confirmed,
                                            recovery)])[0]
 
+    def repair_entries(self, ledger_id: int, master_key: bytes, entry_ids: list[int],
+                       payloads: list[bytes]) -> Result:
+        """The repair write (damage.py): each entry is written again only where its stored copy fails its
+        checksum or its log is gone. A good copy stays (same bytes: OK; other bytes: DUPLICATE_MISMATCH); an
+        entry not held here is NO_SUCH_ENTRY. Raises WriteCacheFull as add_entries does."""
+        return self.add_batch([LedgerBatch(ledger_id, master_key, entry_ids, payloads, recovery=True,
+                                           repair=True)])[0]
+
+    def verify_entry(self, ledger_id: int, entry_id: int) -> str | None:
+        """Re-read one entry's record and check its checksum: "" if it is good, why not if it is damaged
+        (a flipped bit, a truncated or missing log), None if this bookie does not hold the entry."""
+        try:
+            return None if self._reader.read_existing(ledger_id, entry_id) is None else ""
+        except StorageError as e:
+            if e.code != pb.CORRUPT:
+                raise
+            return e.message
+
     def add_batch(self, batches: list[LedgerBatch]) -> list[Result]:
         """Append the batches of several ledgers (one add request) with one lock and one write: a request with
         many small per-ledger batches costs one syscall, not one per ledger. Results are per batch, in order.

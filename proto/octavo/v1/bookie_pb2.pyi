@@ -1120,6 +1120,7 @@ class BookieStatus(_message.Message):
     REGISTRATION_FAILING_SINCE_UNIX_MS_FIELD_NUMBER: _builtins.int
     AUTORECOVERY_FIELD_NUMBER: _builtins.int
     METRICS_ADDRESS_FIELD_NUMBER: _builtins.int
+    SCRUB_FIELD_NUMBER: _builtins.int
     bookie_id: _builtins.str
     address: _builtins.str
     version: _builtins.str
@@ -1180,6 +1181,10 @@ class BookieStatus(_message.Message):
     def compaction(self) -> Global___CompactionState: ...
     @_builtins.property
     def autorecovery(self) -> Global___AutorecoveryState: ...
+    @_builtins.property
+    def scrub(self) -> Global___ScrubState:
+        """The background scrub and the repair of damaged copies (scrub.py, damagerepair.py)."""
+
     def __init__(
         self,
         *,
@@ -1225,14 +1230,143 @@ class BookieStatus(_message.Message):
         registration_failing_since_unix_ms: _builtins.int = ...,
         autorecovery: Global___AutorecoveryState | None = ...,
         metrics_address: _builtins.str = ...,
+        scrub: Global___ScrubState | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["autorecovery", b"autorecovery", "compaction", b"compaction", "write_cache", b"write_cache"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["autorecovery", b"autorecovery", "compaction", b"compaction", "scrub", b"scrub", "write_cache", b"write_cache"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_log_id", b"active_log_id", "address", b"address", "autorecovery", b"autorecovery", "bookie_id", b"bookie_id", "cluster", b"cluster", "compaction", b"compaction", "directories", b"directories", "disk_readonly_ratio", b"disk_readonly_ratio", "disk_warn_ratio", b"disk_warn_ratio", "disk_writable_ratio", b"disk_writable_ratio", "entry_log_count", b"entry_log_count", "entry_logs", b"entry_logs", "forced_read_only", b"forced_read_only", "fsync_policy", b"fsync_policy", "gc_bytes_reclaimed", b"gc_bytes_reclaimed", "gc_duration_s", b"gc_duration_s", "gc_last_run_unix_ms", b"gc_last_run_unix_ms", "gc_ledgers_dropped", b"gc_ledgers_dropped", "gc_logs_deleted", b"gc_logs_deleted", "instance_id", b"instance_id", "last_start_was_unclean", b"last_start_was_unclean", "last_unclean_restart_unix_ms", b"last_unclean_restart_unix_ms", "ledger_count", b"ledger_count", "log_live_bytes", b"log_live_bytes", "log_total_bytes", b"log_total_bytes", "metrics_address", b"metrics_address", "mode", b"mode", "mode_reason", b"mode_reason", "recovery_bytes_truncated", b"recovery_bytes_truncated", "recovery_logs_scanned", b"recovery_logs_scanned", "recovery_point_log_id", b"recovery_point_log_id", "recovery_records_replayed", b"recovery_records_replayed", "registered", b"registered", "registration_error", b"registration_error", "registration_failing_since_unix_ms", b"registration_failing_since_unix_ms", "registration_refreshed_unix_ms", b"registration_refreshed_unix_ms", "registration_ttl_s", b"registration_ttl_s", "started_unix_ms", b"started_unix_ms", "tail_maybe_lost", b"tail_maybe_lost", "unclean_restart_count", b"unclean_restart_count", "version", b"version", "write_cache", b"write_cache"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_log_id", b"active_log_id", "address", b"address", "autorecovery", b"autorecovery", "bookie_id", b"bookie_id", "cluster", b"cluster", "compaction", b"compaction", "directories", b"directories", "disk_readonly_ratio", b"disk_readonly_ratio", "disk_warn_ratio", b"disk_warn_ratio", "disk_writable_ratio", b"disk_writable_ratio", "entry_log_count", b"entry_log_count", "entry_logs", b"entry_logs", "forced_read_only", b"forced_read_only", "fsync_policy", b"fsync_policy", "gc_bytes_reclaimed", b"gc_bytes_reclaimed", "gc_duration_s", b"gc_duration_s", "gc_last_run_unix_ms", b"gc_last_run_unix_ms", "gc_ledgers_dropped", b"gc_ledgers_dropped", "gc_logs_deleted", b"gc_logs_deleted", "instance_id", b"instance_id", "last_start_was_unclean", b"last_start_was_unclean", "last_unclean_restart_unix_ms", b"last_unclean_restart_unix_ms", "ledger_count", b"ledger_count", "log_live_bytes", b"log_live_bytes", "log_total_bytes", b"log_total_bytes", "metrics_address", b"metrics_address", "mode", b"mode", "mode_reason", b"mode_reason", "recovery_bytes_truncated", b"recovery_bytes_truncated", "recovery_logs_scanned", b"recovery_logs_scanned", "recovery_point_log_id", b"recovery_point_log_id", "recovery_records_replayed", b"recovery_records_replayed", "registered", b"registered", "registration_error", b"registration_error", "registration_failing_since_unix_ms", b"registration_failing_since_unix_ms", "registration_refreshed_unix_ms", b"registration_refreshed_unix_ms", "registration_ttl_s", b"registration_ttl_s", "scrub", b"scrub", "started_unix_ms", b"started_unix_ms", "tail_maybe_lost", b"tail_maybe_lost", "unclean_restart_count", b"unclean_restart_count", "version", b"version", "write_cache", b"write_cache"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BookieStatus: _TypeAlias = BookieStatus  # noqa: Y015
+
+@_typing.final
+class RunScrubRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunScrubRequest: _TypeAlias = RunScrubRequest  # noqa: Y015
+
+@_typing.final
+class ScrubFinding(_message.Message):
+    """One damaged record a scrub pass found."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEDGER_ID_FIELD_NUMBER: _builtins.int
+    ENTRY_ID_FIELD_NUMBER: _builtins.int
+    LOG_ID_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    ledger_id: _builtins.int
+    entry_id: _builtins.int
+    log_id: _builtins.int
+    offset: _builtins.int
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        ledger_id: _builtins.int = ...,
+        entry_id: _builtins.int = ...,
+        log_id: _builtins.int = ...,
+        offset: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_id", b"entry_id", "ledger_id", b"ledger_id", "log_id", b"log_id", "offset", b"offset", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScrubFinding: _TypeAlias = ScrubFinding  # noqa: Y015
+
+@_typing.final
+class ScrubState(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENABLED_FIELD_NUMBER: _builtins.int
+    INTERVAL_S_FIELD_NUMBER: _builtins.int
+    RATE_BYTES_PER_S_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    PASSES_FIELD_NUMBER: _builtins.int
+    LAST_PASS_UNIX_MS_FIELD_NUMBER: _builtins.int
+    LAST_PASS_DURATION_S_FIELD_NUMBER: _builtins.int
+    BYTES_VERIFIED_FIELD_NUMBER: _builtins.int
+    RECORDS_VERIFIED_FIELD_NUMBER: _builtins.int
+    DAMAGED_RECORDS_FIELD_NUMBER: _builtins.int
+    LAST_PASS_BYTES_FIELD_NUMBER: _builtins.int
+    LAST_PASS_DAMAGED_FIELD_NUMBER: _builtins.int
+    FINDINGS_FIELD_NUMBER: _builtins.int
+    DAMAGE_MARKS_OPEN_FIELD_NUMBER: _builtins.int
+    DAMAGE_ENTRIES_DAMAGED_FIELD_NUMBER: _builtins.int
+    DAMAGE_ENTRIES_REPAIRED_FIELD_NUMBER: _builtins.int
+    DAMAGE_ENTRIES_REFUTED_FIELD_NUMBER: _builtins.int
+    DAMAGE_LEDGERS_MOVED_FIELD_NUMBER: _builtins.int
+    DAMAGE_LAST_ERROR_FIELD_NUMBER: _builtins.int
+    enabled: _builtins.bool
+    """a pass runs every interval_s (0: only when asked)"""
+    interval_s: _builtins.float
+    rate_bytes_per_s: _builtins.int
+    running: _builtins.bool
+    passes: _builtins.int
+    last_pass_unix_ms: _builtins.int
+    """when the last pass ended (0: none yet)"""
+    last_pass_duration_s: _builtins.float
+    bytes_verified: _builtins.int
+    """totals since the start"""
+    records_verified: _builtins.int
+    damaged_records: _builtins.int
+    last_pass_bytes: _builtins.int
+    last_pass_damaged: _builtins.int
+    damage_marks_open: _builtins.int
+    """Repair of the damage marks naming this bookie (counts of entries)."""
+    damage_entries_damaged: _builtins.int
+    damage_entries_repaired: _builtins.int
+    damage_entries_refuted: _builtins.int
+    damage_ledgers_moved: _builtins.int
+    damage_last_error: _builtins.str
+    @_builtins.property
+    def findings(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScrubFinding]:
+        """RunScrub: what that pass found (the first 1,000)"""
+
+    def __init__(
+        self,
+        *,
+        enabled: _builtins.bool = ...,
+        interval_s: _builtins.float = ...,
+        rate_bytes_per_s: _builtins.int = ...,
+        running: _builtins.bool = ...,
+        passes: _builtins.int = ...,
+        last_pass_unix_ms: _builtins.int = ...,
+        last_pass_duration_s: _builtins.float = ...,
+        bytes_verified: _builtins.int = ...,
+        records_verified: _builtins.int = ...,
+        damaged_records: _builtins.int = ...,
+        last_pass_bytes: _builtins.int = ...,
+        last_pass_damaged: _builtins.int = ...,
+        findings: _abc.Iterable[Global___ScrubFinding] | None = ...,
+        damage_marks_open: _builtins.int = ...,
+        damage_entries_damaged: _builtins.int = ...,
+        damage_entries_repaired: _builtins.int = ...,
+        damage_entries_refuted: _builtins.int = ...,
+        damage_ledgers_moved: _builtins.int = ...,
+        damage_last_error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_verified", b"bytes_verified", "damage_entries_damaged", b"damage_entries_damaged", "damage_entries_refuted", b"damage_entries_refuted", "damage_entries_repaired", b"damage_entries_repaired", "damage_last_error", b"damage_last_error", "damage_ledgers_moved", b"damage_ledgers_moved", "damage_marks_open", b"damage_marks_open", "damaged_records", b"damaged_records", "enabled", b"enabled", "findings", b"findings", "interval_s", b"interval_s", "last_pass_bytes", b"last_pass_bytes", "last_pass_damaged", b"last_pass_damaged", "last_pass_duration_s", b"last_pass_duration_s", "last_pass_unix_ms", b"last_pass_unix_ms", "passes", b"passes", "rate_bytes_per_s", b"rate_bytes_per_s", "records_verified", b"records_verified", "running", b"running"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScrubState: _TypeAlias = ScrubState  # noqa: Y015
 
 @_typing.final
 class AutorecoveryState(_message.Message):

@@ -369,6 +369,11 @@ class BookieAdminStub:
                 request_serializer=octavo_dot_v1_dot_bookie__pb2.SuspendCompactionRequest.SerializeToString,
                 response_deserializer=octavo_dot_v1_dot_bookie__pb2.CompactionState.FromString,
                 _registered_method=True)
+        self.RunScrub = channel.unary_unary(
+                '/octavo.v1.BookieAdmin/RunScrub',
+                request_serializer=octavo_dot_v1_dot_bookie__pb2.RunScrubRequest.SerializeToString,
+                response_deserializer=octavo_dot_v1_dot_bookie__pb2.ScrubState.FromString,
+                _registered_method=True)
 
 
 class BookieAdminServicer:
@@ -421,6 +426,15 @@ class BookieAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunScrub(self, request, context):
+        """Run one scrub pass now (node/octavo/node/scrub.py): every flushed record the index points at is re-read
+        and its checksum checked, at the scrub rate; answers with what the pass found (damage is also marked in
+        etcd and repaired, node/octavo/node/damagerepair.py). A pass already running: FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BookieAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -453,6 +467,11 @@ def add_BookieAdminServicer_to_server(servicer, server):
                     servicer.SuspendCompaction,
                     request_deserializer=octavo_dot_v1_dot_bookie__pb2.SuspendCompactionRequest.FromString,
                     response_serializer=octavo_dot_v1_dot_bookie__pb2.CompactionState.SerializeToString,
+            ),
+            'RunScrub': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunScrub,
+                    request_deserializer=octavo_dot_v1_dot_bookie__pb2.RunScrubRequest.FromString,
+                    response_serializer=octavo_dot_v1_dot_bookie__pb2.ScrubState.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -620,6 +639,33 @@ class BookieAdmin:
             '/octavo.v1.BookieAdmin/SuspendCompaction',
             octavo_dot_v1_dot_bookie__pb2.SuspendCompactionRequest.SerializeToString,
             octavo_dot_v1_dot_bookie__pb2.CompactionState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunScrub(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/octavo.v1.BookieAdmin/RunScrub',
+            octavo_dot_v1_dot_bookie__pb2.RunScrubRequest.SerializeToString,
+            octavo_dot_v1_dot_bookie__pb2.ScrubState.FromString,
             options,
             channel_credentials,
             insecure,
