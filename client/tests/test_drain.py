@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import threading
 import time
 from collections.abc import Iterator
 
@@ -165,4 +166,53 @@ async def test_a_writer_with_no_spare_bookie_writes_to_the_draining_one_until_th
         assert type(error).__name__ == "NotEnoughBookiesError", error
     assert code == 0
     assert "grace period over with" in cluster.bookies[victim].log_tail(200)
+    cluster.bookies[victim].start()
+
+
+async def test_a_client_that_ignores_the_flag_is_served_until_the_grace_period_ends(
+        cluster_of_three: LocalCluster) -> None:
+    """An older client knows nothing of `draining`: its add stream stays busy, its adds are stored until the grace
+    period runs out, and only then is its stream cancelled, as every clean stop did before."""
+    cluster = cluster_of_three
+    async with Client(cluster.etcd_endpoint, cluster.cluster, OPTIONS) as client:
+        w = await client.create_ledger(3, 3, 2, password=PW)
+        ledger_id, key = w.ledger_id, w._master_key
+        victim = w.metadata.last_ensemble[2]
+    process = cluster.bookies[victim].proc
+    assert process is not None
+    signalled = threading.Event()
+    answers: list[tuple[bool, bool, int]] = []  # (sent after SIGTERM, draining, error) per answer
+
+    def requests() -> Iterator[pb.AddRequest]:
+        for entry in range(100_000):
+            after = signalled.is_set()
+            yield pb.AddRequest(request_id=entry + 1, ledgers=[pb.LedgerAdds(
+                ledger_id=ledger_id, master_key=key, last_add_confirmed=entry - 1, entry_ids=[entry],
+                payloads=[payload(ledger_id, entry)])])
+            if after and len(answers) > 10_000:
+                return
+            time.sleep(0.02)
+
+    def old_client() -> str:
+        with BookieConnection(cluster.bookies[victim].address) as conn:
+            try:
+                for response in conn.bookie.AddEntries(requests(), timeout=120):
+                    answers.append((signalled.is_set(), response.draining,
+                                    response.error or max((c for r in response.results for c in r.codes), default=0)))
+            except Exception as e:  # the stream is cancelled when the bookie stops
+                return type(e).__name__
+        return "ended"
+
+    stream = asyncio.create_task(asyncio.to_thread(old_client))
+    await asyncio.sleep(1.0)
+    signalled.set()
+    process.send_signal(signal.SIGTERM)
+    code = await asyncio.to_thread(process.wait, 60)
+    cluster.bookies[victim].proc = None
+    outcome = await asyncio.wait_for(stream, 60)
+    assert code == 0 and outcome != "ended"
+    assert all(error == 0 for _, _, error in answers), answers[-5:]
+    during = [draining for after, draining, _ in answers if after]
+    assert len(during) > 10 and during[-1], during[-5:]  # served on, told it was draining, until the end
+    assert "grace period over with 1 add streams" in cluster.bookies[victim].log_tail(200)
     cluster.bookies[victim].start()
