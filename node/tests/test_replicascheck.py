@@ -77,6 +77,16 @@ async def test_replicas_check_restores_an_entry_missing_on_a_live_bookie(cluster
         with BookieConnection(cluster.bookies[outside].address) as conn:  # a copy outside the ensemble
             resp = conn.add(ledger_id, key, [3], [payload(3)], recovery=True)
             assert all(c == pb.OK for r in resp.results for c in r.codes), resp
+        with BookieConnection(cluster.bookies[short].address) as conn:  # what the check asks (no bytes read)
+            listed = conn.bookie.ListEntries(pb.ListEntriesRequest(
+                ledger_id=ledger_id, first_entry_id=0, last_entry_id=ENTRIES + 5), timeout=30)
+            assert list(listed.entry_ids) == [e for e in ids if e != MISSING] and listed.next_entry_id == -1
+            bad = conn.bookie.ListEntries(pb.ListEntriesRequest(ledger_id=ledger_id, first_entry_id=5,
+                                                                last_entry_id=2), timeout=30)
+            assert bad.error == pb.INVALID and "first <= last" in bad.error_message
+            unknown = conn.bookie.ListEntries(pb.ListEntriesRequest(ledger_id=ledger_id + 1000, first_entry_id=0,
+                                                                    last_entry_id=2), timeout=30)
+            assert unknown.error == pb.NO_SUCH_LEDGER and not unknown.entry_ids
         closed = writer.metadata.with_state(CLOSED, last_entry_id=ENTRIES - 1,
                                             length=sum(len(payload(e)) for e in ids))
         assert await client.metadata_store.update_ledger(closed, writer._revision) is not None
