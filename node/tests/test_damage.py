@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from octavo.meta.damage import DamageMark, entries_of, to_ranges
+from octavo.meta.underreplication import DAMAGE_BY, Mark
 from octavo.node.appends import LedgerBatch
 from octavo.node.damage import DamageFindings
 from octavo.node.files import log_file_name
@@ -138,3 +140,21 @@ def test_findings_are_bounded(limit: int) -> None:
     for e in range(5):
         findings.note(1, e, "why", "who")
     assert len(findings.take()[1][2]) == limit and findings.dropped == 5 - limit
+
+
+def test_damage_ranges_are_sorted_disjoint_and_bounded() -> None:
+    assert to_ranges([5, 1, 2, 3, 9, 10]) == ((1, 3), (5, 5), (9, 10))
+    assert to_ranges([1, 5, 6, 20], limit=2) == ((1, 6), (20, 20))  # the closest neighbours joined
+    assert entries_of(((1, 3), (7, 7))) == [1, 2, 3, 7]
+    mark = DamageMark(4, "bookie-1", ((1, 3),), "checksum mismatch", "reader", 123, revision=9)
+    assert DamageMark.decode(mark.encode(), 9) == mark and mark.entries == 3
+    with pytest.raises(ValueError):
+        to_ranges([-1])
+
+
+def test_a_damage_mark_for_under_replication_is_not_dropped_for_a_registered_bookie() -> None:
+    """The workers drop a mark whose bookies are all registered again, but not one made because a live bookie
+    could not repair its damaged copies (nor a decommission's)."""
+    assert Mark(1, ("bookie-1",), 0, f"{DAMAGE_BY} bookie-1").names_live_bookies
+    assert Mark(1, ("bookie-1",), 0, "decommission").names_live_bookies
+    assert not Mark(1, ("bookie-1",), 0, "auditor bookie-0").names_live_bookies

@@ -33,7 +33,9 @@ def observed_from_status(bookie_id: str, status: pb.BookieStatus) -> Observed:
                     forced_read_only=status.forced_read_only, disk_usage_ratio=usage,
                     compacting=status.compaction.running,
                     window_until_unix_ms=status.compaction.window_until_unix_ms,
-                    last_compaction_unix_ms=status.compaction.last_run.finished_unix_ms)
+                    last_compaction_unix_ms=status.compaction.last_run.finished_unix_ms,
+                    scrub_last_pass_unix_ms=status.scrub.last_pass_unix_ms,
+                    damaged_entries=status.scrub.damage_entries_damaged)
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,8 @@ class Observed:
     compacting: bool = False
     window_until_unix_ms: int = 0         # 0: no window set (the bookie compacts on its own schedule)
     last_compaction_unix_ms: int = 0      # when its last pass finished
+    scrub_last_pass_unix_ms: int = 0      # when its last scrub pass finished (0: none yet)
+    damaged_entries: int = 0              # entries of damage marks naming it that still fail there
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,8 @@ def cluster_status(now: datetime, *, generation: int, replicas: int, ready_repli
             entry.update(mode="writable" if b.writable else "read-only", forced=b.forced_read_only,
                          forcedByOperator=b.bookie_id in forced_by_op, diskUsageRatio=round(b.disk_usage_ratio, 4),
                          compaction={"running": b.compacting, "window": _window(b.window_until_unix_ms, now),
-                                     "lastRun": from_ms(b.last_compaction_unix_ms)})
+                                     "lastRun": from_ms(b.last_compaction_unix_ms)},
+                         scrub={"lastPass": from_ms(b.scrub_last_pass_unix_ms), "damagedEntries": b.damaged_entries})
             entry["reason"] = ("forced read-only by the operator (disk usage)" if b.bookie_id in forced_by_op else
                                "forced read-only" if b.forced_read_only else "" if b.writable else "disk full")
         else:
