@@ -472,6 +472,9 @@ async def _roll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], 
         (kopf.warn if event.warning else kopf.info)(dict(body), reason=event.reason,  # type: ignore[arg-type]
                                                     message=event.message)
     memory = step.memory
+    log.debug("cluster %s/%s: roll generation %d template_current %s update_revision %s outdated %s memory %s "
+             "waiting_for %r", namespace, name, generation, current, update_revision,
+             [p.name for p in states if p.restart_reason], memory, step.waiting_for)
     return with_roll(new, status, progress=step.progress, waiting_for=step.waiting_for,
                      halted=memory.halted if memory else "", restarting=memory.restarting if memory else "",
                      roll=memory.to_status() if memory else None, now=now)
