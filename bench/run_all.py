@@ -15,6 +15,7 @@ BENCHES = [
     ["spark_bench.py"],
     ["restart_bench.py"],
     ["replication_bench.py"],
+    ["scrub_bench.py"],  # about 3 minutes: bit rot repaired, the scrub's rate and its cost to adds
     ["churn_bench.py"],  # about 20 minutes for 100,000 cycles twice
     ["scale_bench.py"],  # about 40 minutes for the full ladder
     ["operator_bench.py"],

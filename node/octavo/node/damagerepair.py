@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 DAMAGE_RETRY_DELAY_S_MAX = 60.0
 # Entries one repair write carries at most.
 REPAIR_BATCH_ENTRIES_MAX = 1000
+# A scrub pass stopping (the bookie stops) is waited for this long at most: it checks for a stop at least every
+# 0.2 s and after every read of at most 1 MiB.
+SCRUB_STOP_WAIT_S = 10.0
 # Write cache room waited for by one repair write, at most.
 REPAIR_ROOM_WAIT_S = 30.0
 
@@ -196,6 +199,7 @@ class DamageControl:
             self.repair = DamageRepair(storage, bookie_id, self.findings, cfg.damage_check_interval_s,
                                        lambda: peer_client(cfg))
         self._tasks: list[asyncio.Task[None]] = []
+        self._pass: asyncio.Future[ScrubPass] | None = None  # the pass running in its thread, if any
 
     def start(self) -> None:
         if self.repair is not None:
@@ -211,13 +215,17 @@ class DamageControl:
 
     async def scrub_now(self) -> ScrubPass:
         """One scrub pass (in an executor thread); then the repair looks at once. ValueError if one runs."""
-        report = await asyncio.get_running_loop().run_in_executor(None, self.scrubber.run_pass)
+        self._pass = asyncio.get_running_loop().run_in_executor(None, self.scrubber.run_pass)
+        report = await self._pass
         if self.repair is not None and report.damaged:
             self.repair.wake()
         return report
 
     async def stop(self) -> None:
         self.scrubber.stop_event.set()
+        if self._pass is not None and not self._pass.done():
+            # Its thread reads the index and the logs: let it reach its next stop check before storage closes.
+            await asyncio.wait([self._pass], timeout=SCRUB_STOP_WAIT_S)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
