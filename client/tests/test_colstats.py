@@ -97,7 +97,12 @@ def test_statistics_prune_what_they_prove_and_nothing_else() -> None:
     assert may_match(stats, [Predicate("=", "x", ("ten",))])
 
 
-def test_nan_and_long_strings_leave_their_bounds_unknown() -> None:
+def test_nan_infinities_and_long_strings_leave_their_bounds_unknown() -> None:
+    inf = float("inf")
+    collector = StatsCollector()
+    for part in ([1.0, inf], [-inf, 0.5], [2.0]):  # an unknown bound stays unknown over later batches
+        collector.add(pa.RecordBatch.from_arrays([pa.array(part)], names=["g"]))
+    assert collector.stats().columns["g"] == ColumnStats("float", 0, None, None)
     stats = stats_of(("f", pa.array([1.0, float("nan")])), ("s", pa.array(["a", "z" * (STRING_PREFIX_CHARS + 5)])))
     assert stats.columns["f"].min is None and may_match(stats, [Predicate(">", "f", (100.0,))])
     assert stats.columns["s"].max is None and stats.columns["s"].min == "a"

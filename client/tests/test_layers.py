@@ -58,7 +58,7 @@ PURE = {
     "octavo.node.record", "octavo.node.config", "octavo.node.errors", "octavo.node.files",
     "octavo.node.startup_cases", "octavo.node.watermarks", "octavo.node.compaction_plan", "octavo.node.rolling",
     "octavo.meta.layout", "octavo.meta.ledger_metadata", "octavo.meta.errors", "octavo.meta.etcdhealth",
-    "octavo.client.quorums",
+    "octavo.client.quorums", "octavo.client.colstats",
     "octavo.client.arguments",
     "octavo.operator.windows", "octavo.operator.policy", "octavo.operator.resources", "octavo.operator.builders",
     "octavo.operator.status",
@@ -68,6 +68,8 @@ PURE_MAY_IMPORT = {
     "math", "re", "itertools", "functools", "operator", "bisect", "crc32c", "octavo.v1.bookie_pb2", "octavo.v1",
     # Time as values (the clock itself is never read: `now` is a parameter), zones, cron arithmetic.
     "datetime", "zoneinfo", "cronsim",
+    # Decimal numbers as values (column statistics).
+    "decimal",
 }
 
 

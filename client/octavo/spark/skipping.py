@@ -11,6 +11,7 @@ import asyncio
 import datetime
 import decimal
 import logging
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -122,22 +123,30 @@ class StatsCollector:
         lo, hi = bounds["min"], bounds["max"]
         if kind == "decimal":
             lo, hi = str(lo), str(hi)
-        if kind == "str":
-            hi = hi if len(hi) <= STRING_PREFIX_CHARS else None
-            lo = lo[:STRING_PREFIX_CHARS]
-            if hi is None:
-                self.unknown.add(f"{name}\0max")
-        c.min = lo if c.min is None else _pick(kind, c.min, lo, min)
-        if hi is not None:
-            c.max = hi if c.max is None else _pick(kind, c.max, hi, max)
+        elif kind == "str":
+            lo, hi = lo[:STRING_PREFIX_CHARS], hi if len(hi) <= STRING_PREFIX_CHARS else None
+        elif kind == "float":  # an infinity is no bound (and no JSON number)
+            lo, hi = (v if math.isfinite(v) else None for v in (lo, hi))
+        self._bound(name, "min", kind, lo, min)
+        self._bound(name, "max", kind, hi, max)
+
+    def _bound(self, name: str, side: str, kind: str, value: Any, pick: Any) -> None:
+        """Fold one batch's bound in; once a batch's bound is unknown, the ledger's is (sticky)."""
+        c = self.columns[name]
+        if value is None:
+            self.unknown.add(f"{name}\0{side}")
+            return
+        old = getattr(c, side)
+        setattr(c, side, value if old is None else _pick(kind, old, value, pick))
 
     def stats(self) -> LedgerStats:
         out = LedgerStats(self.rows)
         for name, c in self.columns.items():
             if name in self.unknown:
                 c = ColumnStats(c.kind, c.nulls)
-            elif f"{name}\0max" in self.unknown:
-                c = ColumnStats(c.kind, c.nulls, c.min, None)
+            else:
+                c = ColumnStats(c.kind, c.nulls, None if f"{name}\0min" in self.unknown else c.min,
+                                None if f"{name}\0max" in self.unknown else c.max)
             out.columns[name] = c
         return out
 

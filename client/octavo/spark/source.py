@@ -48,7 +48,7 @@ from octavo.client.client import Client, SyncClient
 from octavo.client.colstats import LedgerStats, Predicate, may_match
 from octavo.client.dataset import DatasetExistsError, DatasetHead, DatasetLedger, NoSuchDatasetError
 from octavo.meta.errors import NotEnoughBookiesError
-from octavo.spark.arrowio import Options, client_options, decode_entry, new_write_id, write_ledger
+from octavo.spark.arrowio import OptionError, Options, client_options, decode_entry, new_write_id, write_ledger
 from octavo.spark.metrics import spark_metrics
 from octavo.spark.skipping import ledger_stats, predicates
 
@@ -170,6 +170,7 @@ class OctavoDataSource(DataSource):  # type: ignore[misc]
         return OctavoSkippingReader(self.opts, schema) if self.opts.data_skipping else OctavoReader(self.opts, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
+        _check_storable(schema)
         # Spark passes only append or overwrite to Python sources; error-if-exists and ignore come through the
         # if_exists option (with Spark's mode append).
         mode = "overwrite" if overwrite else self.opts.if_exists
@@ -177,10 +178,25 @@ class OctavoDataSource(DataSource):  # type: ignore[misc]
         return OctavoWriter(self.opts, schema.json(), mode)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
+        _check_storable(schema)
         return OctavoStreamWriter(self.opts, schema.json())
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return OctavoStreamReader(self.opts, schema)
+
+
+def _check_storable(schema: StructType) -> None:
+    """Refuse, while the write is planned, a column of a type PySpark cannot put in Arrow (year-month and
+    calendar intervals, CHAR/VARCHAR): its tasks would fail one by one otherwise."""
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    for f in schema.fields:
+        try:
+            to_arrow_type(f.dataType, timezone="UTC")
+        except Exception:  # PySpark's UNSUPPORTED_DATA_TYPE_FOR_ARROW_CONVERSION (its classes vary by version)
+            raise OptionError(f"column {f.name} has type {f.dataType.simpleString().upper()}, which Octavo cannot "
+                              "store: PySpark has no Arrow form for it; cast it first (an interval to a number of "
+                              "months or to a string)") from None
 
 
 def _pieces(opts: Options, ledgers: Sequence[DatasetLedger], after_seq: int | None = None,
@@ -236,9 +252,15 @@ def conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
     where nullability or a time zone differs, and nulls for a column added after the batch was written
     (mergeSchema)."""
     names = batch.schema.names
-    columns = [batch.column(names.index(f.name)).cast(f.type) if f.name in names
+    columns = [_cast(batch.column(names.index(f.name)), f.type) if f.name in names
                else pa.nulls(batch.num_rows, f.type) for f in target]
     return pa.RecordBatch.from_arrays(columns, schema=target)
+
+
+def _cast(column: pa.Array, to: pa.DataType) -> pa.Array:
+    # A column of the very type is kept as it is: Arrow refuses to cast a VARIANT's struct (whose fields are
+    # non-nullable) with null rows to itself.
+    return column if column.type == to else column.cast(to)
 
 
 def _read_slice(opts: Options, target: pa.Schema, part: LedgerSlices) -> Iterator[pa.RecordBatch]:
