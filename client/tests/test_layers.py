@@ -47,11 +47,11 @@ ALLOWED = {
     "octavo.localk8s": set(),
 }
 # The sanctioned exceptions: tail repair reads the entries a bookie lost from its peers, damage repair the good
-# copies of its damaged entries, and autorecovery
+# copies of its damaged entries, the replicas check the copies a live bookie misses, and autorecovery
 # re-replicates a lost bookie's share from the survivors to other bookies: both as a client.
 # The operator reads the bookie's settings (names, defaults, ranges) from their one definition.
 EXCEPTIONS = {("octavo.node.repair", "octavo.client"), ("octavo.node.damagerepair", "octavo.client"),
-              ("octavo.node.autorecovery", "octavo.client"),
+              ("octavo.node.autorecovery", "octavo.client"), ("octavo.node.replicascheck", "octavo.client"),
               ("octavo.operator.resources", "octavo.node")}
 
 PURE = {
@@ -68,8 +68,8 @@ PURE_MAY_IMPORT = {
     "math", "re", "itertools", "functools", "operator", "bisect", "crc32c", "octavo.v1.bookie_pb2", "octavo.v1",
     # Time as values (the clock itself is never read: `now` is a parameter), zones, cron arithmetic.
     "datetime", "zoneinfo", "cronsim",
-    # Decimal numbers as values (column statistics).
-    "decimal",
+    # Decimal numbers as values (column statistics); closest-name suggestions.
+    "decimal", "difflib",
 }
 
 
