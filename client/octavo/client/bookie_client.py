@@ -352,12 +352,15 @@ class BookieClient:
         if call is None or not self._pending:
             return
         loop = asyncio.get_running_loop()
-        oldest = next(iter(self._pending.values()))[0]
-        if loop.time() - oldest >= self.add_timeout_s:
+        # The same float for the test and the timer: `now - oldest >= timeout` can be false at the very time
+        # `oldest + timeout` the timer was set for (rounding), and the timer would then be set again for now,
+        # for ever on a clock that does not move in between (found by the simulation, seed 101).
+        deadline = next(iter(self._pending.values()))[0] + self.add_timeout_s
+        if loop.time() >= deadline:
             self._stream_failed(call, BookieUnavailableError(
                 f"bookie {self.bookie_id} at {self.address}: no answer within {self.add_timeout_s}s"))
         else:
-            self._watchdog = loop.call_at(oldest + self.add_timeout_s, self._check_timeout)
+            self._watchdog = loop.call_at(deadline, self._check_timeout)
 
     async def _receive_loop(self, call: Any) -> None:
         try:
