@@ -54,11 +54,29 @@ class _VirtualSelector(selectors.BaseSelector):
         self._keys.clear()
 
 
+# Loop iterations in a row without the clock moving before the run counts as livelocked: something retries
+# without waiting (a bug in a retry loop, or a fault the code spins on), which in real time would burn a core.
+SPINS_MAX = 100_000
+
+
 class VirtualLoop(asyncio.SelectorEventLoop):
     def __init__(self, clock: VirtualClock) -> None:
         self.clock = clock
         super().__init__(_VirtualSelector(clock))
         self._clock_resolution = 1e-9
+        self._spins = 0
+        self._spun_at = -1.0
+
+    def _run_once(self) -> None:
+        if self.clock.now_s != self._spun_at:
+            self._spun_at, self._spins = self.clock.now_s, 0
+        self._spins += 1
+        if self._spins > SPINS_MAX:
+            ready = sorted({_where(h) for h in self._ready})[:12]  # type: ignore[attr-defined]
+            head = self._scheduled[0] if self._scheduled else None  # type: ignore[attr-defined]
+            raise Stuck(f"livelock: {SPINS_MAX} loop iterations at virtual time {self.clock.now_s:.6f} without "
+                        f"the clock moving; ready: {ready}; next timer: {head!r} at {head and head.when()!r}")
+        super()._run_once()  # type: ignore[misc]
 
     def time(self) -> float:
         return self.clock.now_s
@@ -71,3 +89,13 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         except BaseException as e:  # handed to the awaiting caller, as an executor would
             future.set_exception(e)
         return future
+
+
+def _where(handle: Any) -> str:
+    """A ready callback, and where its task stands when it is a task's wakeup (for a livelock's message)."""
+    task = getattr(handle._callback, "__self__", None)
+    if isinstance(task, asyncio.Task):
+        frames = task.get_stack()[-4:]
+        at = " <- ".join(f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{f.f_lineno} {f.f_code.co_name}" for f in frames)
+        return f"task {task.get_name()} at {at}"
+    return repr(handle)[:200]

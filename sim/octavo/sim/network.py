@@ -213,7 +213,7 @@ class SimChannel:
         def call(request_iterator: Any = None, timeout: float | None = None, wait_for_ready: bool | None = None,
                  metadata: Any = None, **__: Any) -> SimStreamCall:
             return SimStreamCall(self, method, request_serializer, response_deserializer, request_iterator,
-                                 metadata)
+                                 metadata, timeout)
         return call
 
     async def _ready_host(self, wait_for_ready: bool) -> Host:
@@ -279,7 +279,7 @@ class SimStreamCall:
     server's node, reading what the client wrote and its answers coming back, each message over the link."""
 
     def __init__(self, channel: SimChannel, method: str, request_serializer: Any, response_deserializer: Any,
-                 request_iterator: Any, metadata: Any) -> None:
+                 request_iterator: Any, metadata: Any, timeout: float | None = None) -> None:
         self.channel = channel
         self.network = channel.network
         self.method = method
@@ -294,6 +294,10 @@ class SimStreamCall:
         self.host = channel.network.target(channel.address)
         self._server: asyncio.Task[None] | None = None
         self._writer: asyncio.Task[None] | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        if timeout is not None:  # the call's deadline covers the whole stream, as in gRPC
+            self._deadline = asyncio.get_running_loop().call_later(timeout, self.broken, rpc_error(
+                grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
         if self.host is None or not self.host.up:
             self.broken(rpc_error(grpc.StatusCode.UNAVAILABLE, f"{channel.address}: connection refused"))
             return
@@ -312,6 +316,8 @@ class SimStreamCall:
             return
         self.done = True
         self.error = error
+        if self._deadline is not None:
+            self._deadline.cancel()
         self.to_client.put_nowait(_END)
         self.to_server.put_nowait(_END)
         for task in (self._server, self._writer):
@@ -319,6 +325,15 @@ class SimStreamCall:
                 task.cancel()
         if self.host is not None:
             self.host.streams.discard(self)
+
+    def finished(self) -> None:
+        """The server ended the stream and the client read its end: the call is over, without an error."""
+        if not self.done:
+            self.done = True
+            if self._deadline is not None:
+                self._deadline.cancel()
+            if self.host is not None:
+                self.host.streams.discard(self)
 
     def _send(self, queue: asyncio.Queue[Any], item: Any, src: str, dst: str, up: bool) -> None:
         delay = self.network.fate(src, dst)
@@ -361,6 +376,7 @@ class SimStreamCall:
             self.to_client.put_nowait(_END)
             if self.error is not None:
                 raise self.error
+            self.finished()
             return grpc.aio.EOF
         return _deserialize(self.response_deserializer, item)
 

@@ -4,7 +4,8 @@ transport, etcd served on it, and the history of what happened (what a replay mu
 Randomness: every decision of the simulation comes from `rng`. The product's own random choices (the client's
 ensemble placement, retry jitter) use Python's `random` module and octavo.meta.retry's generator: the world
 seeds both from the run's seed, so they replay too. Clock: the loop's time is virtual; `time.monotonic` and
-`time.time` read the virtual clock while the world runs (the engine's clock is passed in explicitly).
+`time.time` read the virtual clock while the world runs, and a blocking `time.sleep` moves it on (the engine's
+clock is passed in explicitly).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import TypeVar
 
 from octavo.meta import retry, transport
 from octavo.sim.etcdmodel import EtcdModel
-from octavo.sim.loop import VirtualClock, VirtualLoop
+from octavo.sim.loop import Stuck, VirtualClock, VirtualLoop
 from octavo.sim.network import NODE, Network
 
 T = TypeVar("T")
@@ -52,18 +53,24 @@ class World:
         previous = transport.install(self.network)
         saved_random = random.getstate()
         saved_retry = retry._rng.getstate()
-        saved_time, saved_monotonic = time.time, time.monotonic
+        saved_time, saved_monotonic, saved_sleep = time.time, time.monotonic, time.sleep
         random.seed(self.rng.getrandbits(64))
         retry._rng.seed(self.rng.getrandbits(64))
         time.monotonic = self.clock  # type: ignore[assignment]
         time.time = lambda: EPOCH_S + self.clock.now_s  # type: ignore[assignment]
+        time.sleep = self._sleep  # type: ignore[assignment]
         try:
             yield
         finally:
-            time.time, time.monotonic = saved_time, saved_monotonic  # type: ignore[assignment]
+            time.time, time.monotonic, time.sleep = saved_time, saved_monotonic, saved_sleep  # type: ignore[assignment]
             random.setstate(saved_random)
             retry._rng.setstate(saved_retry)
             transport.install(previous)
+
+    def _sleep(self, seconds: float) -> None:
+        """A blocking sleep (a rate limiter in an executor call, which runs inline): the whole world waits, so
+        the clock moves on by that much."""
+        self.clock.now_s += max(0.0, seconds)
 
     def run(self, main: Callable[[], Awaitable[T]]) -> T:
         """Run `main` (on node "sim") to its end on the virtual loop; tasks it leaves behind are cancelled."""
@@ -73,7 +80,10 @@ class World:
                 NODE.set("sim")
                 return self.loop.run_until_complete(main())
             finally:
-                self._cancel_leftovers()
+                try:
+                    self._cancel_leftovers()
+                except Stuck as e:  # tasks that do not end when cancelled: keep the run's own outcome
+                    self.record(f"leftover tasks did not end: {e}")
                 asyncio.set_event_loop(None)
                 self.loop.close()
 

@@ -1,0 +1,129 @@
+"""The checkers, run after every fault is healed and the cluster had time to settle.
+
+1. Every acknowledged entry reads back identical from a recovery open (a fresh client), and its writer's
+   close, if it recorded one, agrees with the ledger's final end.
+2. No reader was ever handed an entry past where its ledger finally ends, or bytes that were never written
+   for that entry; every recovery open found the same end.
+3. Every replica of a closed ledger's entries agrees (what each bookie of the write set holds is the same).
+4. No ledger stays under-replicated: every entry of a closed ledger is held by at least an ack quorum of the
+   bookies its metadata names (a copy lost with a machine's unsynced tail, or with a bookie lost for good, is
+   copied back by tail repair or re-replication).
+5. Deleted ledgers are gone from etcd and, once GC ran, from every bookie.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from octavo.client.client import Client
+from octavo.meta.errors import NoSuchLedgerError, OctavoError
+from octavo.meta.ledger_metadata import LedgerMetadata
+from octavo.node.errors import StorageError
+from octavo.sim.cluster import Cluster
+from octavo.sim.workload import PASSWORD, LedgerRecord, Workload
+
+CHECKER = "checker"
+# Attempts at a recovery open before the checker reports the ledger as not recoverable (the cluster is healed:
+# one should succeed at once; a few allow for a bookie still starting).
+OPEN_ATTEMPTS_MAX = 10
+
+
+async def check(cluster: Cluster, workload: Workload, lost: set[str]) -> list[str]:
+    violations: list[str] = []
+    client = cluster.client(CHECKER)
+    for lid in sorted(workload.ledgers):
+        rec = workload.ledgers[lid]
+        violations.extend(await _check_ledger(cluster, client, rec, lost))
+    return violations
+
+
+async def _check_ledger(cluster: Cluster, client: Client, rec: LedgerRecord, lost: set[str]) -> list[str]:
+    lid = rec.ledger_id
+    out: list[str] = []
+    handle = None
+    error = ""
+    for _ in range(OPEN_ATTEMPTS_MAX):
+        try:
+            handle = await client.open_ledger(lid, PASSWORD)
+            break
+        except NoSuchLedgerError:
+            if rec.deleted:
+                return _check_dropped(cluster, rec)
+            return [f"ledger {lid}: metadata gone, but it was never deleted"]
+        except OctavoError as e:
+            error = f"{type(e).__name__}: {e}"
+            await asyncio.sleep(1.0)
+    if handle is None:
+        return [f"ledger {lid}: no recovery open succeeded after healing ({error})"]
+    last = handle.last_entry_id
+    meta = handle.metadata
+    if rec.acked and max(rec.acked) > last:
+        out.append(f"ledger {lid}: acknowledged entry {max(rec.acked)} lost: the ledger ends at {last}")
+    if rec.closed_by_writer is not None and rec.closed_by_writer != last:
+        out.append(f"ledger {lid}: its writer closed it at {rec.closed_by_writer}, it ends at {last}")
+    for who, found in rec.recovered:
+        if found != last:
+            out.append(f"ledger {lid}: {who}'s recovery open found the end at {found}, it is {last}")
+    data: dict[int, bytes] = {}
+    if last >= 0:
+        try:
+            data = await handle.read_entries(list(range(last + 1)))
+        except OctavoError as e:
+            return [*out, f"ledger {lid}: entries up to its end {last} cannot be read: {type(e).__name__}: {e} "
+                          f"(ensembles {meta.ensembles}; held: {_holdings(cluster, lid)})"]
+    for entry_id, payload in data.items():
+        if rec.written.get(entry_id) != payload:
+            out.append(f"ledger {lid}: entry {entry_id} reads back as bytes its writer never wrote there")
+    for entry_id in sorted(rec.acked):
+        if entry_id <= last and data.get(entry_id) != rec.written[entry_id]:
+            out.append(f"ledger {lid}: acknowledged entry {entry_id} does not read back identical")
+    for who, entry_id, payload in rec.seen:
+        if entry_id > last:
+            out.append(f"ledger {lid}: {who} was handed entry {entry_id}, past the end {last}")
+        elif rec.written.get(entry_id) != payload:
+            out.append(f"ledger {lid}: {who} was handed bytes never written as entry {entry_id}")
+    out.extend(_check_replicas(cluster, lid, meta, data, lost))
+    return out
+
+
+def _check_replicas(cluster: Cluster, lid: int, meta: LedgerMetadata, data: dict[int, bytes],
+                    lost: set[str]) -> list[str]:
+    out = []
+    short = []
+    for entry_id, payload in sorted(data.items()):
+        copies = 0
+        for bookie_id in meta.write_set_bookies(entry_id):
+            bookie = cluster.bookies.get(bookie_id)
+            storage = bookie.storage if bookie is not None and bookie.running else None
+            if storage is None:
+                continue
+            try:
+                held = storage.read_entry(lid, entry_id)
+            except StorageError:
+                continue
+            copies += 1
+            if held != payload:
+                out.append(f"ledger {lid}: entry {entry_id} on {bookie_id} differs from the other replicas")
+        if copies < meta.ack_quorum:
+            short.append(entry_id)
+    if short:
+        out.append(f"ledger {lid}: {len(short)} entries held by fewer than {meta.ack_quorum} bookies of their write "
+                   f"set after healing (first {short[0]})")
+    return out
+
+
+def _holdings(cluster: Cluster, lid: int) -> str:
+    """Which running bookie holds the ledger, and its state there: for a violation's message."""
+    parts = []
+    for name, bookie in sorted(cluster.bookies.items()):
+        storage = bookie.storage if bookie.running else None
+        state = storage.ledger_state(lid) if storage is not None else None
+        parts.append(f"{name}: {'down' if storage is None else state}")
+    return "; ".join(parts)
+
+
+def _check_dropped(cluster: Cluster, rec: LedgerRecord) -> list[str]:
+    return [f"ledger {rec.ledger_id}: deleted, but bookie {b.name} still holds it after GC"
+            for b in cluster.bookies.values()
+            if b.running and b.storage is not None and b.storage.ledger_state(rec.ledger_id) is not None
+            and b.storage.last_gc is not None]

@@ -1,0 +1,168 @@
+"""Fault schedules drawn from a seed, and their effect on the cluster.
+
+A schedule is a list of (virtual time, fault); each fault that lasts (a partition, a crashed bookie, an etcd
+outage) carries its own end. Faults that lose data on a disk (a machine crash, a bookie lost for good) are at
+most one per run: the durability model covers one bookie losing its unsynced tail, not two at once (with
+Qa = 2 two such losses can legitimately lose an acknowledged entry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import shutil
+from dataclasses import dataclass
+
+from octavo.sim.cluster import Cluster
+from octavo.sim.world import ETCD_NODE
+
+KINDS = ("process_crash", "machine_crash", "partition", "isolate", "lossy_link", "etcd_down", "leases_expire",
+         "bookie_lost")
+DATA_LOSING = frozenset({"machine_crash", "bookie_lost"})
+# Starts of a crashed bookie tried before the run reports that it cannot start again.
+RESTART_ATTEMPTS_MAX = 20
+
+
+@dataclass(frozen=True)
+class Fault:
+    at_s: float
+    kind: str
+    target: str  # a bookie, or "a|b" for a link
+    duration_s: float
+    drop_ratio: float = 0.0
+
+    def __str__(self) -> str:
+        extra = f" drop {self.drop_ratio:.3f}" if self.drop_ratio else ""
+        return f"{self.kind} {self.target} for {self.duration_s:.2f}s{extra}"
+
+
+def draw_schedule(rng: random.Random, bookies: list[str], clients: list[str], faults_max: int,
+                  window_s: float, ensemble_size: int) -> list[Fault]:
+    """A bookie is lost for good only where a spare can replace it (more bookies than an ensemble): with none,
+    recovery and re-replication cannot complete, and that is a limit of the cluster's size, not a bug."""
+    nodes = [*bookies, *clients, ETCD_NODE]
+    schedule = []
+    data_lost = False
+    for _ in range(rng.randrange(faults_max + 1)):
+        at = rng.uniform(0.3, window_s)
+        kind = rng.choice(KINDS)
+        if kind == "bookie_lost" and len(bookies) <= ensemble_size:
+            kind = "machine_crash"
+        if kind in DATA_LOSING:
+            if data_lost:
+                kind = "process_crash"
+            data_lost = True
+        duration = rng.uniform(0.2, 3.0)
+        if kind in ("partition", "lossy_link"):
+            a, b = rng.sample(nodes, 2)
+            if a == ETCD_NODE and b == ETCD_NODE:
+                continue
+            drop = rng.uniform(0.001, 0.05) if kind == "lossy_link" else 0.0
+            schedule.append(Fault(at, kind, f"{min(a, b)}|{max(a, b)}", duration, drop))
+        elif kind in ("etcd_down", "leases_expire"):
+            schedule.append(Fault(at, kind, ETCD_NODE, duration))
+        else:
+            schedule.append(Fault(at, kind, rng.choice(bookies), duration))
+    return sorted(schedule, key=lambda f: (f.at_s, f.kind, f.target))
+
+
+class Injector:
+    """Applies a schedule on the loop and heals everything at the end."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.lost: set[str] = set()  # bookies gone for good
+        self.down: set[str] = set()
+        self.start_failures: dict[str, str] = {}  # bookies that could not start again: why
+        self._restarts: list[asyncio.Task[None]] = []
+
+    def record(self, line: str) -> None:
+        self.cluster.world.record(line)
+
+    async def run(self, schedule: list[Fault]) -> None:
+        loop = asyncio.get_running_loop()
+        for fault in schedule:
+            await asyncio.sleep(max(0.0, fault.at_s - loop.time()))
+            self.record(f"fault {fault}")
+            self.apply(fault)
+
+    def apply(self, fault: Fault) -> None:
+        network = self.cluster.world.network
+        loop = asyncio.get_running_loop()
+        kind, target = fault.kind, fault.target
+        if kind in ("process_crash", "machine_crash", "bookie_lost"):
+            if target in self.down or target in self.lost:
+                return
+            self.cluster.crash_bookie(target, machine=kind == "machine_crash")
+            if kind == "bookie_lost":
+                self.lost.add(target)
+                shutil.rmtree(self.cluster.bookies[target].data_dir, ignore_errors=True)
+                self.record(f"bookie {target} lost for good")
+                return
+            self.down.add(target)
+            loop.call_later(fault.duration_s, self._restart_soon, target)
+        elif kind in ("partition", "isolate"):
+            pairs = self._pairs(target) if kind == "partition" else [
+                (target, other) for other in [*self.cluster.bookies, *self.cluster.clients, ETCD_NODE]
+                if other != target]
+            for a, b in pairs:
+                network.link(a, b).partitioned = True
+            loop.call_later(fault.duration_s, self._heal_links, pairs)
+        elif kind == "lossy_link":
+            pairs = self._pairs(target)
+            for a, b in pairs:
+                network.link(a, b).drop_ratio = fault.drop_ratio
+            loop.call_later(fault.duration_s, self._heal_links, pairs)
+        elif kind == "etcd_down":
+            network.down(ETCD_NODE, "unavailable")
+            loop.call_later(fault.duration_s, self._etcd_up)
+        elif kind == "leases_expire":
+            self.cluster.world.etcd.expire_all()
+
+    @staticmethod
+    def _pairs(target: str) -> list[tuple[str, str]]:
+        a, b = target.split("|")
+        return [(a, b)]
+
+    def _heal_links(self, pairs: list[tuple[str, str]]) -> None:
+        network = self.cluster.world.network
+        for a, b in pairs:
+            link = network.link(a, b)
+            link.partitioned, link.drop_ratio = False, 0.0
+        self.record(f"healed {' '.join(f'{a}|{b}' for a, b in pairs)}")
+
+    def _etcd_up(self) -> None:
+        self.cluster.world.network.up(ETCD_NODE)
+        self.record("etcd available again")
+
+    def _restart_soon(self, name: str) -> None:
+        self._restarts.append(asyncio.get_running_loop().create_task(self._restart(name)))
+
+    async def _restart(self, name: str) -> None:
+        """Start the bookie again; a start that fails (etcd unreachable for the cookie check) is retried, up to
+        RESTART_ATTEMPTS_MAX times (then the failure is kept for the checkers)."""
+        attempts = 0
+        while name in self.down:
+            try:
+                await self.cluster.start_bookie(name)
+                self.down.discard(name)
+            except Exception as e:  # any start failure is retried; the last one is reported
+                attempts += 1
+                self.record(f"bookie {name} start failed: {type(e).__name__}: {e}")
+                self.cluster.world.network.down(name, "start failed")
+                self.cluster.kill_tasks(name)
+                self.cluster.bookies[name].crash_process()
+                if attempts >= RESTART_ATTEMPTS_MAX:
+                    self.start_failures[name] = f"{type(e).__name__}: {e}"
+                    return
+                await asyncio.sleep(0.5)
+
+    async def heal(self) -> None:
+        """Every link clean, etcd up, every bookie not lost running again."""
+        network = self.cluster.world.network
+        for link in network.links.values():
+            link.partitioned, link.drop_ratio = False, 0.0
+        network.up(ETCD_NODE)
+        self.record("heal: links clean, etcd up")
+        for name in sorted(self.down):
+            await self._restart(name)

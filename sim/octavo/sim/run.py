@@ -1,0 +1,126 @@
+"""One seeded run: draw the cluster's shape, the workload and the fault schedule from the seed, run them in
+virtual time, heal, let the cluster settle, check. The same seed gives the same history, event for event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import shutil
+import subprocess
+import tempfile
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from octavo.sim.checks import check
+from octavo.sim.cluster import Cluster
+from octavo.sim.faults import Injector, draw_schedule
+from octavo.sim.workload import Workload
+from octavo.sim.world import World
+
+# Virtual seconds of workload and faults, then of settling after the heal, and the bound on a whole run (a run
+# that has not finished by then is stuck: reported as a violation, never waited out).
+WORKLOAD_S = 10.0
+SETTLE_S = 8.0
+RUN_S_MAX = 300.0
+FAULTS_MAX = 6
+# Lines of history printed around a violation.
+HISTORY_TAIL_LINES = 60
+
+
+@dataclass
+class Outcome:
+    seed: int
+    violations: list[str] = field(default_factory=list)
+    history: list[str] = field(default_factory=list)
+    virtual_s: float = 0.0
+    ledgers: int = 0
+    acked: int = 0
+    faults: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    @property
+    def digest(self) -> str:
+        """A hash of the history: two runs of a seed replay exactly when their digests are equal."""
+        return hashlib.sha256("\n".join(self.history).encode()).hexdigest()[:16]
+
+    def report(self) -> str:
+        lines = [f"seed {self.seed} (commit {git_commit()}): {len(self.violations)} violation(s)",
+                 *(f"  - {v}" for v in self.violations[:20]),
+                 f"history, last {HISTORY_TAIL_LINES} events:",
+                 *(f"  {h}" for h in self.history[-HISTORY_TAIL_LINES:]),
+                 f"replay: make sim SEED={self.seed}  (python -m octavo.sim --seed {self.seed})"]
+        return "\n".join(lines)
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, check=False).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def run_seed(seed: int, workload_s: float = WORKLOAD_S, base_dir: str | None = None) -> Outcome:
+    world = World(seed)
+    root = tempfile.mkdtemp(prefix=f"octavo-sim-{seed}-", dir=base_dir)
+    outcome = Outcome(seed)
+    try:
+        rng = world.rng
+        bookies = rng.choice((3, 3, 4, 5))
+        quorums = rng.choice([(3, 3, 2), (3, 2, 2), (3, 3, 3), (2, 2, 2)] +
+                             ([(bookies, 3, 2)] if bookies > 3 else []))
+        cluster = Cluster(world, root, bookies)
+        workload = Workload(cluster, random.Random(rng.getrandbits(64)), workload_s, quorums=quorums)
+        writers = [f"writer-{i}" for i in range(rng.randrange(1, 4))]
+        readers = ["tailer-0", "recoverer-0", "deleter-0"]
+        schedule = draw_schedule(random.Random(rng.getrandbits(64)), sorted(cluster.bookies), writers,
+                                 FAULTS_MAX, workload_s * 0.9, quorums[0])
+        world.record(f"seed {seed}: {bookies} bookies, quorums {quorums}, writers {len(writers)}, "
+                     f"{len(schedule)} faults")
+        outcome.faults = len(schedule)
+        injector = Injector(cluster)
+
+        async def main() -> list[str]:
+            await cluster.start_all()
+            roles = {"tailer": workload.tailer, "recoverer": workload.recoverer, "deleter": workload.deleter,
+                     "writer": workload.writer}
+            tasks = [cluster.on_node(node, roles[node.split("-")[0]](node, random.Random(rng.getrandbits(64))))
+                     for node in [*writers, *readers]]
+            faults = asyncio.get_running_loop().create_task(injector.run(schedule))
+            await asyncio.sleep(workload_s)
+            faults.cancel()
+            await injector.heal()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            crashed = [f"workload task failed: {type(r).__name__}: {r}" for r in results
+                       if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)]
+            await asyncio.sleep(SETTLE_S)
+            found = [f"bookie {b} could not start again: {why}" for b, why in injector.start_failures.items()]
+            return crashed + found + await check(cluster, workload, injector.lost)
+
+        async def bounded() -> list[str]:
+            try:
+                async with asyncio.timeout(RUN_S_MAX):
+                    return await main()
+            except TimeoutError:
+                return [f"stuck: the run did not finish within {RUN_S_MAX:g} virtual seconds"]
+            finally:
+                await cluster.close()
+
+        outcome.violations = world.run(bounded)
+        outcome.ledgers = len(workload.ledgers)
+        outcome.acked = sum(len(r.acked) for r in workload.ledgers.values())
+    except Exception as e:  # the simulation itself failed: a violation too, with the seed to replay it
+        where = traceback.extract_tb(e.__traceback__)[-3:]
+        outcome.violations.append(f"simulation error: {type(e).__name__}: {e} (at "
+                                  + " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in where) + ")")
+    finally:
+        outcome.virtual_s = world.clock.now_s
+        outcome.history = world.history
+        shutil.rmtree(root, ignore_errors=True)
+    return outcome

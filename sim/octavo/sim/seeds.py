@@ -1,0 +1,124 @@
+"""Running many seeds: for a wall-time budget on several processes, with the figures (seeds per minute,
+virtual seconds, violations found) and their section in docs/reliability.md."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from octavo.sim.run import Outcome, git_commit, run_seed
+
+# Where the bookies' data directories go: memory when the machine has it (fsync costs nothing there, and the
+# simulation models durability itself).
+SHM_DIR = "/dev/shm"
+SECTION_BEGIN = "<!-- octavo.sim figures: begin -->"
+SECTION_END = "<!-- octavo.sim figures: end -->"
+
+
+def base_dir() -> str | None:
+    return SHM_DIR if os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) else None
+
+
+def replay(seed: int) -> Outcome:
+    return run_seed(seed, base_dir=base_dir())
+
+
+@dataclass
+class Summary:
+    """What a worker sends back: the outcome without its history unless it failed."""
+
+    seed: int
+    ok: bool
+    virtual_s: float
+    acked: int
+    faults: int
+    report: str
+
+
+def _run_one(seed: int) -> Summary:
+    import logging
+
+    logging.disable(logging.CRITICAL)
+    outcome = run_seed(seed, base_dir=base_dir())
+    return Summary(seed, outcome.ok, outcome.virtual_s, outcome.acked, outcome.faults,
+                   "" if outcome.ok else outcome.report())
+
+
+@dataclass
+class SeedRun:
+    wall_s: float = 0.0
+    jobs: int = 1
+    first_seed: int = 0
+    done: list[Summary] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[Summary]:
+        return [s for s in self.done if not s.ok]
+
+    @property
+    def seeds_per_minute(self) -> float:
+        return len(self.done) / self.wall_s * 60 if self.wall_s else 0.0
+
+    def summary(self) -> str:
+        virtual = sum(s.virtual_s for s in self.done)
+        lines = [f"{len(self.done)} seeds from {self.first_seed} in {self.wall_s:.0f} s on {self.jobs} processes: "
+                 f"{self.seeds_per_minute:.0f} seeds/minute, {virtual:.0f} virtual s, "
+                 f"{sum(s.acked for s in self.done)} entries acknowledged, {sum(s.faults for s in self.done)} "
+                 f"faults, {len(self.failed)} seeds with violations"]
+        for s in self.failed:
+            lines.append(s.report)
+        return "\n".join(lines)
+
+
+def run_for(seconds: float, jobs: int, first_seed: int | None = None) -> SeedRun:
+    """Consecutive seeds from `first_seed` (drawn when None) until `seconds` of wall time have passed."""
+    first = first_seed if first_seed is not None else random.SystemRandom().randrange(1 << 31)
+    result = SeedRun(jobs=jobs, first_seed=first)
+    t0 = time.monotonic()
+    next_seed = first
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        running: set[Future[Summary]] = set()
+        while True:
+            while len(running) < jobs * 2 and time.monotonic() - t0 < seconds:
+                running.add(pool.submit(_run_one, next_seed))
+                next_seed += 1
+            if not running:
+                break
+            done, running = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                summary = future.result()
+                result.done.append(summary)
+                if not summary.ok:
+                    print(summary.report, flush=True)
+    result.wall_s = time.monotonic() - t0
+    result.done.sort(key=lambda s: s.seed)
+    return result
+
+
+def write_figures(path: str, result: SeedRun) -> None:
+    """Replace (or append) the simulation's section of a markdown file with this run's figures."""
+    failed = ", ".join(str(s.seed) for s in result.failed) or "none"
+    section = "\n".join([
+        SECTION_BEGIN,
+        "## Deterministic simulation (`make sim`)",
+        "",
+        f"Last long run: commit {git_commit()}, {len(result.done)} seeds ({result.first_seed} on) in "
+        f"{result.wall_s:.0f} s of wall time on {result.jobs} processes: **{result.seeds_per_minute:.0f} seeds per "
+        f"minute**, {sum(s.virtual_s for s in result.done):.0f} s of virtual time, "
+        f"{sum(s.acked for s in result.done)} entries acknowledged, {sum(s.faults for s in result.done)} faults "
+        f"injected. Seeds with violations: {failed} (replay each with `make sim SEED=N`).",
+        "What a seed runs and checks: docs/simulation.md.",
+        SECTION_END,
+    ])
+    text = Path(path).read_text() if os.path.exists(path) else ""
+    if SECTION_BEGIN in text and SECTION_END in text:
+        head, rest = text.split(SECTION_BEGIN, 1)
+        text = head + section + rest.split(SECTION_END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    with open(path, "w") as f:
+        f.write(text)
