@@ -158,3 +158,20 @@ def test_a_damage_mark_for_under_replication_is_not_dropped_for_a_registered_boo
     assert Mark(1, ("bookie-1",), 0, f"{DAMAGE_BY} bookie-1").names_live_bookies
     assert Mark(1, ("bookie-1",), 0, "decommission").names_live_bookies
     assert not Mark(1, ("bookie-1",), 0, "auditor bookie-0").names_live_bookies
+
+
+def test_an_index_entry_into_a_missing_log_is_damage_and_repairable(storage: Storage) -> None:
+    stored(storage, 1, 10)
+    roll_and_flush(storage)
+    stored(storage, 2, 3)
+    log_id, _, _ = storage.index.get(1, 0)  # type: ignore[misc]
+    os.unlink(Path(storage.logs_dir) / log_file_name(log_id))
+    storage.read_fds.close_all()  # an open descriptor would still read the unlinked file
+    findings = DamageFindings()
+    report = Scrubber(storage, findings, 0, "scrub").run_pass()
+    assert sorted(f.entry_id for f in report.findings if f.ledger_id == 1) == list(range(10))
+    assert all("missing" in f.reason for f in report.findings)
+    assert storage.verify_entry(1, 4)
+    codes, message = storage.repair_entries(1, KEY, [4], [payload_for(1, 4, SIZE)])
+    assert codes == [pb.OK], message
+    assert storage.read_entry(1, 4) == payload_for(1, 4, SIZE)
