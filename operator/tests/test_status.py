@@ -177,3 +177,41 @@ def test_every_status_field_the_operator_writes_is_in_the_crd() -> None:
     assert _unknown_fields({"bookies": [{"nope": 1}]}, schema, "status") == ["status.bookies[0].nope"]
     kinds = schema["properties"]["conditions"]["items"]["properties"]["type"]["enum"]
     assert kinds == list(CONDITION_TYPES)
+
+
+def test_during_a_scale_down_ready_counts_the_bookies_observed_never_3_of_2() -> None:
+    """Issue 29: Ready said "3 of 2 bookies answer" while the third was decommissioned."""
+    bookies = [Observed(f"logs-{i}") for i in range(3)]
+    status = cluster_status(NOW, generation=2, replicas=2, ready_replicas=3, selector="s", bookies=bookies,
+                            pods={}, decision=decide(NOW, POLICY, Shape(3, 2), bookies, Memory()), spec_error="",
+                            old=None)
+    ready = conditions(status)[READY]
+    assert ready["message"] == "3 of 3 bookies answer (1 being removed), 3 pods ready", ready
+
+
+def test_a_roll_shows_progress_keeps_the_generation_and_is_not_degraded_by_its_restart() -> None:
+    from octavo.operator.status import PROGRESSING, with_roll
+
+    old = {"observedGeneration": 6}
+    bookies = [Observed("logs-0"), Observed("logs-1", reachable=False), Observed("logs-2")]
+
+    def fresh() -> dict[str, Any]:
+        return cluster_status(NOW, generation=7, replicas=3, ready_replicas=2, selector="s", bookies=bookies,
+                              pods={}, decision=decide(NOW, POLICY, Shape(3, 3), bookies, Memory()), spec_error="",
+                              old=old)
+
+    new = fresh()
+    assert conditions(new)[DEGRADED]["reason"] == "BookiesNotAnswering"
+    rolled = with_roll(new, old, progress="1 of 3 bookies updated", waiting_for="logs-1 to serve", halted="",
+                       restarting="logs-1", roll={"generation": 7}, now=NOW)
+    c = conditions(rolled)
+    assert (c[PROGRESSING]["status"], c[PROGRESSING]["reason"], c[PROGRESSING]["message"]) == (
+        "True", "RollingUpdate", "1 of 3 bookies updated; waiting for logs-1 to serve")
+    assert c[DEGRADED]["status"] == "False" and rolled["observedGeneration"] == 6 and rolled["roll"] == {
+        "generation": 7}
+    halted = with_roll(fresh(), old, progress="1 of 3",
+                       waiting_for="logs-1 to serve", halted="bookie logs-1 was not Ready within 300 s",
+                       restarting="logs-1", roll={"generation": 7}, now=NOW)
+    assert conditions(halted)[DEGRADED]["reason"] == "RollingUpdateHalted"
+    done = with_roll(fresh(), old, progress="", waiting_for="", halted="", restarting="", roll=None, now=NOW)
+    assert done["observedGeneration"] == 7 and "roll" not in done
