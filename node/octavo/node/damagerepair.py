@@ -43,6 +43,8 @@ from octavo.v1 import bookie_pb2 as pb
 log = logging.getLogger(__name__)
 
 DAMAGE_RETRY_DELAY_S_MAX = 60.0
+# A confirmed damaged entry's neighbours (the ledger's other entries in the same logs): bytes read at most.
+NEARBY_BYTES_MAX = 64 * 1024 * 1024
 # Entries one repair write carries at most.
 REPAIR_BATCH_ENTRIES_MAX = 1000
 # A scrub pass stopping (the bookie stops) is waited for this long at most: it checks for a stop at least every
@@ -128,14 +130,37 @@ class DamageRepair:
         damaged = {e: why for e, why in checks.items() if why}
         self.stats.entries_refuted += sum(1 for why in checks.values() if not why)
         if damaged:
-            log.warning("%s: %d entries fail their checksum here; repairing them from other replicas",
-                        mark.describe(), len(damaged))
-            await self._repair(client, meta.ledger_id, meta, sorted(damaged))
-            after = await loop.run_in_executor(None, self._verify, mark.ledger_id, sorted(damaged))
+            # Damage comes in patches (a bad sector, a cut file) and a read meets only the first damaged entry of
+            # each range it asks for: the ledger's other records in the same logs are checked now too.
+            nearby = await loop.run_in_executor(None, self._nearby, mark.ledger_id, sorted(damaged))
+            near = {e: why for e, why in nearby.items() if why and e not in damaged
+                    and (not meta.closed or e <= meta.last_entry_id) and self.bookie_id in meta.write_set_bookies(e)}
+            log.warning("%s: %d entries fail their checksum here (and %d more of the ledger in the same logs); "
+                        "repairing them from other replicas", mark.describe(), len(damaged), len(near))
+            todo = sorted({*damaged, *near})
+            await self._repair(client, meta.ledger_id, meta, todo)
+            after = await loop.run_in_executor(None, self._verify, mark.ledger_id, todo)
             self.stats.entries_repaired += sum(1 for why in after.values() if not why)
-            damaged = {e: why for e, why in after.items() if why}
+            for e, why in after.items():
+                if why and e in near:  # not repaired: marked, so it is tried again and listed
+                    self.findings.note(mark.ledger_id, e, why, f"bookie {self.bookie_id} (near a reported entry)")
+            damaged = {e: why for e, why in after.items() if why and e in damaged}
         await damage.settle(mark, damaged)
         return len(damaged)
+
+    def _nearby(self, ledger_id: int, entries: list[int]) -> dict[int, str]:
+        """The ledger's entries indexed in the logs that hold `entries`, checked (the first NEARBY_BYTES_MAX of
+        them by entry id): "" if good, why if damaged."""
+        logs = {loc[0] for loc in (self.storage.locate(ledger_id, e) for e in entries) if loc is not None}
+        near: list[int] = []
+        size = 0
+        for eid, length in sorted({(eid, length) for log_id in logs
+                                   for _, eid, _, length in self.storage.index.entries_in(log_id, [ledger_id])}):
+            size += length
+            if size > NEARBY_BYTES_MAX:
+                break
+            near.append(eid)
+        return self._verify(ledger_id, near)
 
     def _verify(self, ledger_id: int, entries: list[int]) -> dict[int, str]:
         """Each entry held here: "" if good, why if damaged (entries not held are left out)."""
