@@ -51,6 +51,7 @@ SIM_SETTINGS: dict[str, Any] = {
     "lost_bookie_delay_s": 2.0,
     "audit_interval_s": 2.0,
     "open_ledger_grace_s": 5.0,
+    "replicas_check_interval_s": 5.0,
     "compaction_minor_interval_ms": 3_000,
     "compaction_major_interval_ms": 6_000,
     "metrics_port": -1,

@@ -26,18 +26,40 @@ CHECKER = "checker"
 # Attempts at a recovery open before the checker reports the ledger as not recoverable (the cluster is healed:
 # one should succeed at once; a few allow for a bookie still starting).
 OPEN_ATTEMPTS_MAX = 10
+# Virtual seconds between the checker's recovery opens and its replica checks: two rounds of the replicas check
+# (bookie.py sets it to every 5 s) to copy entries onto the bookies that lack them.
+REPLICATION_SETTLE_S = 12.0
 
 
-async def check(cluster: Cluster, workload: Workload, lost: set[str]) -> list[str]:
+async def check(cluster: Cluster, workload: Workload) -> list[str]:
+    """Recover and read every ledger (checks 1, 2, 5), then give re-replication REPLICATION_SETTLE_S to copy
+    what the ledgers closed just now lack (the replicas check looks at sealed segments only), then compare the
+    replicas (checks 3, 4)."""
     violations: list[str] = []
     client = cluster.client(CHECKER)
+    read: list[tuple[int, LedgerMetadata, dict[int, bytes]]] = []
     for lid in sorted(workload.ledgers):
         rec = workload.ledgers[lid]
-        violations.extend(await _check_ledger(cluster, client, rec, lost))
+        found, opened = await _check_ledger(cluster, client, rec)
+        violations.extend(found)
+        if opened is not None:
+            read.append((lid, *opened))
+    await asyncio.sleep(REPLICATION_SETTLE_S)
+    for lid, meta, data in read:
+        try:  # re-replication may have swapped bookies in its ensembles meanwhile
+            meta = await client.ledger_metadata(lid)
+        except NoSuchLedgerError:
+            continue
+        except OctavoError as e:
+            violations.append(f"ledger {lid}: metadata unreadable after healing: {type(e).__name__}: {e}")
+            continue
+        violations.extend(_check_replicas(cluster, lid, meta, data))
     return violations
 
 
-async def _check_ledger(cluster: Cluster, client: Client, rec: LedgerRecord, lost: set[str]) -> list[str]:
+async def _check_ledger(cluster: Cluster, client: Client, rec: LedgerRecord
+                        ) -> tuple[list[str], tuple[LedgerMetadata, dict[int, bytes]] | None]:
+    """Checks 1, 2 and 5 on one ledger; its metadata and entries when it could be recovered and read."""
     lid = rec.ledger_id
     out: list[str] = []
     handle = None
@@ -48,13 +70,13 @@ async def _check_ledger(cluster: Cluster, client: Client, rec: LedgerRecord, los
             break
         except NoSuchLedgerError:
             if rec.deleted:
-                return _check_dropped(cluster, rec)
-            return [f"ledger {lid}: metadata gone, but it was never deleted"]
+                return _check_dropped(cluster, rec), None
+            return [f"ledger {lid}: metadata gone, but it was never deleted"], None
         except OctavoError as e:
             error = f"{type(e).__name__}: {e}"
             await asyncio.sleep(1.0)
     if handle is None:
-        return [f"ledger {lid}: no recovery open succeeded after healing ({error})"]
+        return [f"ledger {lid}: no recovery open succeeded after healing ({error})"], None
     last = handle.last_entry_id
     meta = handle.metadata
     if rec.acked and max(rec.acked) > last:
@@ -70,7 +92,7 @@ async def _check_ledger(cluster: Cluster, client: Client, rec: LedgerRecord, los
             data = await handle.read_entries(list(range(last + 1)))
         except OctavoError as e:
             return [*out, f"ledger {lid}: entries up to its end {last} cannot be read: {type(e).__name__}: {e} "
-                          f"(ensembles {meta.ensembles}; held: {_holdings(cluster, lid)})"]
+                          f"(ensembles {meta.ensembles}; held: {_holdings(cluster, lid)})"], None
     for entry_id, payload in data.items():
         if rec.written.get(entry_id) != payload:
             out.append(f"ledger {lid}: entry {entry_id} reads back as bytes its writer never wrote there")
@@ -82,12 +104,10 @@ async def _check_ledger(cluster: Cluster, client: Client, rec: LedgerRecord, los
             out.append(f"ledger {lid}: {who} was handed entry {entry_id}, past the end {last}")
         elif rec.written.get(entry_id) != payload:
             out.append(f"ledger {lid}: {who} was handed bytes never written as entry {entry_id}")
-    out.extend(_check_replicas(cluster, lid, meta, data, lost))
-    return out
+    return out, (meta, data)
 
 
-def _check_replicas(cluster: Cluster, lid: int, meta: LedgerMetadata, data: dict[int, bytes],
-                    lost: set[str]) -> list[str]:
+def _check_replicas(cluster: Cluster, lid: int, meta: LedgerMetadata, data: dict[int, bytes]) -> list[str]:
     out = []
     short = []
     for entry_id, payload in sorted(data.items()):
@@ -107,8 +127,11 @@ def _check_replicas(cluster: Cluster, lid: int, meta: LedgerMetadata, data: dict
         if copies < meta.ack_quorum:
             short.append(entry_id)
     if short:
+        repairing = sorted(name for name, b in cluster.bookies.items()
+                           if b.running and b.storage is not None and b.storage.tail_maybe_lost)
         out.append(f"ledger {lid}: {len(short)} entries held by fewer than {meta.ack_quorum} bookies of their write "
-                   f"set after healing (first {short[0]})")
+                   f"set after healing (first {short[0]}; bookies still repairing a lost tail: "
+                   f"{', '.join(repairing) or 'none'})")
     return out
 
 

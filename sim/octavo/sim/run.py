@@ -101,7 +101,7 @@ def run_seed(seed: int, workload_s: float = WORKLOAD_S, base_dir: str | None = N
                        if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)]
             await asyncio.sleep(SETTLE_S)
             found = [f"bookie {b} could not start again: {why}" for b, why in injector.start_failures.items()]
-            return crashed + found + await check(cluster, workload, injector.lost)
+            return crashed + found + await check(cluster, workload)
 
         async def bounded() -> list[str]:
             try:

@@ -1,0 +1,47 @@
+"""Seeded runs of the whole cluster: a seed replays event for event, and a fixed set of seeds (faults, writers,
+readers, recovery opens, deletes; then the checkers) finds no violation. `make sim` runs new seeds for longer."""
+
+from __future__ import annotations
+
+import pytest
+
+from octavo.sim.run import run_seed
+from octavo.sim.seeds import base_dir
+
+# Seeds the CI smoke run checks, with a shorter workload than `make sim` (3 virtual seconds of faults and
+# writes instead of 10) so that many fit in its budget.
+SMOKE_WORKLOAD_S = 3.0
+# Seeds whose violation is a known product limitation not fixed yet (docs/simulation.md, "Findings"): each
+# stays pinned here and fails loudly (strict xfail) once the product is fixed, to move it to the smoke set.
+KNOWN_FINDINGS = {
+    1011: "recovery open does not replace a bookie lost for good in the last ensemble: with Qw = Qa an entry "
+          "past the LAC whose write set holds it cannot get Qa copies, so the ledger can never be closed",
+}
+SMOKE_SEEDS = [s for s in range(1000, 1013) if s not in KNOWN_FINDINGS]
+
+
+def test_a_seed_replays_event_for_event() -> None:
+    first = run_seed(4, base_dir=base_dir())
+    second = run_seed(4, base_dir=base_dir())
+    assert first.faults > 0 and first.acked > 0
+    assert first.history == second.history
+    assert first.digest == second.digest
+
+
+def test_different_seeds_run_differently() -> None:
+    assert run_seed(5, SMOKE_WORKLOAD_S, base_dir()).digest != run_seed(6, SMOKE_WORKLOAD_S, base_dir()).digest
+
+
+@pytest.mark.parametrize("seed", SMOKE_SEEDS)
+def test_smoke_seed(seed: int) -> None:
+    outcome = run_seed(seed, SMOKE_WORKLOAD_S, base_dir())
+    assert outcome.ok, outcome.report()
+
+
+@pytest.mark.parametrize("seed", sorted(KNOWN_FINDINGS))
+def test_known_finding_still_reproduces(seed: int) -> None:
+    outcome = run_seed(seed, SMOKE_WORKLOAD_S, base_dir())
+    if outcome.ok:
+        pytest.fail(f"seed {seed} passes now: the finding ({KNOWN_FINDINGS[seed]}) is fixed; move the seed to "
+                    "the smoke set and its row in docs/simulation.md to the fixed ones")
+    assert any("no recovery open succeeded" in v for v in outcome.violations), outcome.report()
