@@ -50,7 +50,14 @@ from octavo.operator.resources import (
     parse_cluster,
     parse_policy,
 )
-from octavo.operator.rolling import ROLL_MARKS_READ_MAX, PodState, RollMemory, decide_roll, restart_reason
+from octavo.operator.rolling import (
+    ROLL_MARKS_READ_MAX,
+    ROLL_READY_TIMEOUT_S,
+    PodState,
+    RollMemory,
+    decide_roll,
+    restart_reason,
+)
 from octavo.operator.scaling import ScaleDownStep, decommission_step, operator_etcd_settings
 from octavo.operator.status import (
     COMPACTION_WINDOW_OPEN,
@@ -90,6 +97,8 @@ class OperatorConfig:
 
     poll_interval_s: float = 10.0
     admin_timeout_s: float = ADMIN_TIMEOUT_S
+    # A rolling restart halts when a restarted bookie is not Ready within this (rolling.py).
+    roll_ready_timeout_s: float = ROLL_READY_TIMEOUT_S
     # The copy rate of a scale-down's decommission, per decommission (the same default as re-replication).
     decommission_rate_bytes_per_s: int = 4 << 20
     kubeconfig: str | None = None
@@ -126,6 +135,8 @@ class OperatorConfig:
             raise ValueError(f"poll_interval_s must be in [0.1, 3600], got {self.poll_interval_s}")
         if not 0.1 <= self.admin_timeout_s <= 300:
             raise ValueError(f"admin_timeout_s must be in [0.1, 300], got {self.admin_timeout_s}")
+        if not 1 <= self.roll_ready_timeout_s <= 86400:
+            raise ValueError(f"--roll-ready-timeout-s must be in [1, 86400], got {self.roll_ready_timeout_s}")
         if self.decommission_rate_bytes_per_s < 0:
             raise ValueError("decommission_rate_bytes_per_s must be >= 0 (0: unlimited)")
         if not -1 <= self.metrics_port <= 65535:
@@ -463,7 +474,8 @@ async def _roll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], 
         (statefulset.get("metadata") or {}).get("generation") or 0) and bool(update_revision)
     step = decide_roll(now.timestamp(), generation=generation, template_current=current, replicas=target,
                        pods=states, underreplicated=underreplicated,
-                       memory=RollMemory.from_status(status.get(ROLL_FIELD)))
+                       memory=RollMemory.from_status(status.get(ROLL_FIELD)),
+                       ready_timeout_s=CONFIG.roll_ready_timeout_s)
     for pod_name in step.delete:
         await kube.delete("v1", "pods", namespace, pod_name)
     for event in step.events:

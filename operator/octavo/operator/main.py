@@ -38,6 +38,8 @@ def add_parser(sub: Any) -> None:
                      help="how often each cluster's bookies are read and decided on (default: 10)")
     run.add_argument("--admin-timeout-s", type=float, default=5.0,
                      help="deadline of each call to a bookie's admin API (default: 5)")
+    run.add_argument("--roll-ready-timeout-s", type=float, default=300.0,
+                     help="a rolling restart halts when a restarted bookie is not Ready within this (default: 300)")
     run.add_argument("--decommission-rate-bytes-per-s", type=int, default=4 << 20,
                      help="copy rate of a scale-down's decommission (default: 4 MiB/s; 0: unlimited)")
     run.add_argument("--liveness", default=DEFAULT_LIVENESS, metavar="HOST:PORT",
@@ -79,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     config = handlers.CONFIG
     config.poll_interval_s = args.poll_interval_s
     config.admin_timeout_s = args.admin_timeout_s
+    config.roll_ready_timeout_s = args.roll_ready_timeout_s
     config.decommission_rate_bytes_per_s = args.decommission_rate_bytes_per_s
     config.kubeconfig = args.kubeconfig
     config.metrics_port = args.metrics_port

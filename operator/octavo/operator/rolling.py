@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-# How long a restarted bookie has to become Ready (its pod's readiness probe: it serves) before the roll halts.
+# How long a restarted bookie has to become Ready (its pod's readiness probe: it serves) before the roll halts
+# (the default of `octavo operator run --roll-ready-timeout-s`).
 ROLL_READY_TIMEOUT_S = 300.0
 # How long a restarted bookie serves before the next restart: writers that moved their ensembles off it while it
 # stopped place new ledgers and ensemble changes on it again within this.
@@ -92,7 +93,8 @@ class RollStep:
 
 
 def decide_roll(now_s: float, *, generation: int, template_current: bool, replicas: int,
-                pods: Sequence[PodState], underreplicated: int | None, memory: RollMemory | None) -> RollStep:
+                pods: Sequence[PodState], underreplicated: int | None, memory: RollMemory | None,
+                ready_timeout_s: float = ROLL_READY_TIMEOUT_S) -> RollStep:
     """The next step of a roll. `template_current`: the StatefulSet controller has seen the latest template (its
     status.observedGeneration is its generation), so pods' revisions can be compared with it. `underreplicated`:
     the cluster's under-replicated marks (None: could not be read, which counts as not yet safe)."""
@@ -126,11 +128,11 @@ def decide_roll(now_s: float, *, generation: int, template_current: bool, replic
         serving = pod is not None and not pod.deleting and not pod.restart_reason and pod.ready and pod.answers
         if not serving:
             waited = now_s - memory.restarted_unix_s
-            if waited > ROLL_READY_TIMEOUT_S and not memory.halted:
+            if waited > ready_timeout_s and not memory.halted:
                 cause = (pod.not_ready_cause if pod is not None and pod.not_ready_cause else
                          "its pod does not exist" if pod is None else "its readiness probe fails")
                 memory = replace(memory, halted=f"bookie {memory.restarting} was not Ready within "
-                                 f"{ROLL_READY_TIMEOUT_S:.0f} s of its restart: {cause}")
+                                 f"{ready_timeout_s:.0f} s of its restart: {cause}")
                 events.append(RollEvent(True, "RollingUpdateHalted", f"Rolling update halted: {memory.halted}; "
                                         "fix the spec (reverting it resumes the roll)"))
             return RollStep(memory, (), _progress(memory, pods), f"{memory.restarting} to serve", tuple(events))
