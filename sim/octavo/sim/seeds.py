@@ -37,15 +37,17 @@ class Summary:
     acked: int
     faults: int
     report: str
+    cpu_s: float = 0.0  # CPU time of the run (wall time depends on what else the machine runs)
 
 
 def _run_one(seed: int) -> Summary:
     import logging
 
     logging.disable(logging.CRITICAL)
+    cpu0 = time.process_time()
     outcome = run_seed(seed, base_dir=base_dir())
     return Summary(seed, outcome.ok, outcome.virtual_s, outcome.acked, outcome.faults,
-                   "" if outcome.ok else outcome.report())
+                   "" if outcome.ok else outcome.report(), time.process_time() - cpu0)
 
 
 @dataclass
@@ -60,13 +62,18 @@ class SeedRun:
         return [s for s in self.done if not s.ok]
 
     @property
+    def cpu_s_per_seed(self) -> float:
+        return sum(s.cpu_s for s in self.done) / len(self.done) if self.done else 0.0
+
+    @property
     def seeds_per_minute(self) -> float:
         return len(self.done) / self.wall_s * 60 if self.wall_s else 0.0
 
     def summary(self) -> str:
         virtual = sum(s.virtual_s for s in self.done)
         lines = [f"{len(self.done)} seeds from {self.first_seed} in {self.wall_s:.0f} s on {self.jobs} processes: "
-                 f"{self.seeds_per_minute:.0f} seeds/minute, {virtual:.0f} virtual s, "
+                 f"{self.seeds_per_minute:.0f} seeds/minute ({self.cpu_s_per_seed:.2f} CPU s a seed), "
+                 f"{virtual:.0f} virtual s, "
                  f"{sum(s.acked for s in self.done)} entries acknowledged, {sum(s.faults for s in self.done)} "
                  f"faults, {len(self.failed)} seeds with violations"]
         for s in self.failed:
@@ -108,7 +115,8 @@ def write_figures(path: str, result: SeedRun) -> None:
         "",
         f"Last long run: commit {git_commit()}, {len(result.done)} seeds ({result.first_seed} on) in "
         f"{result.wall_s:.0f} s of wall time on {result.jobs} processes: **{result.seeds_per_minute:.0f} seeds per "
-        f"minute**, {sum(s.virtual_s for s in result.done):.0f} s of virtual time, "
+        f"minute** ({result.cpu_s_per_seed:.2f} CPU s a seed; 1-minute load average {os.getloadavg()[0]:.1f} at the "
+        f"end), {sum(s.virtual_s for s in result.done):.0f} s of virtual time, "
         f"{sum(s.acked for s in result.done)} entries acknowledged, {sum(s.faults for s in result.done)} faults "
         f"injected. Seeds with violations: {failed} (replay each with `make sim SEED=N`).",
         "What a seed runs and checks: docs/simulation.md.",
