@@ -1,0 +1,334 @@
+// The load driver of bench/peers/run.py for Apache Kafka and Apache BookKeeper: one JVM per system, kept for the
+// whole benchmark (its JIT warms up once), reading one command per line on stdin and printing one JSON line per
+// command on stdout. It runs the workloads of bench/cluster_bench.py the way that script drives Octavo:
+//
+//   throughput SIZE LEDGERS SECONDS ACK_QUORUM
+//       Every ledger (Kafka: partition of a fresh topic) writes CHUNK entries, waits for all of their
+//       acknowledgements, and again, until SECONDS have passed; CHUNK = max(1, min(8 MiB / SIZE) / LEDGERS), the
+//       same in-flight budget as Octavo's client. Prints {"rate": entries/s, "entries": n, "seconds": s}.
+//       The topic (ledgers) is deleted afterwards, as Octavo's ledgers and JetStream's stream are.
+//   latency RATE SECONDS ACK_QUORUM
+//       Open loop: entry i of 1 KiB is sent at t0 + i / RATE, one record per call, on one ledger (partition);
+//       its latency runs from that scheduled time to its acknowledgement, in microseconds.
+//       Prints {"latencies_us": [...], "late": n}.
+//   quit
+//
+// Usage: java -cp CLASSPATH PeerDriver kafka BOOTSTRAP | bookkeeper METADATA_SERVICE_URI
+// ACK_QUORUM is ignored by Kafka (acks=all waits for every in-sync replica; min.insync.replicas=2 is set on the
+// topic).
+
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.Properties;
+import java.util.Random;
+import java.util.concurrent.ArrayBlockingQueue;
+import java.util.concurrent.BlockingQueue;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicReference;
+import java.util.concurrent.locks.LockSupport;
+
+import org.apache.bookkeeper.client.BookKeeper;
+import org.apache.bookkeeper.client.LedgerHandle;
+import org.apache.bookkeeper.conf.ClientConfiguration;
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.AdminClientConfig;
+import org.apache.kafka.clients.admin.NewTopic;
+import org.apache.kafka.clients.producer.KafkaProducer;
+import org.apache.kafka.clients.producer.ProducerConfig;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.PartitionInfo;
+import org.apache.kafka.common.serialization.ByteArraySerializer;
+
+public final class PeerDriver {
+    static final int INFLIGHT_BYTES = 8 * 1024 * 1024;  // bench/cluster_bench.py's INFLIGHT_BYTES
+    static final int LATENCY_ENTRY_BYTES = 1024;
+    static final int ACK_TIMEOUT_S = 120;  // Kafka's delivery.timeout.ms
+    static final double BUFFER_FACTOR = Double.parseDouble(System.getProperty("peers.kafka.bufferFactor", "2"));
+
+    /** One system under load: send entry `payload` to ledger `ledger`; `done` runs on acknowledgement. */
+    interface Target extends AutoCloseable {
+        void prepare(int ledgers, int ackQuorum, boolean latency) throws Exception;
+        void send(int ledger, byte[] payload, Runnable done) throws Exception;
+        void cleanup() throws Exception;
+    }
+
+    static final AtomicReference<Throwable> FAILURE = new AtomicReference<>();
+
+    static void fail(Throwable t) {
+        FAILURE.compareAndSet(null, t);
+    }
+
+    static void check() throws Exception {
+        Throwable t = FAILURE.getAndSet(null);
+        if (t != null) {
+            throw new Exception("a write failed: " + t, t);
+        }
+    }
+
+    // -- Kafka ------------------------------------------------------------------------------------------------
+    static final class KafkaTarget implements Target {
+        final String bootstrap;
+        final Admin admin;
+        KafkaProducer<byte[], byte[]> producer;
+        String topic;
+        int run;
+
+        KafkaTarget(String bootstrap) {
+            this.bootstrap = bootstrap;
+            Properties p = new Properties();
+            p.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+            admin = Admin.create(p);
+        }
+
+        public void prepare(int ledgers, int ackQuorum, boolean latency) throws Exception {
+            topic = "bench-" + ProcessHandle.current().pid() + "-" + (run++);
+            NewTopic t = new NewTopic(topic, ledgers, (short) 3).configs(Map.of("min.insync.replicas", "2"));
+            admin.createTopics(List.of(t)).all().get(60, TimeUnit.SECONDS);
+            Properties p = new Properties();
+            p.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+            p.put(ProducerConfig.ACKS_CONFIG, "all");
+            // Kafka 4.x's default linger is 5 ms: kept for throughput, 0 for one-record latency.
+            p.put(ProducerConfig.LINGER_MS_CONFIG, latency ? "0" : "5");
+            // The in-flight budget is the 8 MiB of payload the workload keeps outstanding (as for Octavo); the
+            // buffer holds it with its record framing and part-filled batches (BUFFER_FACTOR, see run.py).
+            p.put(ProducerConfig.BUFFER_MEMORY_CONFIG, String.valueOf((long) (INFLIGHT_BYTES * BUFFER_FACTOR)));
+            p.put(ProducerConfig.BATCH_SIZE_CONFIG,
+                  String.valueOf(Math.max(16384, Math.min(1 << 20, INFLIGHT_BYTES / ledgers))));
+            p.put(ProducerConfig.MAX_REQUEST_SIZE_CONFIG, String.valueOf(INFLIGHT_BYTES));
+            p.put(ProducerConfig.COMPRESSION_TYPE_CONFIG, "none");
+            // Not idempotent: on this loaded machine the idempotent producer (the default) got stuck in
+            // OutOfOrderSequenceException retries on 100 partitions; acks=all is what makes a write durable.
+            p.put(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, "false");
+            producer = new KafkaProducer<>(p, new ByteArraySerializer(), new ByteArraySerializer());
+            // Every partition has a leader before the clock starts.
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
+            while (true) {
+                List<PartitionInfo> parts = producer.partitionsFor(topic);
+                if (parts.size() == ledgers && parts.stream().allMatch(x -> x.leader() != null
+                        && x.inSyncReplicas().length == 3)) {
+                    break;
+                }
+                if (System.nanoTime() > deadline) {
+                    throw new Exception("topic " + topic + " has no leaders after 60 s");
+                }
+                Thread.sleep(100);
+            }
+        }
+
+        public void send(int ledger, byte[] payload, Runnable done) {
+            producer.send(new ProducerRecord<>(topic, ledger, null, payload), (md, e) -> {
+                if (e != null) {
+                    fail(e);
+                }
+                done.run();
+            });
+        }
+
+        public void cleanup() throws Exception {
+            producer.close(java.time.Duration.ofSeconds(30));
+            admin.deleteTopics(List.of(topic)).all().get(60, TimeUnit.SECONDS);
+        }
+
+        public void close() {
+            admin.close();
+        }
+    }
+
+    // -- BookKeeper -------------------------------------------------------------------------------------------
+    static final class BookKeeperTarget implements Target {
+        final BookKeeper bk;
+        final byte[] password = "bench".getBytes();
+        List<LedgerHandle> handles = new ArrayList<>();
+
+        BookKeeperTarget(String metadataServiceUri) throws Exception {
+            ClientConfiguration conf = new ClientConfiguration();
+            conf.setMetadataServiceUri(metadataServiceUri);
+            conf.setUseV2WireProtocol(true);  // as Pulsar's brokers run it
+            conf.setThrottleValue(0);  // no client-side rate limit: the in-flight budget is the only limit
+            conf.setAddEntryTimeout(60);
+            bk = new BookKeeper(conf);
+        }
+
+        public void prepare(int ledgers, int ackQuorum, boolean latency) throws Exception {
+            handles = new ArrayList<>();
+            for (int i = 0; i < ledgers; i++) {
+                handles.add(bk.createLedger(3, 3, ackQuorum, BookKeeper.DigestType.CRC32C, password));
+            }
+        }
+
+        public void send(int ledger, byte[] payload, Runnable done) {
+            handles.get(ledger).asyncAddEntry(payload, (rc, lh, entryId, ctx) -> {
+                if (rc != 0) {
+                    fail(new Exception("addEntry rc=" + rc));
+                }
+                done.run();
+            }, null);
+        }
+
+        public void cleanup() throws Exception {
+            for (LedgerHandle h : handles) {
+                h.close();
+                bk.deleteLedger(h.getId());
+            }
+        }
+
+        public void close() throws Exception {
+            bk.close();
+        }
+    }
+
+    // -- workloads --------------------------------------------------------------------------------------------
+    static String throughput(Target target, int size, int ledgers, double seconds, int ackQuorum) throws Exception {
+        target.prepare(ledgers, ackQuorum, false);
+        try {
+            return throughputRun(target, size, ledgers, seconds);
+        } finally {
+            FAILURE.set(null);
+            target.cleanup();
+        }
+    }
+
+    static String throughputRun(Target target, int size, int ledgers, double seconds) throws Exception {
+        byte[] payload = new byte[size];
+        new Random().nextBytes(payload);
+        int chunk = Math.max(1, Math.max(1, Math.min(INFLIGHT_BYTES, INFLIGHT_BYTES / size)) / ledgers);
+        // A ledger whose chunk is all acknowledged is queued here; this thread sends its next chunk (sending
+        // from the client's callback thread could block it on the client's own buffer).
+        BlockingQueue<Integer> ready = new ArrayBlockingQueue<>(ledgers);
+        AtomicInteger[] pending = new AtomicInteger[ledgers];
+        long[] done = new long[ledgers];
+        long t0 = System.nanoTime();
+        long deadline = t0 + (long) (seconds * 1e9);
+        for (int i = 0; i < ledgers; i++) {
+            pending[i] = new AtomicInteger();
+            ready.add(i);
+        }
+        int active = ledgers;
+        while (active > 0) {
+            Integer ledger = ready.poll(ACK_TIMEOUT_S, TimeUnit.SECONDS);
+            check();
+            if (ledger == null) {
+                long outstanding = 0;
+                for (AtomicInteger x : pending) {
+                    outstanding += x.get();
+                }
+                throw new Exception("no ledger's chunk acknowledged in " + ACK_TIMEOUT_S + " s (" + outstanding + " entries outstanding)");
+            }
+            if (System.nanoTime() >= deadline) {
+                active--;
+                continue;
+            }
+            int l = ledger;
+            pending[l].set(chunk);
+            for (int j = 0; j < chunk; j++) {
+                target.send(l, payload, () -> {
+                    if (pending[l].decrementAndGet() == 0) {
+                        done[l] += chunk;
+                        ready.add(l);
+                    }
+                });
+            }
+        }
+        double elapsed = (System.nanoTime() - t0) / 1e9;
+        long entries = 0;
+        for (long d : done) {
+            entries += d;
+        }
+        return String.format("{\"rate\": %.1f, \"entries\": %d, \"seconds\": %.3f}", entries / elapsed, entries,
+                             elapsed);
+    }
+
+    static String latency(Target target, int rate, double seconds, int ackQuorum) throws Exception {
+        target.prepare(1, ackQuorum, true);
+        try {
+            return latencyRun(target, rate, seconds);
+        } finally {
+            FAILURE.set(null);
+            target.cleanup();
+        }
+    }
+
+    static String latencyRun(Target target, int rate, double seconds) throws Exception {
+        byte[] payload = new byte[LATENCY_ENTRY_BYTES];
+        new Random().nextBytes(payload);
+        int n = (int) (rate * seconds);
+        long[] latencies = new long[n];
+        AtomicInteger outstanding = new AtomicInteger(n);
+        int late = 0;
+        long t0 = System.nanoTime() + 1_000_000;
+        for (int i = 0; i < n; i++) {
+            long scheduled = t0 + (long) (i * 1e9 / rate);
+            long wait = scheduled - System.nanoTime();
+            if (wait > 50_000) {
+                LockSupport.parkNanos(wait - 50_000);
+            }
+            while (System.nanoTime() < scheduled) {
+                Thread.onSpinWait();
+            }
+            if (System.nanoTime() - scheduled > 1_000_000) {
+                late++;  // the sender itself fell behind the schedule by more than 1 ms
+            }
+            int idx = i;
+            target.send(0, payload, () -> {
+                latencies[idx] = (System.nanoTime() - scheduled) / 1000;
+                outstanding.decrementAndGet();
+            });
+            check();
+        }
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(ACK_TIMEOUT_S);
+        while (outstanding.get() > 0) {
+            check();
+            if (System.nanoTime() > deadline) {
+                throw new Exception(outstanding.get() + " entries unacknowledged after " + ACK_TIMEOUT_S + " s");
+            }
+            Thread.sleep(1);
+        }
+        StringBuilder out = new StringBuilder("{\"late\": ").append(late).append(", \"latencies_us\": [");
+        for (int i = 0; i < n; i++) {
+            out.append(i == 0 ? "" : ",").append(latencies[i]);
+        }
+        return out.append("]}").toString();
+    }
+
+    public static void main(String[] args) throws Exception {
+        // Results go to the real stdout; the clients' console logging (captured when their loggers start) to
+        // stderr.
+        java.io.PrintStream out =
+            new java.io.PrintStream(new java.io.FileOutputStream(java.io.FileDescriptor.out), true);
+        System.setOut(System.err);
+        Target target = args[0].equals("kafka") ? new KafkaTarget(args[1]) : new BookKeeperTarget(args[1]);
+        out.println("{\"ready\": true}");
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
+        String line;
+        while ((line = in.readLine()) != null) {
+            String[] w = line.trim().split("\\s+");
+            String result;
+            try {
+                switch (w[0]) {
+                    case "throughput":
+                        result = throughput(target, Integer.parseInt(w[1]), Integer.parseInt(w[2]),
+                                         Double.parseDouble(w[3]), Integer.parseInt(w[4]));
+                        break;
+                    case "latency":
+                        result = latency(target, Integer.parseInt(w[1]), Double.parseDouble(w[2]),
+                                      Integer.parseInt(w[3]));
+                        break;
+                    case "quit":
+                        target.close();
+                        System.exit(0);
+                        return;
+                    default:
+                        result = "{\"error\": \"unknown command " + w[0] + "\"}";
+                }
+            } catch (Exception e) {
+                result = "{\"error\": \"" + e.toString().replace("\\", "/").replace("\"", "'") + "\"}";
+            }
+            out.println(result);
+        }
+        target.close();
+    }
+}

@@ -1,0 +1,538 @@
+"""Octavo against Apache Kafka and Apache BookKeeper on this machine, the same workloads in one run (issue 41).
+
+Every server is its own process on 127.0.0.1, its data under one temporary directory (OCTAVO_BENCH_DIR, else
+/tmp), so that its CPU time and peak RSS can be read from /proc:
+
+- Octavo: two local clusters (etcd and three bookies each, as bench/cluster_bench.py starts them), one with the
+  default `fsync_policy="none"`, one with `fsync_policy="batch"`; ledgers E=3 Qw=3 with Qa=2 and Qa=3, written by
+  the Python client in this process with `append_many`.
+- Kafka 4.4: three combined broker+controller processes in KRaft mode (`kafka.tools.StorageTool format`, then
+  `kafka.Kafka`), a fresh topic per run with replication factor 3 and `min.insync.replicas=2`, producers with
+  `acks=all`; Kafka flushes no message by default and that is kept.
+- BookKeeper 4.17: one ZooKeeper and two sets of three bookies (`org.apache.bookkeeper.server.Main`,
+  `DbLedgerStorage`), one with `journalSyncData=true` (the default), one with `false`; ledgers E=3 Qw=3 with
+  Qa=2 (and Qa=3 on the no-sync set).
+
+Kafka and BookKeeper are driven by PeerDriver.java, a small Java client built with javac against the jars that
+Maven fetches (pom-kafka.xml, pom-bookkeeper.xml), one process per system kept for the whole run, so its JIT is
+warmed once by a discarded run. Every system gets the workload of bench/cluster_bench.py:
+
+1. Throughput: 100 B, 1 KiB and 64 KiB entries, 1 and 100 ledgers (Kafka: partitions of one topic); an
+   in-flight budget of 8 MiB of payload shared by the ledgers, each of which writes its share and waits for all
+   of it, again and again. Kafka keeps its default `linger.ms=5` here, batches of up to 1 MiB per partition and
+   `buffer.memory` of twice the budget (the payload budget is the limit; the buffer also holds the framing).
+2. Latency at a fixed rate, open loop (2,000/s and 20,000/s of 1 KiB, one record per call, one ledger), measured
+   in microseconds from the scheduled send to the acknowledgement; Kafka with `linger.ms=0`.
+3. Efficiency: CPU seconds per GiB written for the servers (etcd and ZooKeeper included; Kafka's controllers
+   are in its brokers) and, separately, for the client process; the peak RSS of each server process.
+
+Within a round, the configurations and the systems alternate (the systems' order rotates from round to round);
+throughput ratios are medians of per-round ratios, latency samples of all rounds are pooled.
+
+Usage:
+    .venv/bin/python bench/peers/run.py --quick      # a smoke run of a few minutes; writes no report
+    .venv/bin/python bench/peers/run.py              # the full run (about 40 minutes); writes the `peers`
+                                                     # section of docs/benchmarks.md and bench/peers/results/
+The first run resolves the jars with `mvn` (about 100 MB into ~/.m2) and compiles the driver (bench/peers/.cache).
+Needs Java 17 (java, javac) and Maven on PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+import configs  # noqa: E402
+import grpc  # noqa: E402
+import servers  # noqa: E402
+from cluster_bench import drive, inflight, percentile  # noqa: E402
+from common import machine_line, median, table, write_section  # noqa: E402
+
+from octavo.cli.localcluster import LocalCluster, free_port  # noqa: E402
+from octavo.client import Client  # noqa: E402
+from octavo.v1 import bookie_pb2 as pb  # noqa: E402
+from octavo.v1 import bookie_pb2_grpc as pb_grpc  # noqa: E402
+
+SIZES = [100, 1024, 64 * 1024]
+LEDGER_COUNTS = [1, 100]
+LATENCY_RATES = [2000, 20000]
+LATENCY_ENTRY_BYTES = 1024
+RESULTS = HERE / "results" / "peers.json"
+GIB = float(1 << 30)
+
+
+@dataclass
+class System:
+    """One row of the tables: a system and its settings."""
+
+    key: str
+    label: str
+    kind: str  # "octavo", "kafka" or "bookkeeper"
+    ack_quorum: int
+    fsync: str  # what is on disk when an add is acknowledged
+    server_pids: Callable[[], list[int]] = field(default=lambda: [])
+    client_pid: Callable[[], int] = field(default=servers.self_pid)
+
+
+SYSTEMS = [
+    System("octavo-qa2", "Octavo Qa=2", "octavo", 2, "no fsync"),
+    System("octavo-qa3", "Octavo Qa=3", "octavo", 3, "no fsync"),
+    System("octavo-fsync-qa2", "Octavo fsync=batch Qa=2", "octavo", 2, "fdatasync per batch"),
+    System("kafka", "Kafka acks=all", "kafka", 3, "no flush"),
+    System("bk-nosync-qa2", "BookKeeper nosync Qa=2", "bookkeeper", 2, "journalSyncData=false"),
+    System("bk-nosync-qa3", "BookKeeper nosync Qa=3", "bookkeeper", 3, "journalSyncData=false"),
+    System("bk-sync-qa2", "BookKeeper sync Qa=2", "bookkeeper", 2, "journalSyncData=true"),
+]
+# Octavo's row / the peer's row with the same durability and acknowledgement.
+PAIRS = [("octavo-qa2", "bk-nosync-qa2"), ("octavo-qa3", "bk-nosync-qa3"), ("octavo-qa3", "kafka"),
+         ("octavo-fsync-qa2", "bk-sync-qa2")]
+
+
+# -- the systems ----------------------------------------------------------------------------------------------
+class Bench:
+    """Every system started, with a way to run each workload on each."""
+
+    def __init__(self, root: str, keys: set[str]) -> None:
+        self.root = root
+        self.keys = keys
+        kinds = {s.kind for s in SYSTEMS if s.key in keys}
+        octavo_policies = {("batch" if "fsync" in s.key else "none") for s in SYSTEMS
+                           if s.key in keys and s.kind == "octavo"}
+        self.octavo = {policy: LocalCluster(os.path.join(root, f"octavo-{policy}"), bookies=3,
+                                            bookie_args=["--log-size-bytes-max", str(64 << 20),
+                                                         "--fsync-policy", policy], new_session=True)
+                       for policy in sorted(octavo_policies)}
+        self.kafka = (servers.KafkaCluster(os.path.join(root, "kafka"), [(free_port(), free_port()) for _ in range(3)])
+                      if "kafka" in kinds else None)
+        self.zookeeper = servers.ZooKeeper(os.path.join(root, "zookeeper"), free_port()) if "bookkeeper" in kinds \
+            else None
+        self.bookies: dict[bool, servers.Bookies] = {}
+        if self.zookeeper is not None:
+            for sync in (True, False):
+                if any(s.key in keys and s.kind == "bookkeeper" and (s.key.startswith("bk-sync") == sync)
+                       for s in SYSTEMS):
+                    name = "sync" if sync else "nosync"
+                    self.bookies[sync] = servers.Bookies(os.path.join(root, f"bk-{name}"), self.zookeeper.port,
+                                                         f"/ledgers-{name}", [free_port() for _ in range(3)], sync)
+        self.drivers: dict[str, servers.Driver] = {}
+        self.clients: dict[str, Client] = {}
+
+    def start(self) -> None:
+        for cluster in self.octavo.values():
+            cluster.start()
+        if self.kafka is not None:
+            self.kafka.start()
+            self.drivers["kafka"] = servers.Driver("kafka", self.kafka.bootstrap, os.path.join(self.root, "kd.log"))
+        if self.zookeeper is not None:
+            self.zookeeper.start()
+            for sync, bookies in self.bookies.items():
+                bookies.start()
+                self.drivers[f"bk-{sync}"] = servers.Driver("bookkeeper", bookies.metadata_service_uri,
+                                                            os.path.join(self.root, f"bd-{sync}.log"))
+        for s in SYSTEMS:
+            if s.key not in self.keys:
+                continue
+            s.server_pids = self._server_pids(s)
+            s.client_pid = self._client_pid(s)
+
+    async def open_clients(self) -> None:
+        for policy, cluster in self.octavo.items():
+            self.clients[policy] = await Client(cluster.etcd_endpoint).__aenter__()
+
+    async def close_clients(self) -> None:
+        for client in self.clients.values():
+            await client.close()
+
+    def _octavo_policy(self, s: System) -> str:
+        return "batch" if "fsync" in s.key else "none"
+
+    def _server_pids(self, s: System) -> Callable[[], list[int]]:
+        if s.kind == "octavo":
+            cluster = self.octavo.get(self._octavo_policy(s))
+            if cluster is None:
+                return lambda: []
+            return lambda: ([b.proc.pid for b in cluster.bookies.values() if b.proc is not None]
+                            + ([cluster.etcd.proc.pid] if cluster.etcd is not None and cluster.etcd.proc else []))
+        if s.kind == "kafka":
+            return self.kafka.pids if self.kafka is not None else (lambda: [])
+        bookies = self.bookies.get(s.key.startswith("bk-sync"))
+        zk = self.zookeeper
+        return lambda: ((bookies.pids() if bookies else [])
+                        + ([zk.proc.pid] if zk is not None and zk.proc is not None else []))
+
+    def _client_pid(self, s: System) -> Callable[[], int]:
+        if s.kind == "octavo":
+            return servers.self_pid
+        driver = self._driver(s)
+        return lambda: driver.proc.pid
+
+    def _driver(self, s: System) -> servers.Driver:
+        return self.drivers["kafka" if s.kind == "kafka" else f"bk-{s.key.startswith('bk-sync')}"]
+
+    def stop(self) -> None:
+        for driver in self.drivers.values():
+            driver.stop()
+        for bookies in self.bookies.values():
+            bookies.stop()
+        if self.zookeeper is not None:
+            self.zookeeper.stop()
+        if self.kafka is not None:
+            self.kafka.stop()
+        for cluster in self.octavo.values():
+            cluster.stop()
+
+    # -- workloads ----------------------------------------------------------------------------------------
+    async def throughput(self, s: System, size: int, ledgers: int, seconds: float) -> float:
+        if s.kind == "octavo":
+            return await octavo_throughput(self.clients[self._octavo_policy(s)], size, ledgers, seconds,
+                                           s.ack_quorum)
+        result = await asyncio.to_thread(self._driver(s).call, "throughput", size, ledgers, seconds, s.ack_quorum)
+        return float(result["rate"])  # type: ignore[arg-type]
+
+    async def latency(self, s: System, rate: int, seconds: float) -> list[int]:
+        if s.kind == "octavo":
+            client = self.clients[self._octavo_policy(s)]
+            writer = await client.create_ledger(3, 3, s.ack_quorum, password=b"bench")
+            payload = os.urandom(LATENCY_ENTRY_BYTES)
+            latencies = await open_loop(lambda: writer.append(payload), rate, seconds)
+            await writer.close()
+            await client.delete_ledger(writer.ledger_id)
+            return latencies
+        result = await asyncio.to_thread(self._driver(s).call, "latency", rate, seconds, s.ack_quorum)
+        return list(result["latencies_us"])  # type: ignore[call-overload]
+
+
+async def octavo_throughput(client: Client, size: int, ledgers: int, seconds: float, ack_quorum: int) -> float:
+    """bench/cluster_bench.py's run_octavo with the ack quorum as a parameter."""
+    writers = [await client.create_ledger(3, 3, ack_quorum, password=b"bench") for _ in range(ledgers)]
+    payload = os.urandom(size)
+    chunk = max(1, inflight(size) // ledgers)
+    rate = await drive(ledgers, chunk, seconds, lambda i, n: writers[i].append_many([payload] * n))
+    await asyncio.gather(*(w.close() for w in writers))
+    for writer in writers:
+        await client.delete_ledger(writer.ledger_id)
+    for bookie in (await client.bookies(refresh=True)).values():
+        async with grpc.aio.insecure_channel(bookie.address) as channel:
+            await pb_grpc.BookieAdminStub(channel).RunGc(pb.RunGcRequest(), timeout=60)
+    return rate
+
+
+async def open_loop(send: Callable[[], Awaitable[object]], rate: int, seconds: float) -> list[int]:
+    """Latencies (us) of sends issued at `rate` per second, measured from their scheduled time (as
+    bench/cluster_bench.py's fixed_rate, with the rate as a parameter and microseconds)."""
+    loop = asyncio.get_running_loop()
+    latencies: list[int] = []
+    running: set[asyncio.Future[None]] = set()
+    t0 = loop.time()
+
+    async def timed(scheduled: float) -> None:
+        await send()
+        latencies.append(int((loop.time() - scheduled) * 1e6))
+
+    for i in range(int(rate * seconds)):
+        scheduled = t0 + i / rate
+        delay = scheduled - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = asyncio.ensure_future(timed(scheduled))
+        running.add(task)
+        task.add_done_callback(running.discard)
+    while running:
+        await asyncio.gather(*running)
+    return latencies
+
+
+# -- measuring ------------------------------------------------------------------------------------------------
+@dataclass
+class Usage:
+    """CPU seconds and bytes written, summed over a system's throughput runs of one entry size."""
+
+    server_cpu_s: float = 0.0
+    client_cpu_s: float = 0.0
+    written_bytes: float = 0.0
+
+
+def cpu_of(pids: list[int]) -> float:
+    return sum(servers.cpu_seconds(p) for p in pids)
+
+
+async def measured_throughput(bench: Bench, s: System, size: int, ledgers: int, seconds: float,
+                              usage: Usage) -> float | None:
+    """Entries per second, or None when the run failed (said on stdout; the run goes on with the next)."""
+    pids, client = s.server_pids(), s.client_pid()
+    server0, client0, t0 = cpu_of(pids), servers.cpu_seconds(client), time.perf_counter()
+    try:
+        rate = await bench.throughput(s, size, ledgers, seconds)
+    except Exception as e:
+        print(f"FAILED {s.label} {size} B x {ledgers}: {e}", flush=True)
+        return None
+    elapsed = time.perf_counter() - t0
+    usage.server_cpu_s += cpu_of(pids) - server0
+    usage.client_cpu_s += servers.cpu_seconds(client) - client0
+    # The rate is over the writing; the CPU is over the whole run (creation and deletion included), so the
+    # bytes are the rate times the whole run's time only up to that small difference: take the rate's.
+    usage.written_bytes += rate * size * min(elapsed, seconds * 1.05 + 1)
+    return rate
+
+
+async def run(args: argparse.Namespace, bench: Bench) -> dict[str, object]:
+    systems = [s for s in SYSTEMS if s.key in bench.keys]
+    rates: dict[str, dict[str, list[float | None]]] = {s.key: {} for s in systems}
+    failures: list[str] = []
+    usage: dict[str, dict[int, Usage]] = {s.key: {size: Usage() for size in args.sizes} for s in systems}
+    latencies: dict[str, dict[int, list[int]]] = {s.key: {r: [] for r in args.rates} for s in systems}
+    started = time.time()
+    print("warming up (a discarded run of each system)", flush=True)
+    for s in systems:
+        await bench.throughput(s, 1024, 1, args.seconds)
+        await bench.latency(s, 2000, min(args.seconds, 3.0))
+    for round_no in range(args.rounds):
+        order = systems[round_no % len(systems):] + systems[:round_no % len(systems)]
+        for size in args.sizes:
+            for ledgers in args.ledgers:
+                for s in order:
+                    rate = await measured_throughput(bench, s, size, ledgers, args.seconds, usage[s.key][size])
+                    rates[s.key].setdefault(f"{size}x{ledgers}", []).append(rate)
+                    if rate is None:
+                        failures.append(f"{s.key} {size} B x {ledgers} round {round_no + 1}")
+                    else:
+                        print(f"round {round_no + 1} {size:>6} B x {ledgers:>3}  {s.label:<26} {rate:>10,.0f}/s "
+                              f"{rate * size / 1e6:>7.1f} MB/s", flush=True)
+        for rate_per_s in args.rates:
+            for s in order:
+                try:
+                    lat = await bench.latency(s, rate_per_s, args.latency_seconds)
+                except Exception as e:
+                    print(f"FAILED {s.label} latency at {rate_per_s}/s: {e}", flush=True)
+                    failures.append(f"{s.key} latency {rate_per_s}/s: {e}")
+                    continue
+                latencies[s.key][rate_per_s] += lat
+                print(f"round {round_no + 1} latency {rate_per_s:>6}/s {s.label:<26} "
+                      f"p50 {percentile(lat, 50) / 1e3:.2f} p99 {percentile(lat, 99) / 1e3:.2f} ms", flush=True)
+    peak_rss = {s.key: {"servers_bytes": [servers.peak_rss_bytes(p) for p in s.server_pids()],
+                        "client_bytes": servers.peak_rss_bytes(s.client_pid())} for s in systems}
+    return {"args": {k: v for k, v in vars(args).items()}, "machine": machine_line(),
+            "minutes": (time.time() - started) / 60, "systems": {s.key: vars_of(s) for s in systems},
+            "throughput": rates, "usage": {k: {str(size): vars(u) for size, u in v.items()} for k, v in usage.items()},
+            "latency_us": {k: {str(r): summarize(v) for r, v in by_rate.items()} for k, by_rate in latencies.items()},
+            "peak_rss": peak_rss, "failures": failures}
+
+
+PERCENTILES = (50, 90, 99, 99.9, 99.99)
+
+
+def summarize(latencies_us: list[int]) -> dict[str, float]:
+    """What the results file keeps of a pooled latency sample (millions of samples would not fit in git)."""
+    if not latencies_us:
+        return {"count": 0}
+    return {"count": len(latencies_us), "max": max(latencies_us),
+            **{f"p{p:g}": percentile(latencies_us, p) for p in PERCENTILES}}
+
+
+def vars_of(s: System) -> dict[str, object]:
+    return {"label": s.label, "kind": s.kind, "ack_quorum": s.ack_quorum, "fsync": s.fsync}
+
+
+# -- report ---------------------------------------------------------------------------------------------------
+def ratio_of_rounds(a: list[float | None], b: list[float | None]) -> str:
+    """The median of per-round ratios, over the rounds where both runs succeeded."""
+    ratios = [x / y for x, y in zip(a, b, strict=True) if x is not None and y]
+    return f"{median(ratios):.2f}x" if ratios else "failed"
+
+
+def median_rate(rates: list[float | None], size: int) -> str:
+    ok = [r for r in rates if r is not None]
+    if not ok:
+        return "failed"
+    failed = f", {len(rates) - len(ok)} of {len(rates)} runs failed" if len(ok) < len(rates) else ""
+    return f"{median(ok):,.0f} ({median(ok) * size / 1e6:,.1f} MB/s{failed})"
+
+
+def report(data: dict[str, object]) -> str:
+    args = data["args"]
+    assert isinstance(args, dict)
+    systems: dict[str, dict[str, object]] = data["systems"]  # type: ignore[assignment]
+    rates: dict[str, dict[str, list[float | None]]] = data["throughput"]  # type: ignore[assignment]
+    keys = [s.key for s in SYSTEMS if s.key in systems]
+    pairs = [(a, b) for a, b in PAIRS if a in systems and b in systems]
+    label = {k: str(systems[k]["label"]) for k in keys}
+
+    thr_rows, ratio_rows = [], []
+    for size in args["sizes"]:
+        for ledgers in args["ledgers"]:
+            cfg = f"{size}x{ledgers}"
+            thr_rows.append([f"{size:,} B", str(ledgers)] + [median_rate(rates[k][cfg], size) for k in keys])
+            ratio_rows.append([f"{size:,} B", str(ledgers)] + [
+                ratio_of_rounds(rates[a][cfg], rates[b][cfg]) for a, b in pairs])
+
+    lat: dict[str, dict[str, dict[str, float]]] = data["latency_us"]  # type: ignore[assignment]
+    lat_rows = []
+    for rate in args["rates"]:
+        for k in keys:
+            v = lat[k][str(rate)]
+            lat_rows.append([f"{rate:,}/s", label[k]] + ([f"{v[f'p{p:g}'] / 1e3:,.2f}" for p in (50, 99, 99.9)]
+                                                          if v["count"] else ["failed"] * 3))
+    lat_ratio_rows = []
+    for rate in args["rates"]:
+        for a, b in pairs:
+            va, vb = lat[a][str(rate)], lat[b][str(rate)]
+            if not va["count"] or not vb["count"]:
+                continue
+            lat_ratio_rows.append([f"{rate:,}/s", f"{label[a]} / {label[b]}"] + [
+                f"{va[f'p{p:g}'] / max(1, vb[f'p{p:g}']):.2f}x" for p in (50, 99, 99.9)])
+
+    usage: dict[str, dict[str, dict[str, float]]] = data["usage"]  # type: ignore[assignment]
+    rss: dict[str, dict[str, object]] = data["peak_rss"]  # type: ignore[assignment]
+    eff_rows = []
+    for k in keys:
+        cells = [label[k]]
+        for size in args["sizes"]:
+            u = usage[k][str(size)]
+            gib = u["written_bytes"] / GIB
+            cells.append(f"{u['server_cpu_s'] / gib:,.0f} / {u['client_cpu_s'] / gib:,.0f}" if gib else "-")
+        servers_rss = rss[k]["servers_bytes"]
+        assert isinstance(servers_rss, list)
+        cells.append(", ".join(f"{b / 2**20:,.0f}" for b in servers_rss))
+        cells.append(f"{int(rss[k]['client_bytes']) / 2**20:,.0f}")  # type: ignore[call-overload]
+        eff_rows.append(cells)
+
+    failures: list[str] = data.get("failures", [])  # type: ignore[assignment]
+    settings = "; ".join(f"{label[k]}: {systems[k]['fsync']}" for k in keys)
+    return "\n".join([
+        "## Octavo against Apache Kafka and Apache BookKeeper (bench/peers/run.py)",
+        "",
+        f"`.venv/bin/python bench/peers/run.py --rounds {args['rounds']} --seconds {args['seconds']:g} "
+        f"--latency-seconds {args['latency_seconds']:g}`; {data['machine']}; the run took "
+        f"{float(data['minutes']):.0f} minutes (raw figures: bench/peers/results/peers.json).",
+        "",
+        f"Versions: Kafka {configs.KAFKA_VERSION} (3 KRaft brokers, each broker+controller), BookKeeper "
+        f"{configs.BOOKKEEPER_VERSION} (ZooKeeper 3.9.3 and 3 bookies per set, `org.apache.bookkeeper.server.Main`, "
+        "`DbLedgerStorage`, the storage Pulsar runs), Octavo from this checkout (etcd and 3 bookies per cluster, "
+        "64 MiB entry logs); Java 17, heaps of 1 GiB for brokers and bookies (plus 1 GiB of direct memory for "
+        "a bookie's caches). Every server is its own process on loopback; all data on the same volume. "
+        "Replication: 3 copies everywhere (E=3 Qw=3; Kafka RF 3, `min.insync.replicas=2`, `acks=all`, which "
+        "waits for every in-sync replica, so its fair Octavo row is Qa=3). Durability when an add is "
+        f"acknowledged: {settings}. Clients: Octavo's Python client in the benchmark's process "
+        "(`append_many`, one `append` per record for latency); Kafka's and BookKeeper's Java clients in "
+        "bench/peers/PeerDriver.java, one JVM per system warmed by a discarded run (Kafka: `linger.ms=5`, its "
+        "default, for throughput and 0 for latency, batches up to 1 MiB, `buffer.memory` 16 MiB, no "
+        "compression, `enable.idempotence=false` (see below); BookKeeper: the v2 wire protocol as Pulsar runs "
+        "it, no client throttle, CRC32C digests). "
+        "The same in-flight budget for all: 8 MiB of payload shared by the ledgers (partitions). The machine: "
+        "2 shared cores for servers, clients and, during this run, other sessions' test suites: the load average "
+        "above says how busy it was. Ratios between systems are measured in the same run, alternating; absolute "
+        "figures move from run to run.",
+        "",
+        f"### Throughput (entries/s, medians of {args['rounds']} rounds of {args['seconds']:g} s)",
+        "",
+        table(["entry", "ledgers", *[label[k] for k in keys]], thr_rows),
+        "",
+        "Octavo / peer, with the same durability and acknowledgement (median of per-round ratios; above 1 means "
+        "Octavo is faster):",
+        "",
+        table(["entry", "ledgers", *[f"{label[a]} / {label[b]}" for a, b in pairs]], ratio_rows),
+        "",
+        f"### Latency at a fixed rate (ms, 1 KiB, one record per call, one ledger, open loop; {args['rounds']} runs "
+        f"of {args['latency_seconds']:g} s pooled, from the scheduled send to the acknowledgement)",
+        "",
+        table(["rate", "system", "p50", "p99", "p99.9"], lat_rows),
+        "",
+        "Octavo's latency / the peer's, same durability and acknowledgement (above 1 means Octavo is slower):",
+        "",
+        table(["rate", "Octavo / peer", "p50", "p99", "p99.9"], lat_ratio_rows),
+        "",
+        "### Efficiency: CPU seconds per GiB written (servers / client) over the throughput runs, and peak RSS",
+        "",
+        table(["system", *[f"{size:,} B: CPU s/GiB" for size in args["sizes"]], "peak RSS per server (MiB)",
+               "client peak RSS (MiB)"], eff_rows),
+        "",
+        "Failed runs (left out of the medians): " + ("; ".join(failures) if failures else "none") + ".",
+        "",
+        "Peak RSS is VmHWM over the whole run; the last figure of Octavo's and BookKeeper's rows is etcd's and "
+        "ZooKeeper's, and rows that share servers (Octavo Qa=2 and Qa=3; BookKeeper nosync Qa=2 and Qa=3) show "
+        "the same processes. "
+        "Server CPU includes the metadata store (Octavo's etcd, BookKeeper's ZooKeeper; Kafka's controllers run "
+        "in its brokers). Octavo's client is the benchmark's own Python process, which holds both Octavo "
+        "clusters' clients; the peers' client is the driver JVM (its JIT and garbage collector included).",
+    ])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=5.0, help="about how long each throughput run lasts")
+    ap.add_argument("--latency-seconds", type=float, default=10.0, help="how long each fixed-rate run lasts")
+    ap.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")], default=SIZES)
+    ap.add_argument("--ledgers", type=lambda v: [int(x) for x in v.split(",")], default=LEDGER_COUNTS)
+    ap.add_argument("--rates", type=lambda v: [int(x) for x in v.split(",")], default=LATENCY_RATES)
+    ap.add_argument("--systems", type=lambda v: set(v.split(",")), default={s.key for s in SYSTEMS},
+                    help="comma-separated keys: " + ", ".join(s.key for s in SYSTEMS))
+    ap.add_argument("--quick", action="store_true", help="one short round of 1 KiB on one ledger, 2,000/s; no report")
+    ap.add_argument("--no-report", action="store_true")
+    ap.add_argument("--report-from", metavar="JSON", help="write the report from a results file, running nothing")
+    args = ap.parse_args()
+    if args.report_from:
+        data = json.loads(Path(args.report_from).read_text())
+        for by_rate in data["latency_us"].values():  # a file of raw samples (an earlier format) is summarized
+            for rate, v in by_rate.items():
+                by_rate[rate] = summarize(v) if isinstance(v, list) else v
+        RESULTS.parent.mkdir(exist_ok=True)
+        RESULTS.write_text(json.dumps(data, indent=1, default=str) + "\n")
+        write_section("peers", report(data))
+        return
+    if args.quick:
+        args.rounds, args.seconds, args.latency_seconds = 1, 2.0, 2.0
+        args.sizes, args.ledgers, args.rates = [1024], [1], [2000]
+    full = (args.sizes == SIZES and args.ledgers == LEDGER_COUNTS and args.rates == LATENCY_RATES
+            and args.systems == {s.key for s in SYSTEMS})
+    if args.quick or not full:
+        args.no_report = True
+    for tool in ("java", "javac", "mvn"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} not found: the peers need Java 17 (java, javac) and Maven")
+    for system in ("kafka", "bookkeeper"):
+        servers.classpath(system)
+    root = tempfile.mkdtemp(prefix="octavo-peers-bench-", dir=os.environ.get("OCTAVO_BENCH_DIR"))
+    bench = Bench(root, args.systems)
+    print(f"starting servers under {root}", flush=True)
+    try:
+        bench.start()
+
+        async def go() -> dict[str, object]:
+            await bench.open_clients()
+            try:
+                return await run(args, bench)
+            finally:
+                await bench.close_clients()
+
+        data = asyncio.run(go())
+    except BaseException:
+        print(f"failed: the servers' logs are kept under {root}", flush=True)
+        bench.stop()
+        raise
+    bench.stop()
+    shutil.rmtree(root, ignore_errors=True)
+    data["args"]["systems"] = sorted(args.systems)  # type: ignore[index]
+    if args.no_report:
+        print(json.dumps({k: v for k, v in data.items() if k != "latency_us"}, indent=1, default=str)[:4000])
+        return
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    write_section("peers", report(data))
+    print(f"wrote docs/benchmarks.md (peers) and {RESULTS.relative_to(HERE.parent.parent)}")
+
+
+if __name__ == "__main__":
+    main()
