@@ -265,3 +265,21 @@ async def test_an_add_request_with_a_damaged_entry_stores_the_other_ledgers_entr
         assert await direct(client, bookie, other.ledger_id, [1]) == {1: (pb.OK, payload(other.ledger_id, 1))}
         await writer.close()
         await other.close()
+
+
+def test_the_background_scrub_finds_and_repairs_damage_on_its_own(tmp_path: Path) -> None:
+    """No reader, no command: the scrub's own schedule (scrub_interval_s) finds the damage, the bookie repairs it."""
+    args = ["--log-size-bytes-max", str(128 * 1024), "--batch-bytes-max", str(64 * 1024),
+            "--entry-size-bytes-max", str(32 * 1024), "--damage-check-interval-s", "1", "--scrub-interval-s", "3",
+            "--metrics-port", "-1"]
+
+    async def scenario(cluster: LocalCluster) -> None:
+        async with Client(cluster.etcd_endpoint, options=FAST) as client:
+            ledger, ensemble = await write_ledger(client)
+            await asyncio.sleep(1.0)
+            flipped = flip_entries(cluster, ensemble[1], ledger, 3)
+            await wait_repaired(client, ensemble[1], ledger, flipped)
+            assert int(status(cluster, ensemble[1])["scrub"]["passes"]) >= 1
+
+    with LocalCluster(str(tmp_path / "scheduled"), bookies=3, bookie_args=args) as cluster:
+        asyncio.run(scenario(cluster))

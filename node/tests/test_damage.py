@@ -14,7 +14,7 @@ from octavo.meta.underreplication import DAMAGE_BY, Mark
 from octavo.node.appends import LedgerBatch
 from octavo.node.damage import DamageFindings
 from octavo.node.files import log_file_name
-from octavo.node.scrub import Scrubber, check_run
+from octavo.node.scrub import Scrubber, check_run, scrub_due_unix_ms, set_scrub_due
 from octavo.node.storage import Storage
 from octavo.node.testing import payload_for, roll_and_flush
 from octavo.v1 import bookie_pb2 as pb
@@ -175,3 +175,19 @@ def test_an_index_entry_into_a_missing_log_is_damage_and_repairable(storage: Sto
     codes, message = storage.repair_entries(1, KEY, [4], [payload_for(1, 4, SIZE)])
     assert codes == [pb.OK], message
     assert storage.read_entry(1, 4) == payload_for(1, 4, SIZE)
+
+
+def test_the_scrub_schedule_survives_a_restart(storage: Storage) -> None:
+    """A bookie restarted more often than scrub_interval_s is still scrubbed: the due time is kept."""
+    due = scrub_due_unix_ms(storage, 3600, 1_000_000)
+    assert due == 1_000_000 + 3_600_000
+    assert scrub_due_unix_ms(storage, 3600, 2_000_000) == due  # not pushed back by asking again
+    cfg = storage.config
+    storage.close()
+    reopened = Storage.open(cfg)
+    try:
+        assert scrub_due_unix_ms(reopened, 3600, 5_000_000) == due
+        set_scrub_due(reopened, 42)
+        assert scrub_due_unix_ms(reopened, 3600, 5_000_000) == 42
+    finally:
+        reopened.close()

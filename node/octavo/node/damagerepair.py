@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ from octavo.node.damage import DamageFindings
 from octavo.node.engine import Engine
 from octavo.node.errors import StorageError, WriteCacheFull
 from octavo.node.repair import peer_client
-from octavo.node.scrub import Scrubber, ScrubPass
+from octavo.node.scrub import Scrubber, ScrubPass, scrub_due_unix_ms, set_scrub_due
 from octavo.v1 import bookie_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ REPAIR_BATCH_ENTRIES_MAX = 1000
 # A scrub pass stopping (the bookie stops) is waited for this long at most: it checks for a stop at least every
 # 0.2 s and after every read of at most 1 MiB.
 SCRUB_STOP_WAIT_S = 10.0
+# A scheduled pass due while one asked for by hand runs is tried again this much later.
+SCRUB_BUSY_RETRY_S = 60.0
 # Write cache room waited for by one repair write, at most.
 REPAIR_ROOM_WAIT_S = 30.0
 
@@ -214,6 +217,7 @@ class DamageControl:
     def __init__(self, storage: Engine, compactor: Compactor, bookie_id: str) -> None:
         cfg = storage.config
         self.config = cfg
+        self.storage = storage
         self.findings = DamageFindings()
         finder = f"bookie {bookie_id}"
         self.scrubber = Scrubber(storage, self.findings, cfg.scrub_rate_bytes_per_s, f"scrub on {finder}",
@@ -233,10 +237,21 @@ class DamageControl:
             self._tasks.append(asyncio.create_task(self._scrub_loop(), name="octavo-scrub"))
 
     async def _scrub_loop(self) -> None:
+        """A pass every scrub_interval_s, the schedule kept across restarts (scrub.STATE_SCRUB_DUE_UNIX_MS)."""
+        loop = asyncio.get_running_loop()
+        interval_s = self.config.scrub_interval_s
         while True:
-            await asyncio.sleep(self.config.scrub_interval_s)
-            with contextlib.suppress(ValueError):  # a pass asked for by hand is running: this one is skipped
-                await self.scrub_now()
+            due_ms = await loop.run_in_executor(None, scrub_due_unix_ms, self.storage, interval_s,
+                                                int(time.time() * 1000))
+            await asyncio.sleep(max(0.0, due_ms / 1000 - time.time()))
+            try:
+                report = await self.scrub_now()
+            except ValueError:  # a pass asked for by hand is running: look again once it may have ended
+                await asyncio.sleep(SCRUB_BUSY_RETRY_S)
+                continue
+            if not report.stopped:
+                await loop.run_in_executor(None, set_scrub_due, self.storage,
+                                           report.finished_unix_ms + interval_s * 1000)
 
     async def scrub_now(self) -> ScrubPass:
         """One scrub pass (in an executor thread); then the repair looks at once. ValueError if one runs."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import crc32c
 
+from octavo.node.checkpoint import write_node_state
 from octavo.node.damage import DamageFindings
 from octavo.node.engine import Engine
 from octavo.node.files import log_file_name
@@ -37,6 +38,10 @@ SCRUB_READ_BYTES_MAX = 1024 * 1024
 SCRUB_FINDINGS_SHOWN_MAX = 1000
 # The pacing sleeps at most this long at a time, so a stop is seen quickly.
 SCRUB_SLEEP_S_MAX = 0.2
+
+# The node-state key that keeps when the next scheduled pass is due (unix ms) across restarts: a bookie restarted
+# more often than scrub_interval_s is still scrubbed.
+STATE_SCRUB_DUE_UNIX_MS = "scrub_due_unix_ms"
 
 _HEADER = RECORD_HEADER.unpack_from
 _CRC = crc32c.crc32c
@@ -87,6 +92,23 @@ def check_run(data: bytes, base: int, run: list[tuple[int, int, int, int]]) -> l
         elif _CRC(view[pos + 8:pos + length], _CRC(view[pos + 4:pos + 8])) != crc:
             bad.append((lid, eid, offset, "checksum mismatch"))
     return bad
+
+
+def scrub_due_unix_ms(storage: Engine, interval_s: int, now_unix_ms: int) -> int:
+    """When the next scheduled pass is due: as kept in the node state, else one interval from now (kept)."""
+    state = storage.node_state
+    due = int(state.extra.get(STATE_SCRUB_DUE_UNIX_MS, 0)) if state is not None else 0
+    if not due:
+        due = now_unix_ms + interval_s * 1000
+        set_scrub_due(storage, due)
+    return due
+
+
+def set_scrub_due(storage: Engine, due_unix_ms: int) -> None:
+    state = storage.node_state
+    if state is not None:
+        state.extra[STATE_SCRUB_DUE_UNIX_MS] = due_unix_ms
+        write_node_state(storage.io, storage.data_dir, state)
 
 
 class Scrubber:
