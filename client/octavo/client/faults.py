@@ -23,3 +23,4 @@ KNOWN_POINTS = frozenset({ENSEMBLE_CHANGE_AFTER_SEGMENT_CAS})
 _points = FaultPoints(KNOWN_POINTS, CLIENT_FAULT_POINTS_ENV, "client fault point")
 parse = _points.parse
 hit = _points.hit
+arm = _points.arm

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Callable
 
 
 class FaultPoints:
@@ -19,6 +20,15 @@ class FaultPoints:
         self._armed = self.parse(os.environ.get(env, ""))
         self._hits: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._on_hit: Callable[[str], None] | None = None
+
+    def arm(self, spec: str, on_hit: Callable[[str], None] | None = None) -> None:
+        """Arm points from now on, as the environment variable does (`name` or `name@N`, comma-separated; ""
+        disarms all). `on_hit`, when given, is called instead of killing this process (the deterministic
+        simulation crashes one simulated node there: octavo.sim)."""
+        armed = self.parse(spec)
+        with self._lock:
+            self._armed, self._hits, self._on_hit = armed, {}, on_hit
 
     def parse(self, spec: str) -> dict[str, int]:
         """`name` or `name@N` items, comma-separated, to {name: the hit to die on (1-based)}."""
@@ -40,4 +50,7 @@ class FaultPoints:
         with self._lock:
             self._hits[name] = self._hits.get(name, 0) + 1
             if self._hits[name] >= self._armed[name]:
+                if self._on_hit is not None:
+                    self._on_hit(name)
+                    return
                 os.kill(os.getpid(), signal.SIGKILL)

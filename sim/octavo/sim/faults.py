@@ -74,7 +74,7 @@ class Injector:
         self.lost: set[str] = set()  # bookies gone for good
         self.down: set[str] = set()
         self.start_failures: dict[str, str] = {}  # bookies that could not start again: why
-        self._restarts: list[asyncio.Task[None]] = []
+        self._restarts: dict[str, asyncio.Task[None]] = {}
 
     def record(self, line: str) -> None:
         self.cluster.world.record(line)
@@ -135,8 +135,12 @@ class Injector:
         self.cluster.world.network.up(ETCD_NODE)
         self.record("etcd available again")
 
-    def _restart_soon(self, name: str) -> None:
-        self._restarts.append(asyncio.get_running_loop().create_task(self._restart(name)))
+    def _restart_soon(self, name: str) -> asyncio.Task[None]:
+        """One restart of a bookie at a time: a second one would find the first's directory lock."""
+        task = self._restarts.get(name)
+        if task is None or task.done():
+            task = self._restarts[name] = asyncio.get_running_loop().create_task(self._restart(name))
+        return task
 
     async def _restart(self, name: str) -> None:
         """Start the bookie again; a start that fails (etcd unreachable for the cookie check) is retried, up to
@@ -165,4 +169,4 @@ class Injector:
         network.up(ETCD_NODE)
         self.record("heal: links clean, etcd up")
         for name in sorted(self.down):
-            await self._restart(name)
+            await self._restart_soon(name)

@@ -14,9 +14,11 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from octavo.client import faults as client_faults
 from octavo.sim.checks import check
 from octavo.sim.cluster import Cluster
 from octavo.sim.faults import Injector, draw_schedule
+from octavo.sim.network import NODE
 from octavo.sim.workload import Workload
 from octavo.sim.world import World
 
@@ -26,6 +28,8 @@ WORKLOAD_S = 10.0
 SETTLE_S = 8.0
 RUN_S_MAX = 300.0
 FAULTS_MAX = 6
+# Share of runs in which a writer dies at the client's named fault point (mid ensemble change).
+CRASH_POINT_RATIO = 0.3
 # Lines of history printed around a violation.
 HISTORY_TAIL_LINES = 60
 
@@ -58,6 +62,21 @@ class Outcome:
         return "\n".join(lines)
 
 
+class NodeCrashed(asyncio.CancelledError):
+    """Raised at a client fault point: the node's process dies there (its task ends as if cancelled)."""
+
+
+def crash_at_point(cluster: Cluster, name: str) -> None:
+    """A client fault point was hit: the writer whose task hit it crashes on the spot. Points hit by a client of
+    a bookie (its autorecovery's) are passed: the bookie's own crashes are the schedule's."""
+    node = NODE.get()
+    if not node.startswith("writer-"):
+        return
+    cluster.world.record(f"{node} dies at fault point {name}")
+    cluster.crash_client(node)
+    raise NodeCrashed(f"{node} died at {name}")
+
+
 def git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -85,6 +104,11 @@ def run_seed(seed: int, workload_s: float = WORKLOAD_S, base_dir: str | None = N
                      f"{len(schedule)} faults")
         outcome.faults = len(schedule)
         injector = Injector(cluster)
+        if rng.random() < CRASH_POINT_RATIO:  # a writer dies at a named point of the client (client/faults.py)
+            spec = f"{client_faults.ENSEMBLE_CHANGE_AFTER_SEGMENT_CAS}@{rng.randrange(1, 3)}"
+            client_faults.arm(spec, lambda name: crash_at_point(cluster, name))
+            world.record(f"armed client fault point {spec}")
+            outcome.faults += 1
 
         async def main() -> list[str]:
             await cluster.start_all()
@@ -120,6 +144,7 @@ def run_seed(seed: int, workload_s: float = WORKLOAD_S, base_dir: str | None = N
         outcome.violations.append(f"simulation error: {type(e).__name__}: {e} (at "
                                   + " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in where) + ")")
     finally:
+        client_faults.arm("")
         outcome.virtual_s = world.clock.now_s
         outcome.history = world.history
         shutil.rmtree(root, ignore_errors=True)
