@@ -93,3 +93,28 @@ def test_a_roll_whose_bookie_does_not_start_halts_and_reverting_the_spec_resumes
             assert after["halt-2"] != now["halt-2"], "the stuck pod was not replaced"
     finally:
         handlers.CONFIG.roll_ready_timeout_s = 300.0
+
+
+def test_a_refused_spec_keeps_the_cluster_running_and_watched_on_the_last_valid_one(local_kube: LocalKube) -> None:
+    """Issue 37 item 4: an invalid spec never switches protection off. The status says the new spec is refused and
+    why, reports the bookies as they are, and the operator keeps polling them (a killed bookie is seen)."""
+    k, eventually = local_kube.k, local_kube.eventually
+    with local_kube.operator():
+        local_kube.bookie_cluster("keep", replicas=3)
+        eventually(lambda: k.condition("keep", "Ready").get("status") == "True", 180, "Ready")
+        template = k.get("apps/v1", "statefulsets", "keep")["spec"]["template"]
+        k.patch(API, "bookieclusters", "keep", {"spec": {"bookie": {"disk_writable_ratio": 0.99}}})
+        status = eventually(lambda: (s := k.cluster("keep")["status"]).get("specError") and s, 30, "the refusal")
+        assert "disk watermarks must satisfy" in status["specError"]
+        assert [b["reachable"] for b in status["bookies"]] == [True, True, True], status["bookies"]
+        assert status["appliedSpec"]["bookie"] == {"disk_check_interval_ms": 200, "gc_interval_ms": 500}
+        assert k.condition("keep", "Degraded")["reason"] == "InvalidSpec"
+        assert k.condition("keep", "Ready")["status"] == "True", k.condition("keep", "Ready")
+        assert k.condition("keep", "Progressing")["status"] == "False", k.condition("keep", "Progressing")
+        local_kube.kill("default", "keep-1")  # still watched: the operator sees it go and come back
+        eventually(lambda: any(b["id"] == "keep-1" and not b["reachable"] for b in k.cluster("keep")["status"][
+            "bookies"]), 30, "keep-1 seen not answering while the spec is refused")
+        eventually(lambda: all(b["reachable"] for b in k.cluster("keep")["status"]["bookies"]), 90,
+                   "keep-1 seen back")
+        assert k.get("apps/v1", "statefulsets", "keep")["spec"]["template"] == template, "the refused spec was applied"
+        assert k.cluster("keep")["status"]["specError"], "the refusal went away by itself"

@@ -529,6 +529,10 @@ def _warn_etcd(body: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str
 
 def _write_status(patch: kopf.Patch, old: Mapping[str, Any], new: dict[str, Any], spec_error: str) -> None:
     new[SPEC_ERROR_FIELD] = spec_error
+    # The last applied spec: set by this reconcile when its spec was valid, else kept (never merged away).
+    applied = patch.status.get(APPLIED_SPEC_FIELD) or old.get(APPLIED_SPEC_FIELD)
+    if applied is not None:
+        new[APPLIED_SPEC_FIELD] = applied
     for key, value in merge_patch(dict(old), new).items():
         patch.status[key] = value
 
