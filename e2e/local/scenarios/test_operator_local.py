@@ -314,18 +314,19 @@ def test_invalid_specs_and_unsafe_scale_downs_are_refused_with_a_reason(local_ku
     from octavo.client import Client
 
     k, eventually, etcd = local_kube.k, local_kube.eventually, local_kube.etcd
-    # A setting the bookie's own rules refuse (log_size_bytes_max must be in [64 KiB, 64 GiB]) and the CRD's schema
-    # lets through. On the emulated API this was an unknown setting (`no_such_setting`); a real API server never
-    # hands the operator one: the CRD's structural schema prunes unknown fields of a create that does not ask for
-    # strict field validation (kopf's and the kubernetes client's), and kubectl's strict validation refuses it.
+    # Settings the bookie's own rules refuse together (disk_writable_ratio must be below disk_readonly_ratio) and
+    # the CRD's schema lets through: each value is within its own bounds, which the CRD checks at apply time.
+    # On the emulated API this was an unknown setting (`no_such_setting`); a real API server never hands the
+    # operator one: the CRD's structural schema prunes unknown fields of a create that does not ask for strict
+    # field validation (kopf's and the kubernetes client's), and kubectl's strict validation refuses it.
     with local_kube.operator():
-        local_kube.bookie_cluster("logs", replicas=4, bookie={"log_size_bytes_max": 1})
+        local_kube.bookie_cluster("logs", replicas=4, bookie={"disk_writable_ratio": 0.99})
         degraded = eventually(lambda: (c := k.condition("logs", "Degraded")).get("reason") == "InvalidSpec" and c,
                               20, "Degraded/InvalidSpec")
-        assert "log_size_bytes_max" in degraded["message"] and degraded["status"] == "True"
+        assert "disk watermarks must satisfy" in degraded["message"] and degraded["status"] == "True"
         assert k.get("apps/v1", "statefulsets", "logs") is None, "an invalid spec was applied"
-        assert any("log_size_bytes_max" in e["message"] and e["type"] == "Warning" for e in k.events("InvalidSpec"))
-        k.patch("octavo.io/v1alpha1", "bookieclusters", "logs", {"spec": {"bookie": {"log_size_bytes_max": None}}})
+        assert any("disk watermarks" in e["message"] and e["type"] == "Warning" for e in k.events("InvalidSpec"))
+        k.patch("octavo.io/v1alpha1", "bookieclusters", "logs", {"spec": {"bookie": {"disk_writable_ratio": None}}})
         eventually(lambda: k.condition("logs", "Ready").get("status") == "True", 60, "Ready once the spec is fixed")
         assert k.condition("logs", "Degraded")["status"] == "False"
 
