@@ -283,3 +283,16 @@ def test_the_background_scrub_finds_and_repairs_damage_on_its_own(tmp_path: Path
 
     with LocalCluster(str(tmp_path / "scheduled"), bookies=3, bookie_args=args) as cluster:
         asyncio.run(scenario(cluster))
+
+
+async def test_a_bookie_that_answered_corrupt_repairs_its_copy_without_a_report(cluster: LocalCluster) -> None:
+    """A read straight from the bookie (no client library, so no report): the bookie notes what it answered
+    CORRUPT and repairs it on its own."""
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        ledger, ensemble = await write_ledger(client)
+        victim = ensemble[2]
+        await asyncio.sleep(1.0)
+        flipped = flip_entries(cluster, victim, ledger, 2)
+        answers = await direct(client, victim, ledger, flipped)
+        assert all(code == pb.CORRUPT for code, _ in answers.values())
+        await wait_repaired(client, victim, ledger, flipped)

@@ -223,6 +223,7 @@ class DamageControl:
         self.scrubber = Scrubber(storage, self.findings, cfg.scrub_rate_bytes_per_s, f"scrub on {finder}",
                                  lambda: compactor.rewriting)
         compactor.on_damage = lambda lid, eid, why: self.findings.note(lid, eid, why, f"compaction on {finder}")
+        storage.on_corrupt_read(lambda lid, eid, why: self.findings.note(lid, eid, why, f"a read on {finder}"))
         self.repair: DamageRepair | None = None
         if cfg.etcd:
             self.repair = DamageRepair(storage, bookie_id, self.findings, cfg.damage_check_interval_s,

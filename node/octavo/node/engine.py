@@ -6,7 +6,7 @@ implements it; mypy checks that wherever a Storage is handed to one of them.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from octavo.node.checkpoint import NodeState
@@ -54,6 +54,8 @@ class Engine(Protocol):
     def verify_entry(self, ledger_id: int, entry_id: int) -> str | None: ...
 
     def locate(self, ledger_id: int, entry_id: int) -> tuple[int, int, int] | None: ...
+
+    def on_corrupt_read(self, callback: Callable[[int, int, str], None]) -> None: ...
 
     def wait_for_room(self, entries: int, timeout_s: float) -> bool: ...
 

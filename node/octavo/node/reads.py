@@ -40,6 +40,9 @@ class Reader:
         # True when this bookie may have lost its unsynced tail (an unclean stop across a reboot): a missing
         # entry is then UNKNOWN, never NO_SUCH_ENTRY (BP-46).
         self._in_doubt = in_doubt
+        # Told of every record a read answered CORRUPT (ledger id, entry id, message): the bookie notes it as
+        # damage to repair (damagerepair.py). Checks of its own (verify, scrub) do not go through here.
+        self.on_corrupt: Callable[[int, int, str], None] | None = None
 
     def locate(self, ledger_id: int, entry_id: int) -> tuple[int, int, int] | None:
         """(log id, offset, record length), None if this bookie does not hold the entry."""
@@ -133,6 +136,7 @@ class Reader:
             size += payload_bytes
             plan.append((entry_id, loc))
         out: list[ReadItem] = []
+        any_failed = False
         i = 0
         while i < len(plan):
             entry_id, loc = plan[i]
@@ -154,8 +158,14 @@ class Reader:
                 j += 1
             failed = self._read_run(ledger_id, plan[i:j], log_id, start, end, out, stop_on_failure)
             i = j
-            if failed and stop_on_failure:
-                break
+            if failed:
+                any_failed = True
+                if stop_on_failure:
+                    break
+        if any_failed and self.on_corrupt is not None:  # only answers with a failed record pay for this
+            for entry_id, code, _, message in out:
+                if code == pb.CORRUPT:
+                    self.on_corrupt(ledger_id, entry_id, message)
         return out
 
     def _missing_item(self, ledger_id: int, entry_id: int) -> ReadItem:

@@ -275,6 +275,10 @@ class Storage:
         return self.add_batch([LedgerBatch(ledger_id, master_key, entry_ids, payloads, recovery=True,
                                            repair=True)])[0]
 
+    def on_corrupt_read(self, callback: Callable[[int, int, str], None]) -> None:
+        """Tell `callback` (ledger id, entry id, message) of every record a read answers CORRUPT."""
+        self._reader.on_corrupt = callback
+
     def verify_entry(self, ledger_id: int, entry_id: int) -> str | None:
         """Re-read one entry's record and check its checksum: "" if it is good, why not if it is damaged
         (a flipped bit, a truncated or missing log), None if this bookie does not hold the entry."""
