@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import random
@@ -58,6 +59,40 @@ SIM_SETTINGS: dict[str, Any] = {
 }
 
 
+class FaultyIO(SimIO):
+    """SimIO with disk faults switched on and off by the run: a full disk (writes fail with ENOSPC) and a failing
+    disk (writes and syncs fail with EIO). Reads keep working in both."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.full = False
+        self.failing = False
+
+    def _write_fault(self) -> None:
+        if self.failing:
+            raise OSError(errno.EIO, "simulated disk error")
+        if self.full:
+            raise OSError(errno.ENOSPC, "simulated full disk")
+
+    def write_at_end(self, fd: int, data: bytes | memoryview) -> None:
+        self._write_fault()
+        super().write_at_end(fd, data)
+
+    def write_parts(self, fd: int, parts: list[bytes] | list[bytes | memoryview], total_bytes: int) -> None:
+        self._write_fault()
+        super().write_parts(fd, parts, total_bytes)
+
+    def fsync(self, fd: int) -> None:
+        if self.failing:
+            raise OSError(errno.EIO, "simulated disk error")
+        super().fsync(fd)
+
+    def fdatasync(self, fd: int) -> None:
+        if self.failing:
+            raise OSError(errno.EIO, "simulated disk error")
+        super().fdatasync(fd)
+
+
 class SimBookie:
     def __init__(self, name: str, root_dir: str, settings: dict[str, Any] | None = None) -> None:
         self.name = name
@@ -68,7 +103,7 @@ class SimBookie:
         os.makedirs(self.data_dir, exist_ok=True)
         # The machine's disk: one SimIO for as long as the machine runs (a process crash keeps what it knows
         # was synced), a new one after a power cut.
-        self.io = SimIO(self.data_dir)
+        self.io = FaultyIO(self.data_dir)
         self.server: BookieServer | None = None
         self.running = False
         self.starts = 0
@@ -142,6 +177,6 @@ class SimBookie:
         self.crash_process()
         self.boot += 1
         report = io.power_loss(rng)
-        self.io = SimIO(self.data_dir)
+        self.io = FaultyIO(self.data_dir)
         self.io.settle((os.path.join(self.data_dir, INDEX_DIR),))
         return report

@@ -17,7 +17,7 @@ from octavo.sim.cluster import Cluster
 from octavo.sim.world import ETCD_NODE
 
 KINDS = ("process_crash", "machine_crash", "partition", "isolate", "lossy_link", "etcd_down", "leases_expire",
-         "bookie_lost")
+         "bookie_lost", "disk_full", "disk_error")
 DATA_LOSING = frozenset({"machine_crash", "bookie_lost"})
 # Starts of a crashed bookie tried before the run reports that it cannot start again.
 RESTART_ATTEMPTS_MAX = 20
@@ -113,6 +113,10 @@ class Injector:
             for a, b in pairs:
                 network.link(a, b).drop_ratio = fault.drop_ratio
             loop.call_later(fault.duration_s, self._heal_links, pairs)
+        elif kind in ("disk_full", "disk_error"):
+            io = self.cluster.bookies[target].io
+            setattr(io, "full" if kind == "disk_full" else "failing", True)
+            loop.call_later(fault.duration_s, self._disk_healed, target, kind)
         elif kind == "etcd_down":
             network.down(ETCD_NODE, "unavailable")
             loop.call_later(fault.duration_s, self._etcd_up)
@@ -130,6 +134,11 @@ class Injector:
             link = network.link(a, b)
             link.partitioned, link.drop_ratio = False, 0.0
         self.record(f"healed {' '.join(f'{a}|{b}' for a, b in pairs)}")
+
+    def _disk_healed(self, name: str, kind: str) -> None:
+        io = self.cluster.bookies[name].io
+        io.full = io.failing = False
+        self.record(f"{kind} on {name} over")
 
     def _etcd_up(self) -> None:
         self.cluster.world.network.up(ETCD_NODE)
@@ -167,6 +176,8 @@ class Injector:
         for link in network.links.values():
             link.partitioned, link.drop_ratio = False, 0.0
         network.up(ETCD_NODE)
-        self.record("heal: links clean, etcd up")
+        for bookie in self.cluster.bookies.values():
+            bookie.io.full = bookie.io.failing = False
+        self.record("heal: links clean, etcd up, disks healthy")
         for name in sorted(self.down):
             await self._restart_soon(name)
