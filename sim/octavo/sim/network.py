@@ -254,6 +254,8 @@ class SimChannel:
             response: bytes = await asyncio.shield(served)
         except _Abort as e:
             raise rpc_error(e.code, e.details) from None
+        except Exception as e:  # what gRPC answers when a handler raises
+            raise rpc_error(grpc.StatusCode.UNKNOWN, f"Exception calling application: {e}") from None
         delay = network.fate(host.name, self.src)
         if delay is None:
             await asyncio.Event().wait()
@@ -416,3 +418,5 @@ class SimStreamCall:
             self._send(self.to_client, _END, src, dst, False)
         except _Abort as e:
             self.broken(rpc_error(e.code, e.details))
+        except Exception as e:  # what gRPC answers when a handler raises
+            self.broken(rpc_error(grpc.StatusCode.UNKNOWN, f"Exception iterating responses: {e}"))
