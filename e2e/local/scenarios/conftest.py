@@ -180,6 +180,7 @@ class LocalKube:
         handlers.CONFIG.kube = None
         handlers.CONFIG.locks.clear()
         handlers.CONFIG.scale_downs.clear()
+        handlers.CONFIG.scale_down_refusals.clear()
         # Fresh metrics per operator run, served on a free port (operator_metrics() scrapes it).
         handlers.CONFIG.telemetry = None
         handlers.CONFIG._metrics = None

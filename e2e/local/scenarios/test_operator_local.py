@@ -348,6 +348,12 @@ def test_invalid_specs_and_unsafe_scale_downs_are_refused_with_a_reason(local_ku
         refused = eventually(lambda: [e for e in k.events("ScaleDownRefused") if f"ledger {ledger}" in e["message"]],
                              60, "the scale-down refused")
         assert "needs an ensemble of 4" in refused[0]["message"]
+        time.sleep(6)  # a dozen polls: the refusal is said once per change of reason (issue 29), not per poll
+        refusals = [e for e in k.events("ScaleDownRefused") if f"ledger {ledger}" in e["message"]]
+        assert sum(e.get("count") or 1 for e in refusals) == 1, refusals
+        assert sum(e.get("count") or 1 for e in k.events("ScaleDown")) == 1, k.events("ScaleDown")
+        ready = k.condition("logs", "Ready")["message"]
+        assert ready.startswith("4 of 4 bookies answer (1 being removed)"), ready  # never "4 of 3"
         assert k.get("apps/v1", "statefulsets", "logs")["spec"]["replicas"] == 4
         assert len(local_kube.registered("logs")) == 4
         read_back(etcd, "logs", ledger, 10)

@@ -109,6 +109,8 @@ class OperatorConfig:
     kube: Kube | None = None
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     scale_downs: dict[tuple[str, str], asyncio.Task[ScaleDownStep]] = field(default_factory=dict)
+    # The last refusal of each cluster's scale-down: its Warning event is posted once per change of reason.
+    scale_down_refusals: dict[tuple[str, str], str] = field(default_factory=dict)
     last_poll_unix_s: float = 0.0
     # Metrics: served on /metrics at metrics_host:metrics_port (-1: no endpoint; 0: a free port).
     metrics_port: int = -1
@@ -546,6 +548,7 @@ async def _scale_down(kube: Kube, name: str, namespace: str, body: Mapping[str, 
         if task is not None and not task.done():
             task.cancel()
         CONFIG.scale_downs.pop(key, None)
+        CONFIG.scale_down_refusals.pop(key, None)
         return ""
     victim = f"{name}-{target - 1}"
     if task is None or (task.done() and task.cancelled()):
@@ -567,9 +570,11 @@ async def _scale_down(kube: Kube, name: str, namespace: str, body: Mapping[str, 
         kopf.warn(dict(body), reason="ScaleDownFailed", message=f"{victim}: {e!r}")  # type: ignore[arg-type]
         return f"decommission of {victim} failed: {e!r}; retrying"
     if not step.retired:
-        if step.refused and status.get(SCALE_DOWN_FIELD) != step.message:  # once per change of reason
+        if step.refused and CONFIG.scale_down_refusals.get(key) != step.message:  # once per change of reason
+            CONFIG.scale_down_refusals[key] = step.message
             kopf.warn(dict(body), reason="ScaleDownRefused", message=step.message)  # type: ignore[arg-type]
         return step.message
+    CONFIG.scale_down_refusals.pop(key, None)
     # The volumes go first (Kubernetes keeps a claim in use until its pod is gone), so that no crash between
     # the two steps can leave a retired data directory for a later scale-up to bring back.
     for claim in ("data", "logs"):
