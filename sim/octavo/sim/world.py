@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 from octavo.meta import retry, transport
+from octavo.node.startup import BOOT_ID_ENV
 from octavo.sim.etcdmodel import EtcdModel
 from octavo.sim.loop import Stuck, VirtualClock, VirtualLoop
 from octavo.sim.network import NODE, Network
@@ -54,6 +56,7 @@ class World:
         saved_random = random.getstate()
         saved_retry = retry._rng.getstate()
         saved_time, saved_monotonic, saved_sleep = time.time, time.monotonic, time.sleep
+        saved_boot_id = os.environ.get(BOOT_ID_ENV)  # the simulated machines set theirs (bookie.py)
         random.seed(self.rng.getrandbits(64))
         retry._rng.seed(self.rng.getrandbits(64))
         time.monotonic = self.clock  # type: ignore[assignment]
@@ -63,6 +66,10 @@ class World:
             yield
         finally:
             time.time, time.monotonic, time.sleep = saved_time, saved_monotonic, saved_sleep  # type: ignore[assignment]
+            if saved_boot_id is None:
+                os.environ.pop(BOOT_ID_ENV, None)
+            else:
+                os.environ[BOOT_ID_ENV] = saved_boot_id
             random.setstate(saved_random)
             retry._rng.setstate(saved_retry)
             transport.install(previous)
