@@ -29,6 +29,7 @@ def run(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
     (["--liveness", "nowhere"], "--liveness must be HOST:PORT"),
     (["--admin-timeout-s", "-1"], "admin_timeout_s must be in"),
     (["--decommission-rate-bytes-per-s", "-5"], "decommission_rate_bytes_per_s must be >= 0"),
+    (["--roll-ready-timeout-s", "0"], "--roll-ready-timeout-s must be in [1, 86400]"),
     (["--metrics-tls"], "--metrics-tls serves the operator's certificate: set OCTAVO_TLS_CERT_FILE"),
 ])
 def test_bad_flags_are_refused_with_a_message(args: list[str], message: str) -> None:
