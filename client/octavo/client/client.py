@@ -173,9 +173,10 @@ class Client:
                 continue
             if known.address != info.address:  # it moved (restarted elsewhere)
                 self._replace_connection(bookie_id, known, "moved")
-            elif self._restarted(before.get(bookie_id), info) and not known.reachable() and not known.busy:
-                # Restarted in place while our connection waits out its backoff: a new connection tries
-                # at once (gRPC offers no way to reset a channel's backoff).
+            elif self._restarted(before.get(bookie_id), info) and not known.reachable():
+                # Restarted in place while our connection waits out its backoff (or holds a name resolved to the
+                # old pod): a new connection tries at once (gRPC offers no way to reset a channel's backoff).
+                # What is queued on the old one fails over as from any unreachable bookie.
                 self._replace_connection(bookie_id, known, "restarted")
 
     @staticmethod

@@ -103,6 +103,8 @@ class WriteHandle:
         # Bookies that failed this handle, and when (loop time): not chosen again for bookie_quarantine_s,
         # unless no other bookie is usable and they are reachable again.
         self._quarantine: dict[str, float] = {}
+        # ... and the started_unix_ms of the registration it had then (0: unknown): a new process is not quarantined.
+        self._quarantined_process: dict[str, int] = {}
         self._failure_reasons: dict[str, str] = {}  # the last failure of each bookie, for error messages
         self._flush_scheduled = False
         self._unsent_bytes = 0  # appended, not yet handed to the bookies (what a linger waits to grow)
@@ -545,6 +547,8 @@ class WriteHandle:
                  extra={"event": "bookie_failed", "ledger_id": self.ledger_id, "bookie_id": bookie_id})
         self._new_epoch(bookie_id)
         self._quarantine[bookie_id] = asyncio.get_running_loop().time()
+        info = self._client.registrations.get(bookie_id)
+        self._quarantined_process[bookie_id] = info.started_unix_ms if info is not None else 0
         self._failure_reasons[bookie_id] = reason
         self._changing.add(bookie_id)
         task = asyncio.get_running_loop().create_task(self._change_ensemble(bookie_id))
@@ -664,6 +668,19 @@ class WriteHandle:
             self.metadata, self._revision = current, current_revision
             await retry.lost(f"revision {current_revision} ({len(current.ensembles)} segments)")
 
+    def _lift_restarted_quarantines(self, registered: dict[str, Any]) -> None:
+        """A quarantined bookie that registered again from a new process (a restart, a rolled pod) is a candidate
+        again: the quarantine was for the process that failed (or drained) under this handle. In a rolling
+        restart the bookie restarted a moment ago is often the only one outside the ensemble."""
+        for bookie_id in list(self._quarantine):
+            info = registered.get(bookie_id)
+            if info is not None and info.started_unix_ms > 0 \
+                    and info.started_unix_ms != self._quarantined_process.get(bookie_id, 0):
+                log.info("ledger %d: bookie %s restarted since it failed this ledger: no longer quarantined",
+                         self.ledger_id, bookie_id)
+                del self._quarantine[bookie_id]
+                self._quarantined_process.pop(bookie_id, None)
+
     async def _choose_replacement(self, failed: str) -> str | None:
         """A bookie to take `failed`'s place: one usable now (writable, not in the ensemble, not quarantined,
         its connection up or not tried yet), else a quarantined one that is reachable again. With neither,
@@ -675,7 +692,9 @@ class WriteHandle:
         started = loop.time()
         while True:
             now = loop.time()
-            choice = replacement_choice(failed, self.metadata.last_ensemble, await self._client.bookies(refresh=True),
+            registered = await self._client.bookies(refresh=True)
+            self._lift_restarted_quarantines(registered)
+            choice = replacement_choice(failed, self.metadata.last_ensemble, registered,
                                         self._quarantine, now, self._options.bookie_quarantine_s,
                                         max(map(len, self._data), default=0), self._connection_state)
             if choice.ready:

@@ -39,11 +39,15 @@ CALL_TIMEOUT_S = 5.0
 RECONNECT_BACKOFF_MS_INITIAL = 50
 RECONNECT_BACKOFF_MS_MAX = 250
 CONNECT_ATTEMPT_MS_MIN = 2000
+DNS_RESOLUTION_INTERVAL_MS_MIN = 1000
 CHANNEL_OPTIONS = [
     ("grpc.use_local_subchannel_pool", 1),
     ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS_INITIAL),
     ("grpc.min_reconnect_backoff_ms", CONNECT_ATTEMPT_MS_MIN),
     ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS_MAX),
+    # A name re-resolved after a failed connect at most this often (gRPC's default is 30 s): a bookie pod that
+    # restarted under the same DNS name with another address is reached within a second.
+    ("grpc.dns_min_time_between_resolutions_ms", DNS_RESOLUTION_INTERVAL_MS_MIN),
 ]
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 # Before the first call succeeds, every endpoint gets a plain TCP connect of at most this long: if each one is

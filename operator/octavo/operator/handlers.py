@@ -76,6 +76,10 @@ log = logging.getLogger("octavo.operator")
 
 API_VERSION = f"{GROUP}/{VERSION}"
 APPLIED_HASH = "octavo.io/applied-hash"
+# On the StatefulSet's own metadata (not its pod template: no roll): the cluster generation its spec was built
+# from, so a reconcile that reads a StatefulSet not yet given the newest spec waits instead of taking its pods
+# as up to date (observedGeneration moved before a roll had started).
+APPLIED_GENERATION = "octavo.io/cluster-generation"
 FINALIZER = "octavo.io/finalizer"
 # How long one decommission step waits for open ledgers' writers to move off before the operator looks again.
 DECOMMISSION_WAIT_S = 60.0
@@ -357,6 +361,8 @@ async def _reconcile(name: str, namespace: str, body: Mapping[str, Any], status:
         target = max(spec.replicas, current_replicas)
         objects = builders.owned_objects(name, namespace, spec, policy.compaction if policy else None)
         objects[-1]["spec"]["replicas"] = target
+        objects[-1]["metadata"].setdefault("annotations", {})[APPLIED_GENERATION] = str(
+            int(body.get("metadata", {}).get("generation") or 0))
         changed = await apply_owned(kube, body, objects)
         for what in changed:
             log.info("cluster %s/%s: applied %s", namespace, name, what,
@@ -455,14 +461,14 @@ async def _poll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], 
                 c.update(status="True", reason="ScalingDown", message=scale_message)
     else:
         new = await _roll(kube, name, namespace, body, status, new, statefulset, pods, observed, target,
-                          etcd.underreplicated, generation, now)
+                          etcd.underreplicated, generation, now, spec_valid=not spec_error)
     _write_status(patch, status, new, spec_error)
 
 
 async def _roll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], status: Mapping[str, Any],
                 new: dict[str, Any], statefulset: Mapping[str, Any] | None, pods: Mapping[str, Mapping[str, Any]],
                 observed: Sequence[Any], target: int, underreplicated: int | None, generation: int,
-                now: datetime) -> dict[str, Any]:
+                now: datetime, spec_valid: bool = True) -> dict[str, Any]:
     """One step of a roll (rolling.py): the pods it deletes, one Event per step, and the status it shows."""
     if statefulset is None:
         return new
@@ -472,8 +478,11 @@ async def _roll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], 
     answers = {b.bookie_id: b.reachable for b in observed}
     states = [_pod_state(pod, template, update_revision, answers.get(pod_name, False))
               for pod_name, pod in sorted(pods.items()) if pod_name in set(builders.bookie_ids(name, target))]
-    current = int(sts_status.get("observedGeneration") or 0) >= int(
-        (statefulset.get("metadata") or {}).get("generation") or 0) and bool(update_revision)
+    sts_meta = statefulset.get("metadata") or {}
+    current = int(sts_status.get("observedGeneration") or 0) >= int(sts_meta.get("generation") or 0) and bool(
+        update_revision)
+    if spec_valid:  # the StatefulSet must also have been given this generation's spec (APPLIED_GENERATION)
+        current = current and int((sts_meta.get("annotations") or {}).get(APPLIED_GENERATION) or 0) >= generation
     step = decide_roll(now.timestamp(), generation=generation, template_current=current, replicas=target,
                        pods=states, underreplicated=underreplicated,
                        memory=RollMemory.from_status(status.get(ROLL_FIELD)),
