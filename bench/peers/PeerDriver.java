@@ -47,6 +47,8 @@ public final class PeerDriver {
     static final int INFLIGHT_BYTES = 8 * 1024 * 1024;  // bench/cluster_bench.py's INFLIGHT_BYTES
     static final int LATENCY_ENTRY_BYTES = 1024;
     static final int ACK_TIMEOUT_S = 120;  // Kafka's delivery.timeout.ms
+    // -Dpeers.kafka.prime=false: no acknowledged record per partition before the clock starts (see prepare).
+    static final boolean PRIME_PARTITIONS = Boolean.parseBoolean(System.getProperty("peers.kafka.prime", "true"));
     static final double BUFFER_FACTOR = Double.parseDouble(System.getProperty("peers.kafka.bufferFactor", "2"));
 
     /** One system under load: send entry `payload` to ledger `ledger`; `done` runs on acknowledgement. */
@@ -116,6 +118,17 @@ public final class PeerDriver {
                     throw new Exception("topic " + topic + " has no leaders after 60 s");
                 }
                 Thread.sleep(100);
+            }
+            // One acknowledged record per partition before the clock starts: a broker learns of its new
+            // leaderships from the metadata log a little after the controller says so, and the first sends
+            // would otherwise measure that (NOT_LEADER_OR_FOLLOWER, retries with backoff), not the writes.
+            // Octavo's and BookKeeper's ledgers are likewise ready when their creation returns.
+            List<java.util.concurrent.Future<?>> primed = new ArrayList<>();
+            for (int i = 0; i < (PRIME_PARTITIONS ? ledgers : 0); i++) {
+                primed.add(producer.send(new ProducerRecord<>(topic, i, null, new byte[1])));
+            }
+            for (java.util.concurrent.Future<?> f : primed) {
+                f.get(120, TimeUnit.SECONDS);
             }
         }
 

@@ -106,6 +106,10 @@ def bookie_config(port: int, zk_port: int, ledgers_root: str, journal_dir: str, 
         "journalMaxBackups": "1",
         # Deleted ledgers' entry logs are collected every 30 s (default 15 min), so runs do not pile up.
         "gcWaitTime": "30000",
+        # The in-flight budget is 8 MiB of payload, 83,886 entries of 100 B: above the default queue of 10,000
+        # adds per add thread a bookie answers "too many requests", the client replaces the bookie in the
+        # ensemble, and with three bookies there is none to take its place (the run of 2026-11-26 failed so).
+        "maxPendingAddRequestsPerThread": "100000",
         "httpServerEnabled": "false",
         "autoRecoveryDaemonEnabled": "false",
         "diskUsageThreshold": "0.99",

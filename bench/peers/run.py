@@ -31,7 +31,7 @@ throughput ratios are medians of per-round ratios, latency samples of all rounds
 
 Usage:
     .venv/bin/python bench/peers/run.py --quick      # a smoke run of a few minutes; writes no report
-    .venv/bin/python bench/peers/run.py              # the full run (about 40 minutes); writes the `peers`
+    .venv/bin/python bench/peers/run.py              # the full run (30-45 minutes); writes the `peers`
                                                      # section of docs/benchmarks.md and bench/peers/results/
 The first run resolves the jars with `mvn` (about 100 MB into ~/.m2) and compiles the driver (bench/peers/.cache).
 Needs Java 17 (java, javac) and Maven on PATH.
@@ -70,6 +70,7 @@ LEDGER_COUNTS = [1, 100]
 LATENCY_RATES = [2000, 20000]
 LATENCY_ENTRY_BYTES = 1024
 RESULTS = HERE / "results" / "peers.json"
+NOTES = HERE / "results" / "reading.md"  # what the figures of the last full run say, written by hand
 GIB = float(1 << 30)
 
 
@@ -466,6 +467,7 @@ def report(data: dict[str, object]) -> str:
         "Server CPU includes the metadata store (Octavo's etcd, BookKeeper's ZooKeeper; Kafka's controllers run "
         "in its brokers). Octavo's client is the benchmark's own Python process, which holds both Octavo "
         "clusters' clients; the peers' client is the driver JVM (its JIT and garbage collector included).",
+        *(["", NOTES.read_text().rstrip()] if NOTES.exists() else []),
     ])
 
 
@@ -481,6 +483,7 @@ def main() -> None:
                     help="comma-separated keys: " + ", ".join(s.key for s in SYSTEMS))
     ap.add_argument("--quick", action="store_true", help="one short round of 1 KiB on one ledger, 2,000/s; no report")
     ap.add_argument("--no-report", action="store_true")
+    ap.add_argument("--results", metavar="JSON", help="also write the figures to this file (a partial run too)")
     ap.add_argument("--report-from", metavar="JSON", help="write the report from a results file, running nothing")
     args = ap.parse_args()
     if args.report_from:
@@ -525,6 +528,8 @@ def main() -> None:
     bench.stop()
     shutil.rmtree(root, ignore_errors=True)
     data["args"]["systems"] = sorted(args.systems)  # type: ignore[index]
+    if args.results:
+        Path(args.results).write_text(json.dumps(data, indent=1, default=str) + "\n")
     if args.no_report:
         print(json.dumps({k: v for k, v in data.items() if k != "latency_us"}, indent=1, default=str)[:4000])
         return

@@ -18,6 +18,8 @@ HERE = Path(__file__).resolve().parent
 # stay in Maven's local repository (~/.m2).
 CACHE = HERE / ".cache"
 POMS = {"kafka": HERE / "pom-kafka.xml", "bookkeeper": HERE / "pom-bookkeeper.xml"}
+# Extra JVM options for the load driver, e.g. -Dpeers.kafka.prime=false (see PeerDriver.java).
+DRIVER_EXTRA_JVM_ARGS = os.environ.get("OCTAVO_PEERS_DRIVER_JVM_ARGS", "").split()
 SERVER_START_TIMEOUT_S = 300.0  # a loaded 2-core machine has taken over 90 s to start a broker
 
 
@@ -187,7 +189,8 @@ class Driver:
     def __init__(self, system: str, target: str, log: str) -> None:
         self.log = open(log, "ab")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
-            configs.java_command(driver_classpath(system), configs.DRIVER_JVM_ARGS, "PeerDriver", system, target),
+            configs.java_command(driver_classpath(system), [*configs.DRIVER_JVM_ARGS, *DRIVER_EXTRA_JVM_ARGS],
+                                 "PeerDriver", system, target),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
         if self.read().get("ready") is not True:
             raise RuntimeError(f"the {system} driver did not start; see {log}")

@@ -46,6 +46,8 @@ def test_bookie_runs_db_ledger_storage_with_the_journal_sync_asked_for(sync: boo
     assert conf["bookiePort"] == "3181"
     assert conf["allowLoopback"] == "true"
     assert (conf["journalDirectories"], conf["ledgerDirectories"]) == ("/d/j", "/d/l")
+    # 8 MiB of 100 B entries in flight must fit the bookie's add queue (its default of 10,000 made runs fail).
+    assert int(conf["maxPendingAddRequestsPerThread"]) >= 8 * 1024 * 1024 // 100
 
 
 def test_metadata_root_must_be_absolute() -> None:
