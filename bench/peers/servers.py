@@ -192,8 +192,14 @@ class Driver:
             configs.java_command(driver_classpath(system), [*configs.DRIVER_JVM_ARGS, *DRIVER_EXTRA_JVM_ARGS],
                                  "PeerDriver", system, target),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
-        if self.read().get("ready") is not True:
-            raise RuntimeError(f"the {system} driver did not start; see {log}")
+        try:
+            if self.read().get("ready") is not True:
+                raise RuntimeError(f"the {system} driver did not start; see {log}")
+        except BaseException:
+            self.proc.kill()  # not left running: the caller never got this driver to stop
+            self.proc.wait()
+            self.log.close()
+            raise
 
     def read(self) -> dict[str, object]:
         assert self.proc.stdout is not None
