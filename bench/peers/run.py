@@ -33,7 +33,7 @@ Usage:
     .venv/bin/python bench/peers/run.py --quick      # a smoke run of a few minutes; writes no report
     .venv/bin/python bench/peers/run.py              # the full run (30-45 minutes); writes the `peers`
                                                      # section of docs/benchmarks.md and bench/peers/results/
-The first run resolves the jars with `mvn` (about 100 MB into ~/.m2) and compiles the driver (bench/peers/.cache).
+The first run resolves the jars with `mvn` (about 155 MB into ~/.m2) and compiles the driver (bench/peers/.cache).
 Needs Java 17 (java, javac) and Maven on PATH.
 """
 
