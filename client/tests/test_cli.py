@@ -237,3 +237,62 @@ def test_unusable_data_directories_and_taken_ports_are_one_line_errors(tmp_path:
     assert run.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in run.stderr
     assert "Traceback" not in run.stderr
     assert not (tmp_path / "fresh").exists(), "a taken port left a half-created data directory"
+
+
+# -- issue 29: usage, addressing, messages -----------------------------------------------------------------
+@pytest.mark.parametrize(("argv", "usage", "hint"), [
+    (["ledger", "ls", "--jsn"], "usage: octavo ledger ls", "did you mean --json?"),
+    (["bookie", "compaction", "resume", "--bookie", "b", "--jason"], "usage: octavo bookie compaction resume",
+     "did you mean --json?"),
+    (["dev", "down", "--data-dri", "x"], "usage: octavo dev down", "did you mean --data-dir?"),
+    (["cluster", "status", "extra"], "usage: octavo cluster status", "unrecognized arguments: extra"),
+])
+def test_a_mistyped_flag_prints_the_subcommands_usage(argv: list[str], usage: str, hint: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from octavo.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.startswith(usage) and hint in err, err
+    assert "usage: octavo [-h]" not in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["bookie", "status", "--bookie", "b"], ["bookie", "readonly", "--bookie", "b"],
+    ["bookie", "compaction", "window", "--bookie", "b", "--clear"], ["bookie", "decommission", "--bookie", "b"],
+    ["cluster", "check"], ["cluster", "recover", "--bookie", "b"], ["cluster", "status"], ["ledger", "ls"],
+    ["dataset", "ls"],
+])
+def test_allow_empty_wherever_the_cluster_is_checked(argv: list[str]) -> None:
+    assert build_parser().parse_args([*argv, "--cluster", "new", "--allow-empty"]).allow_empty is True
+
+
+def test_every_node_setting_has_its_help_text() -> None:
+    from octavo.cli.main import NODE_SETTING_HELP
+    from octavo.node.config import NodeConfig
+
+    assert not [n for n in NodeConfig.field_names() if n not in NODE_SETTING_HELP]
+
+
+def test_the_mode_is_said_once_and_a_closed_window_is_no_date_in_1970() -> None:
+    from octavo.cli.bookie import describe_mode, describe_window
+
+    forced = "read-only: forced by an administrator (release with `octavo bookie writable`)"
+    assert describe_mode("read-only", forced) == forced
+    assert describe_mode("writable", "writable") == "writable"
+    assert describe_mode("read-only", "disk full") == "read-only: disk full"
+    now_ms = 1_800_000_000_000
+    assert describe_window(0, now_ms) == "no window (always allowed)"
+    assert describe_window(1, now_ms).startswith("window closed") and "1970" not in describe_window(1, now_ms)
+    assert describe_window(now_ms + 3_600_000, now_ms).startswith("window open until 2027-01-15")
+    assert describe_window(now_ms - 60_000, now_ms).startswith("window closed since 2027-01-15")
+
+
+def test_cluster_status_shows_the_read_only_threshold_in_force() -> None:
+    from octavo.cli.cluster import _disk_cell
+
+    row = {"disk_usage_ratio": 0.5, "disk_readonly_ratio": 0.95}
+    assert _disk_cell(row) == "50% (read-only at 95%)"
+    assert _disk_cell({**row, "forced_read_only": True}) == "50% (forced read-only; its own mark 95%)"

@@ -146,9 +146,84 @@ async def test_decommission_refusals_say_why(cluster: LocalCluster) -> None:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.2)
         gone = decommission(cluster, dead)
-        assert gone.returncode == 1 and f"octavo cluster recover {dead}" in gone.stderr
+        assert gone.returncode == 1 and f"octavo cluster recover --bookie {dead}" in gone.stderr
         # Three bookies left and an E3 ledger: none of them may go.
         other = w.metadata.last_ensemble[1]
         short = decommission(cluster, other)
         assert short.returncode == 1 and "needs an ensemble of 3 bookies (E3/Qw3/Qa2)" in short.stderr
         assert other in await client.writable_bookies(), "a refused decommission changed the bookie's mode"
+
+
+def octavo(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "octavo.cli.main", *args, "--etcd", cluster.etcd_endpoint],
+                          capture_output=True, text=True, timeout=180)
+
+
+async def test_an_interrupted_decommission_says_how_to_go_on_and_cancel_undoes_it(cluster: LocalCluster) -> None:
+    """Issue 29, item 8. While it waits on open ledgers it says which ones and how long their writers have;
+    Ctrl-C says how to resume or cancel; --cancel removes its marks and releases the forced read-only mode
+    (before, the bookie stayed forced read-only, and after `bookie writable` its ledgers stayed marked)."""
+    import signal
+
+    victim = "bookie-3"
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        writers = []
+        while not any(victim in w.metadata.last_ensemble for w in writers):
+            assert len(writers) < 20, "placement never chose the victim"
+            w = await client.create_ledger(3, 3, 2, password=PW)
+            await w.append_many([data(w.ledger_id, i) for i in range(10)])
+            writers.append(w)
+        waiting_on = sorted(w.ledger_id for w in writers if victim in w.metadata.last_ensemble)
+        # The --bookie form, as every other bookie command (the positional form stays: the other tests use it).
+        proc = subprocess.Popen([sys.executable, "-m", "octavo.cli.main", "bookie", "decommission", "--bookie",
+                                 victim, "--wait-s", "120", "--etcd", cluster.etcd_endpoint],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None
+        lines = []
+        deadline = time.monotonic() + 60
+        while True:  # idle writers never move off: it waits on their ledgers, and says so
+            line = await asyncio.get_running_loop().run_in_executor(None, proc.stderr.readline)
+            assert line and time.monotonic() < deadline, "".join(lines)
+            lines.append(line)
+            if "waiting on" in line:
+                break
+        assert f"waiting on {len(waiting_on)} open ledgers" in line and ", ".join(map(str, waiting_on)) in line, line
+        assert "grace ends in" in line and "--wait-s 120" in line and "--recover-open" in line, line
+        proc.send_signal(signal.SIGINT)
+        _, err = await asyncio.get_running_loop().run_in_executor(None, proc.communicate)
+        assert proc.returncode == 130, err
+        assert f"`octavo bookie decommission --bookie {victim} --etcd {cluster.etcd_endpoint}` goes on" in err, err
+        assert f"`octavo bookie decommission --bookie {victim} --etcd {cluster.etcd_endpoint} --cancel`" in err, err
+        assert "Traceback" not in err
+
+        marked = json.loads(octavo(cluster, "cluster", "underreplicated", "--json").stdout)["underreplicated"]
+        assert {m["ledger_id"] for m in marked if victim in m["missing"]} >= set(waiting_on)
+        assert victim not in await client.writable_bookies()
+
+        cancel = octavo(cluster, "bookie", "decommission", "--bookie", victim, "--cancel")
+        assert cancel.returncode == 0, cancel.stderr
+        assert "decommission cancelled" in cancel.stdout and f"{victim}: writable" in cancel.stdout, cancel.stdout
+        marked = json.loads(octavo(cluster, "cluster", "underreplicated", "--json").stdout)["underreplicated"]
+        assert not [m for m in marked if victim in m["missing"]], marked
+        status = json.loads(octavo(cluster, "bookie", "status", "--bookie", victim, "--json").stdout)
+        assert status["forced_read_only"] is False and status["mode"] == "MODE_WRITABLE", status
+        deadline = time.monotonic() + 10
+        while victim not in await client.writable_bookies():
+            assert time.monotonic() < deadline, "the bookie never turned writable again"
+            await asyncio.sleep(0.2)
+        for w in writers:  # the writers went on all along
+            await w.append(b"after the cancel")
+            await w.close()
+
+
+def test_decommission_and_recover_take_the_bookie_either_way(cluster: LocalCluster) -> None:
+    both = octavo(cluster, "bookie", "decommission", "bookie-1", "--bookie", "bookie-2", "--dry-run")
+    assert both.returncode == 2 and "two bookies given" in both.stderr, both.stderr
+    neither = octavo(cluster, "cluster", "recover", "--dry-run")
+    assert neither.returncode == 2 and "--bookie ID" in neither.stderr, neither.stderr
+    flag = octavo(cluster, "bookie", "decommission", "--bookie", "bookie-1", "--dry-run", "--json")
+    positional = octavo(cluster, "bookie", "decommission", "bookie-1", "--dry-run", "--json")
+    assert flag.returncode == positional.returncode == 0, flag.stderr + positional.stderr
+    assert json.loads(flag.stdout)["bookie_id"] == json.loads(positional.stdout)["bookie_id"] == "bookie-1"
+    recover = octavo(cluster, "cluster", "recover", "--bookie", "bookie-1", "--dry-run")
+    assert recover.returncode == 1 and "is registered (alive" in recover.stderr, recover.stderr

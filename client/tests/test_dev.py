@@ -232,3 +232,130 @@ def test_free_ports_lie_outside_the_ephemeral_range_and_are_never_handed_out_twi
     assert not [p for p in ports if low <= p <= high], "ports an outgoing connection could take"
     with socket.socket() as s:
         s.bind(("127.0.0.1", ports[0]))  # and free now
+
+
+# -- issue 29: interrupted, killed and resumed `dev up` ----------------------------------------------------
+def _cluster_processes(root: Path) -> dict[int, str]:
+    """Every process whose arguments name a path inside root (etcd, bookies), read from /proc: independent of
+    what `dev up` recorded."""
+    inside = str(root.resolve()) + "/"
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(a.startswith(inside) for a in argv) and "up" not in argv[:5]:
+            found[int(entry)] = " ".join(argv[:4])
+    return found
+
+
+def _wait_for_bookie_processes(root: Path, count: int, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 120
+    while sum("node" in cmd for cmd in _cluster_processes(root).values()) < count:
+        assert proc.poll() is None, f"`dev up` ended before its bookies started: {proc.communicate()}"
+        assert time.monotonic() < deadline, "the bookies never started"
+        time.sleep(0.02)
+
+
+def _gone(root: Path, timeout_s: float = 30) -> dict[int, str]:
+    deadline = time.monotonic() + timeout_s
+    while (left := _cluster_processes(root)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def test_ctrl_c_while_dev_up_starts_stops_what_it_started(tmp_path: Path) -> None:
+    """SIGINT (Ctrl-C) while the bookies start: `dev up` stops etcd and the bookies it had started, says so
+    (exit 130), and the next `dev up` on the folder starts at once. It used to leave them all running with no
+    cluster.json, so that `dev down` found nothing to stop and the next `dev up` waited 30 s for an etcd that
+    could not lock its data."""
+    root = tmp_path / "dev"
+    proc = subprocess.Popen([*OCTAVO, "dev", "up", "--data-dir", str(root), "--bookies", "3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_bookie_processes(root, 3, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "interrupted" in err and "stopped the 4 processes" in err, err
+    assert "Traceback" not in err
+    assert not _gone(root), "an interrupted `dev up` left processes running"
+    started = time.monotonic()
+    up = subprocess.run([*OCTAVO, "dev", "up", "--data-dir", str(root), "--bookies", "3", "--detach", "--json"],
+                        capture_output=True, text=True, timeout=120)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert time.monotonic() - started < 60
+    finally:
+        subprocess.run([*OCTAVO, "dev", "down", "--data-dir", str(root)], capture_output=True, timeout=120)
+
+
+def test_a_killed_dev_up_is_refused_at_once_and_dev_down_stops_what_it_left(tmp_path: Path) -> None:
+    """A `dev up` SIGKILLed while starting leaves its processes (started in sessions of their own): the next
+    `dev up` refuses at once, naming them and `dev down`; `dev down` (finding the folder in $OCTAVO_DEV_DIR)
+    stops them; then the cluster comes up again on its data."""
+    root = tmp_path / "dev"
+    proc = subprocess.Popen([*OCTAVO, "dev", "up", "--data-dir", str(root), "--bookies", "3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_bookie_processes(root, 3, proc)
+    proc.kill()
+    proc.communicate(timeout=60)
+    left = _cluster_processes(root)
+    assert len(left) == 4, left  # etcd and the bookies, alive
+    started = time.monotonic()
+    again = subprocess.run([*OCTAVO, "dev", "up", "--data-dir", str(root), "--bookies", "3", "--detach"],
+                           capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - started
+    assert again.returncode == 1 and "already runs" in again.stderr and "dev down" in again.stderr, again.stderr
+    assert "etcd (pid" in again.stderr and "bookie-0 (pid" in again.stderr, again.stderr
+    assert took < 20, f"the refusal took {took:.0f}s"
+    down = subprocess.run([*OCTAVO, "dev", "down"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OCTAVO_DEV_DIR": str(root)})
+    assert down.returncode == 0 and "stopped" in down.stdout, down.stderr
+    assert not _gone(root), "dev down left processes of the killed `dev up`"
+    up = subprocess.run([*OCTAVO, "dev", "up", "--data-dir", str(root), "--bookies", "3", "--detach", "--json"],
+                        capture_output=True, text=True, timeout=120)
+    try:
+        assert up.returncode == 0, up.stderr
+        with SyncClient(json.loads(up.stdout)["etcd"]) as client, client.create_ledger(3, 3, 2) as writer:
+            writer.append_many([b"after the kill"])
+    finally:
+        subprocess.run([*OCTAVO, "dev", "down", "--data-dir", str(root)], capture_output=True, timeout=120)
+
+
+def test_dev_commands_find_the_folder_in_octavo_dev_dir_or_ask_for_it(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "OCTAVO_DEV_DIR"}
+    for command in (["down"], ["restart", "--bookie", "bookie-0"]):
+        run = subprocess.run([*OCTAVO, "dev", *command], capture_output=True, text=True, timeout=60, env=env)
+        assert run.returncode == 2 and "--data-dir" in run.stderr and "OCTAVO_DEV_DIR" in run.stderr, run.stderr
+    run = subprocess.run([*OCTAVO, "dev", "down"], capture_output=True, text=True, timeout=60,
+                         env={**env, "OCTAVO_DEV_DIR": str(tmp_path)})
+    assert run.returncode == 1 and str(tmp_path) in run.stderr and "nothing to stop" in run.stderr, run.stderr
+    help_text = subprocess.run([*OCTAVO, "dev", "down", "--help"], capture_output=True, text=True, timeout=60).stdout
+    assert "--data-dir" in help_text and "OCTAVO_DEV_DIR" in help_text
+
+
+def test_dev_up_on_a_kubernetes_folder_says_what_it_holds(tmp_path: Path) -> None:
+    (tmp_path / "cluster.json").write_text(json.dumps({"kind": "kubernetes", "host_pid": None}))
+    run = subprocess.run([*OCTAVO, "dev", "up", "--data-dir", str(tmp_path), "--detach"], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 2 and "dev up --kubernetes" in run.stderr and "rm -rf" in run.stderr, run.stderr
+
+
+def test_a_start_that_takes_a_while_says_what_it_waits_for(tmp_path: Path) -> None:
+    """The bookies' wait reports every few seconds which of them it still waits for, with the time so far."""
+    from octavo.cli import localcluster
+    from octavo.node.testing import BookieProcess
+
+    slow = BookieProcess(str(tmp_path / "bookie-7"))
+    slow.proc = subprocess.Popen(["sleep", "30"])  # never writes its ready file
+    heard: list[str] = []
+    try:
+        with pytest.raises(RuntimeError, match="bookie-7 did not serve within 5s"):
+            localcluster.wait_bookies_ready({"bookie-7": slow}, timeout_s=5, progress=heard.append)
+    finally:
+        slow.proc.kill()
+        slow.proc.wait()
+    assert heard and all(line.startswith("waiting for bookie-7 to serve (") for line in heard), heard

@@ -72,7 +72,9 @@ def test_ls_show_read_delete(cluster: LocalCluster) -> None:
     assert wrong.returncode == 1 and "wrong password" in wrong.stderr
     refused = run("delete", str(ledger), "--etcd", etcd, "--password", "pw")  # no terminal, no --yes
     assert refused.returncode == 2 and "refusing without --yes" in refused.stderr
-    wrong = run("delete", str(ledger), "--etcd", etcd, "--yes")
+    missing = run("delete", str(ledger), "--etcd", etcd, "--yes")  # no password given: says one is needed
+    assert missing.returncode == 2 and f"ledger {ledger} has a password" in missing.stderr
+    wrong = run("delete", str(ledger), "--etcd", etcd, "--yes", "--password", "nope")
     assert wrong.returncode == 1 and "wrong password" in wrong.stderr
     deleted = run("delete", str(ledger), "--etcd", etcd, "--password", "pw", "--yes")
     assert deleted.returncode == 0 and "deleted" in deleted.stdout and "compaction" in deleted.stdout
@@ -216,3 +218,47 @@ def test_read_follow_prints_entries_as_they_come_and_exits_at_the_close(cluster:
     assert out.splitlines() == [f"{3 + i}\tafter {i}" for i in range(5)]
     usage = run("read", str(writer.ledger_id), "--etcd", etcd, "--password", "pw", "--follow", "--last", "3")
     assert usage.returncode == 2 and "--follow reads until the ledger is closed" in usage.stderr
+
+
+def test_messages_say_what_is_wrong(cluster: LocalCluster) -> None:
+    """Issue 29, item 10: an unknown bookie id, a ledger read without its password, a misspelled cluster in the
+    library, a forced bookie in `cluster status`, the mode said once."""
+    etcd = cluster.etcd_endpoint
+    octavo = [*OCTAVO]
+    unknown = subprocess.run([*octavo, "bookie", "status", "--bookie", "bookie-9", "--etcd", etcd],
+                             capture_output=True, text=True, timeout=60)
+    assert unknown.returncode == 1 and "bookie 'bookie-9' is not registered in cluster 'default'" in unknown.stderr
+    assert "registered: bookie-0, bookie-1, bookie-2" in unknown.stderr and "DNS" not in unknown.stderr
+    typo = subprocess.run([*octavo, "bookie", "status", "--bookie", "bookie-9", "--etcd", etcd, "--cluster",
+                           "defualt"], capture_output=True, text=True, timeout=60)
+    assert typo.returncode == 1 and "cluster 'defualt' has nothing in etcd" in typo.stderr, typo.stderr
+
+    ledger = closed_ledger(etcd, [b"secret"])
+    no_password = run("read", str(ledger), "--etcd", etcd, env={"OCTAVO_PASSWORD": ""})
+    assert no_password.returncode == 2 and f"ledger {ledger} has a password: give it" in no_password.stderr
+    wrong = run("read", str(ledger), "--etcd", etcd, "--password", "nope")
+    assert wrong.returncode == 1 and f"wrong password for ledger {ledger}" in wrong.stderr
+
+    from octavo.meta.errors import NoSuchLedgerError, NotEnoughBookiesError
+
+    with SyncClient(etcd, "octavo") as client:
+        with pytest.raises(NotEnoughBookiesError, match=r"in cluster 'octavo', which has nothing in etcd"):
+            client.create_ledger(3, 3, 2)
+        with pytest.raises(NoSuchLedgerError, match=rf"ledger {ledger} does not exist in cluster 'octavo'"):
+            client.open_ledger(ledger)
+
+    forced = subprocess.run([*octavo, "bookie", "readonly", "--bookie", "bookie-1", "--etcd", etcd],
+                            capture_output=True, text=True, timeout=60)
+    try:
+        assert forced.returncode == 0 and forced.stdout.count("read-only") == 1, forced.stdout
+        status = subprocess.run([*octavo, "bookie", "status", "--bookie", "bookie-1", "--etcd", etcd],
+                                capture_output=True, text=True, timeout=60)
+        mode = next(line for line in status.stdout.splitlines() if line.startswith("mode"))
+        assert mode.count("read-only") == 1 and "read_only" not in mode, mode
+        whole = subprocess.run([*octavo, "cluster", "status", "--etcd", etcd], capture_output=True, text=True,
+                               timeout=60)
+        row = next(line for line in whole.stdout.splitlines() if line.startswith("bookie-1"))
+        assert "forced read-only; its own mark" in row, whole.stdout
+    finally:
+        subprocess.run([*octavo, "bookie", "writable", "--bookie", "bookie-1", "--etcd", etcd], capture_output=True,
+                       timeout=60)

@@ -10,8 +10,10 @@ etcd's registrations (--etcd, or OCTAVO_ETCD).
     octavo bookie compact   --bookie HOST:PORT [--major|--minor] [--json] [--no-progress]
     octavo bookie compaction suspend|resume --bookie HOST:PORT [--json]
     octavo bookie compaction window --bookie HOST:PORT (--until TIME | --for DURATION | --clear) [--json]
-    octavo bookie decommission BOOKIE_ID [--dry-run] [--wait-s S] [--recover-open] [--json]
+    octavo bookie decommission --bookie ID [--dry-run] [--wait-s S] [--recover-open] [--json]
                             force it read-only, move every copy off it, retire its identity (see cluster.py)
+    octavo bookie decommission --bookie ID --cancel
+                            undo an unfinished one: its marks removed, the forced read-only mode released
 
 Output is for people by default and one JSON object with --json. `compact` draws a progress bar on stderr
 when stderr is a terminal. Exit codes: 0 success, 1 the operation failed (message on stderr), 2 bad usage.
@@ -33,6 +35,7 @@ from octavo.cli.common import (
     EXIT_USAGE,
     CliError,
     Target,
+    add_bookie_id_arguments,
     add_etcd_arguments,
     admin_metadata,
     bookie_address,
@@ -51,6 +54,7 @@ from octavo.cli.common import (
 from octavo.meta.tls import sync_channel
 
 DECOMMISSION_WAIT_S_DEFAULT = 600.0
+WINDOW_ENDED_LONG_AGO_UNIX_MS = 946_684_800_000  # 2000-01-01: an end before it is a "closed" marker, not a time
 DURATION = re.compile(r"^(\d+)([smhd])$")
 DURATION_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -75,8 +79,14 @@ def add_parser(sub: Any) -> None:
     kind.add_argument("--major", action="store_true", help="rewrite logs below the major threshold (default)")
     kind.add_argument("--minor", action="store_true", help="rewrite logs below the minor threshold only")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
-    d = bsub.add_parser("decommission", help="move every copy off a live bookie, then retire its identity")
-    d.add_argument("bookie_id", help="the bookie id (as registered, e.g. bookie-3)")
+    d = bsub.add_parser("decommission", help="move every copy off a live bookie, then retire its identity",
+                        description="Force a live bookie read-only, move every copy it holds to other bookies, "
+                                    "then retire its identity. Interrupted or unfinished, run it again to go on, "
+                                    "or with --cancel to undo it.")
+    add_bookie_id_arguments(d, "the bookie id (as registered, e.g. bookie-3)")
+    d.add_argument("--cancel", action="store_true",
+                   help="undo an interrupted or unfinished decommission: remove its under-replication marks and "
+                        "release the forced read-only mode (copies already moved stay where they are)")
     d.add_argument("--dry-run", action="store_true", help="list what would move; change nothing")
     d.add_argument("--wait-s", type=positive_float, default=DECOMMISSION_WAIT_S_DEFAULT,
                    help="how long to wait for writers of open ledgers to move off the bookie (default: "
@@ -87,7 +97,7 @@ def add_parser(sub: Any) -> None:
                    help="copy at most this many bytes per second (0: unlimited; default %(default)s)")
     d.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     d.add_argument("--json", action="store_true", help="print JSON")
-    add_etcd_arguments(d, allow_empty=False)
+    add_etcd_arguments(d)
     cp = bsub.add_parser("compaction", help="suspend, resume or window scheduled compaction")
     csub = cp.add_subparsers(dest="compaction_cmd", required=True)
     for name, help_text in (("suspend", "suspend compaction (a running pass stops at a safe point)"),
@@ -108,7 +118,8 @@ def _common_arguments(c: Any, timeout_s: float) -> None:
     c.add_argument("--json", action="store_true", help="print JSON")
     c.add_argument("--timeout", type=positive_float, default=timeout_s,
                    help=f"seconds to wait for the bookie (default: {timeout_s:g})")
-    add_etcd_arguments(c, allow_empty=False)
+    add_etcd_arguments(c)
+
 
 
 def parse_window(args: Namespace, now_s: float | None = None) -> int:
@@ -174,7 +185,7 @@ def run(args: Namespace) -> int:
         return decommission(args)
     try:
         target = resolve_target(args, required=False)
-        args.address = _resolve_bookie(args.bookie, target)
+        args.address = _resolve_bookie(args.bookie, target, check_cluster=not args.allow_empty)
         with sync_channel(args.address, cli_tls(target), metadata=admin_metadata()) as channel:
             stub = pb_grpc.BookieAdminStub(channel)
             handler = {"status": _status, "readonly": _readonly, "writable": _writable, "gc": _gc,
@@ -198,8 +209,10 @@ def run(args: Namespace) -> int:
         return EXIT_FAILED
 
 
-def _resolve_bookie(spec: str, target: Target | None) -> str:
-    """--bookie as HOST:PORT: an id known to a dev cluster or to etcd, or an address."""
+def _resolve_bookie(spec: str, target: Target | None, check_cluster: bool = True) -> str:
+    """--bookie as HOST:PORT: an id known to a dev cluster or to etcd, or an address. A name without a port
+    that is neither a registered bookie nor a host name is refused here, saying so (gRPC would only say its DNS
+    lookup failed); so is a cluster with nothing in etcd (a mistyped --cluster), unless check_cluster is off."""
     known_to_dev = target is not None and target.dev_state and any(
         b.get("id") == spec for b in target.dev_state.get("bookies", []))
     registered: dict[str, str] = {}
@@ -209,19 +222,59 @@ def _resolve_bookie(spec: str, target: Target | None) -> str:
         from octavo.meta.errors import OctavoError
 
         try:
-            registered = asyncio.run(_registered_addresses(target))
+            registered = asyncio.run(_registered_addresses(target, check_cluster))
         except OctavoError as e:
             raise CliError(f"cannot look up bookie {spec!r} in etcd: {e}") from None
+        if spec not in registered and not _is_host_name(spec):
+            raise CliError(f"bookie {spec!r} is not registered in cluster {target.cluster!r} (etcd {target.etcd}); "
+                           f"registered: {', '.join(sorted(registered)) or 'none'}. A bookie that is down is not "
+                           "registered; an address is HOST[:PORT]")
+    elif target is None and looks_like_bookie_id(spec) and not _is_host_name(spec):
+        raise CliError(f"no host named {spec!r}, and no cluster to look it up in as a bookie id: give --etcd "
+                       f"HOST:PORT (or $OCTAVO_ETCD, or --data-dir of a dev cluster), or the bookie's HOST:PORT",
+                       EXIT_USAGE)
     return bookie_address(spec, target, registered)
 
 
-async def _registered_addresses(target: Target) -> dict[str, str]:
+def _is_host_name(name: str) -> bool:
+    import socket
+
+    try:
+        socket.getaddrinfo(name.strip("[]"), None)
+    except (OSError, UnicodeError):
+        return False
+    return True
+
+
+async def _registered_addresses(target: Target, check_cluster: bool) -> dict[str, str]:
+    from octavo.cli.common import check_cluster_exists
     from octavo.meta.etcd import EtcdClient
     from octavo.meta.layout import Layout
     from octavo.meta.metadata import MetadataStore
 
     async with EtcdClient(target.etcd, auth=etcd_auth(target)) as etcd:
-        return {b: info.address for b, info in (await MetadataStore(etcd, Layout(target.cluster)).bookies()).items()}
+        registered = {b: info.address
+                      for b, info in (await MetadataStore(etcd, Layout(target.cluster)).bookies()).items()}
+        if not registered and check_cluster:
+            await check_cluster_exists(etcd, target.cluster, target.etcd)
+        return registered
+
+
+def describe_mode(mode: str, reason: str) -> str:
+    """The mode once: the bookie's reason already starts with it ("read-only: forced by ..."; "writable")."""
+    return reason if reason.startswith(mode) else f"{mode}: {reason}" if reason else mode
+
+
+def describe_window(until_unix_ms: int, now_unix_ms: int) -> str:
+    """A compaction window as people read it: none, open until a time, or closed (the operator closes one with
+    an end at the epoch's first millisecond: never "until 1970-01-01")."""
+    if not until_unix_ms:
+        return "no window (always allowed)"
+    if until_unix_ms > now_unix_ms:
+        return f"window open until {fmt_time(until_unix_ms)}"
+    if until_unix_ms < WINDOW_ENDED_LONG_AGO_UNIX_MS:
+        return "window closed (scheduled passes wait for the next one)"
+    return f"window closed since {fmt_time(until_unix_ms)} (scheduled passes wait for the next one)"
 
 
 def _status(stub: Any, args: Namespace) -> int:
@@ -235,7 +288,8 @@ def _status(stub: Any, args: Namespace) -> int:
           f"{status.instance_id})")
     if status.cluster:
         print(f"cluster     {status.cluster}: {describe_registration(status, time.time())}")
-    print(f"mode        {pb.BookieMode.Name(status.mode).removeprefix('MODE_').lower()}: {status.mode_reason}")
+    mode = pb.BookieMode.Name(status.mode).removeprefix("MODE_").lower().replace("_", "-")
+    print(f"mode        {describe_mode(mode, status.mode_reason)}")
     metrics = f"http://{status.metrics_address}/metrics" if status.metrics_address else "off (--metrics-port)"
     print(f"metrics     {metrics}")
     for d in status.directories:
@@ -254,7 +308,8 @@ def _status(stub: Any, args: Namespace) -> int:
               f"reclaimed in {status.gc_duration_s:.2f}s")
     c = status.compaction
     state = "suspended" if c.suspended else ("enabled" if c.enabled else "disabled (scheduled passes)")
-    window = f"; window until {fmt_time(c.window_until_unix_ms)}" if c.window_until_unix_ms else ""
+    window = (f"; {describe_window(c.window_until_unix_ms, int(time.time() * 1000))}" if c.window_until_unix_ms
+              else "")
     print(f"compaction  {state}{window}; minor below {c.minor_threshold:.0%}, major below {c.major_threshold:.0%}, "
           f"rate {fmt_bytes(c.rate_bytes_per_s) + '/s' if c.rate_bytes_per_s else 'unlimited'}"
           f"{'; ' + c.blocked_reason if c.blocked_reason and not c.suspended else ''}")
@@ -337,7 +392,8 @@ def _set_mode(stub: Any, args: Namespace, read_only: bool) -> int:
     if args.json:
         print_json(proto_to_dict(mode))
     else:
-        print(f"{pb.BookieMode.Name(mode.mode).removeprefix('MODE_').lower()}: {mode.reason}")
+        print(describe_mode(pb.BookieMode.Name(mode.mode).removeprefix("MODE_").lower().replace("_", "-"),
+                            mode.reason))
     return EXIT_OK
 
 
@@ -405,7 +461,6 @@ def _compaction(stub: Any, args: Namespace) -> int:
         print_json(proto_to_dict(state))
         return EXIT_OK
     what = "suspended" if state.suspended else "active"
-    window = (f"allowed until {fmt_time(state.window_until_unix_ms)}" if state.window_until_unix_ms
-              else "no window (always allowed)")
+    window = describe_window(state.window_until_unix_ms, int(time.time() * 1000))
     print(f"compaction {what}; {window}" + (f"; {state.blocked_reason}" if state.blocked_reason else ""))
     return EXIT_OK

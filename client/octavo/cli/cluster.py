@@ -1,6 +1,6 @@
 """`octavo cluster ...`: the cluster as a whole.
 
-    octavo cluster recover BOOKIE [--dry-run] [--recover-open] [--rate-bytes-per-s N] [--json] [--no-progress]
+    octavo cluster recover --bookie ID [--dry-run] [--recover-open] [--rate-bytes-per-s N] [--json] [--no-progress]
                                   copy a dead bookie's share of every ledger from the other replicas
     octavo cluster status [--json] [--etcd-quota-bytes N]
                                   every bookie (writable, read-only, forced, gone) with its disk and compaction,
@@ -31,6 +31,7 @@ import sys
 import time
 from argparse import ArgumentTypeError, Namespace
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from octavo.cli.common import (
@@ -38,6 +39,7 @@ from octavo.cli.common import (
     EXIT_OK,
     EXIT_USAGE,
     CliError,
+    add_bookie_id_arguments,
     add_etcd_arguments,
     admin_metadata,
     cli_tls,
@@ -46,6 +48,7 @@ from octavo.cli.common import (
     fmt_bytes,
     non_negative_int,
     print_json,
+    resolve_bookie_id,
     resolve_target,
     run_async,
     table,
@@ -63,7 +66,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("cluster", help="the cluster as a whole: recover a dead bookie, under-replicated ledgers")
     csub = p.add_subparsers(dest="cluster_cmd", required=True)
     c = csub.add_parser("recover", help="copy a dead bookie's data from the other replicas to other bookies")
-    c.add_argument("bookie_id", help="the bookie id (as registered, e.g. bookie-2)")
+    add_bookie_id_arguments(c, "the bookie id (as registered, e.g. bookie-2)")
     c.add_argument("--dry-run", action="store_true", help="list what would move; change nothing")
     c.add_argument("--recover-open", action="store_true",
                    help="fence and close open ledgers whose last segment names the bookie (their writer is gone)")
@@ -84,7 +87,7 @@ def add_parser(sub: Any) -> None:
     add_etcd_arguments(u)
     u.add_argument("--json", action="store_true", help="print JSON")
     k = csub.add_parser("check", help="write a ledger, read it back, compare and delete it (a smoke test)")
-    add_etcd_arguments(k, allow_empty=False)
+    add_etcd_arguments(k)
     k.add_argument("--entries", type=_check_count, default=100, help="entries to write (1..100000; default 100)")
     k.add_argument("--entry-bytes", type=_check_size, default=1024,
                    help="bytes per entry (1..1048576; default 1024)")
@@ -240,7 +243,7 @@ async def _recover(client: Any, args: Namespace) -> int:
     from octavo.client.replication import Replicator, ledgers_naming, recover_bookie
     from octavo.meta.metadata import MetadataStore
 
-    bookie_id = args.bookie_id
+    bookie_id = resolve_bookie_id(args)
     store: MetadataStore = client.metadata_store
     registered = await client.bookies(refresh=True)
     if bookie_id in registered:
@@ -300,30 +303,66 @@ def _ids(ids: list[int]) -> str:
     return ", ".join(map(str, ids[:50])) + (f" ... ({len(ids)} in all)" if len(ids) > 50 else "")
 
 
+DECOMMISSION_PROGRESS_INTERVAL_S = 10.0  # how often a decommission waiting on open ledgers says so
+
+
 def decommission(args: Namespace) -> int:
-    """`octavo bookie decommission BOOKIE_ID` (parsed in bookie.py)."""
-    return run_async("octavo bookie decommission", _decommission_main(args))
+    """`octavo bookie decommission --bookie ID` (parsed in bookie.py). Interrupted (Ctrl-C) once the bookie is
+    forced read-only, it says how to go on or undo it."""
+    args.forced_read_only = False
+    try:
+        return run_async("octavo bookie decommission", _decommission_main(args))
+    except KeyboardInterrupt:
+        bookie = getattr(args, "resolved_bookie", None)
+        if bookie and args.forced_read_only:
+            where = _where_args(args)
+            print(f"octavo bookie decommission: interrupted: {bookie} stays forced read-only and its ledgers stay "
+                  f"marked under-replicated (bookies running autorecovery go on moving them). "
+                  f"`octavo bookie decommission --bookie {bookie}{where}` goes on; `octavo bookie decommission "
+                  f"--bookie {bookie}{where} --cancel` undoes it (marks removed, writable again)", file=sys.stderr)
+        else:
+            print("octavo bookie decommission: interrupted before anything changed", file=sys.stderr)
+        return 130
+
+
+def _where_args(args: Namespace) -> str:
+    """The flags naming the cluster, as given, for a command to paste."""
+    out = ""
+    for flag, value in (("--etcd", args.etcd), ("--data-dir", args.dev_dir), ("--cluster", args.cluster)):
+        if value:
+            out += f" {flag} {value}"
+    return out
 
 
 async def _decommission_main(args: Namespace) -> int:
+    args.resolved_bookie = resolve_bookie_id(args)
     async with cluster_client(args) as client:
+        if args.cancel:
+            return await _cancel_decommission(client, args, args.resolved_bookie)
         return await _decommission(client, args)
 
 
-async def _decommission(client: Any, args: Namespace) -> int:
+async def _set_read_only(client: Any, args: Namespace, bookie_id: str, address: str, read_only: bool) -> Any:
     import grpc
 
-    from octavo.client.replication import (
-        Replicator,
-        check_enough_bookies,
-        decommission_bookie,
-        ledgers_naming,
-        recover_bookie,
-    )
     from octavo.v1 import bookie_pb2 as pb
     from octavo.v1 import bookie_pb2_grpc as pb_grpc
 
-    bookie_id = args.bookie_id
+    tls = cli_tls(resolve_target(args, required=False))
+    async with aio_channel(address, tls, metadata=admin_metadata()) as channel:
+        try:
+            return await pb_grpc.BookieAdminStub(channel).SetReadOnly(pb.SetReadOnlyRequest(read_only=read_only),
+                                                                      timeout=10)
+        except grpc.aio.AioRpcError as e:
+            what = "force" if read_only else "release the forced read-only mode of"
+            raise CliError(f"cannot {what} bookie {bookie_id} at {address}: {e.code().name}: "
+                           f"{e.details()}") from None
+
+
+async def _decommission(client: Any, args: Namespace) -> int:
+    from octavo.client.replication import Replicator, check_enough_bookies, ledgers_naming, recover_bookie
+
+    bookie_id = args.resolved_bookie
     store = client.metadata_store
     registered = await client.bookies(refresh=True)
     metas = await ledgers_naming(client, bookie_id)
@@ -331,7 +370,7 @@ async def _decommission(client: Any, args: Namespace) -> int:
         if await store.read_cookie(bookie_id) is not None or metas:
             raise CliError(f"bookie {bookie_id} is not registered (it is down or gone): a decommission moves copies "
                            f"off a live bookie. To restore its copies from the other replicas, use `octavo cluster "
-                           f"recover {bookie_id}`")
+                           f"recover --bookie {bookie_id}`")
         raise CliError(f"unknown bookie {bookie_id!r}: it is not registered, has no cookie in cluster "
                        f"{store.layout.cluster!r}, and no ledger names it")
     await check_enough_bookies(client, bookie_id, metas)
@@ -345,21 +384,15 @@ async def _decommission(client: Any, args: Namespace) -> int:
                   f"new bookie now; {len(result.left_open)} open ledgers wait for their writers to move off it")
         return EXIT_OK
     address = registered[bookie_id].address
-    tls = cli_tls(resolve_target(args, required=False))
-    async with aio_channel(address, tls, metadata=admin_metadata()) as channel:
-        try:
-            mode = await pb_grpc.BookieAdminStub(channel).SetReadOnly(pb.SetReadOnlyRequest(read_only=True),
-                                                                     timeout=10)
-        except grpc.aio.AioRpcError as e:
-            raise CliError(f"cannot force bookie {bookie_id} at {address} read-only: {e.code().name}: "
-                           f"{e.details()}") from None
+    mode = await _set_read_only(client, args, bookie_id, address, True)
+    args.forced_read_only = True
     if not args.json:
-        print(f"{bookie_id}: forced read-only ({mode.reason}); moving its copies", file=sys.stderr)
+        print(f"{bookie_id}: forced read-only ({mode.reason}); moving its copies (Ctrl-C stops; run again to go "
+              "on, or with --cancel to undo)", file=sys.stderr)
     started = time.monotonic()
     progress = _progress(not args.no_progress and not args.json and sys.stderr.isatty())
 
-    result = await decommission_bookie(client, bookie_id, Replicator(client, args.rate_bytes_per_s),
-                                       wait_s=args.wait_s, recover_open=args.recover_open, progress=progress)
+    result = await _move_off(client, bookie_id, Replicator(client, args.rate_bytes_per_s), args, progress)
     took = time.monotonic() - started
     out = {"bookie_id": bookie_id, "dry_run": False, "ledgers": result.ledgers, "replicated": result.replicated,
            "left_open": result.left_open,
@@ -375,10 +408,100 @@ async def _decommission(client: Any, args: Namespace) -> int:
     else:
         print(f"{bookie_id}: NOT decommissioned yet: {len(result.left_open)} ledgers still name it after "
               f"--wait-s {args.wait_s:g}s (open ledgers whose writers have not moved off): "
-              f"{_ids(result.left_open)}. Run the command again to go on; it stays read-only.", file=sys.stderr)
+              f"{_ids(result.left_open)}. It stays read-only: run the command again to go on (--recover-open "
+              f"closes those ledgers), or with --cancel to undo it.", file=sys.stderr)
     for lost in result.lost:
         print(f"LOST: {lost}", file=sys.stderr)
     return EXIT_OK if result.retired else EXIT_FAILED
+
+
+async def _move_off(client: Any, bookie_id: str, replicator: Any, args: Namespace,
+                    progress: Callable[[int, int, object], None]) -> Any:
+    """decommission_bookie (octavo.client.replication), saying every DECOMMISSION_PROGRESS_INTERVAL_S which open
+    ledgers it waits on and how long their writers have left (--wait-s)."""
+    from octavo.client.replication import DECOMMISSION_POLL_S, BookieRecovery, ledgers_naming, recover_bookie
+    from octavo.meta.underreplication import DECOMMISSION_BY
+
+    total = BookieRecovery(bookie_id)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    deadline = began + args.wait_s
+    next_note = began
+    seen: set[int] = set()
+    while True:
+        run = await recover_bookie(client, bookie_id, replicator, by=f"{DECOMMISSION_BY} of {bookie_id}",
+                                   recover_open=args.recover_open, progress=progress)
+        seen.update(run.ledgers)
+        total.replicated += [lid for lid in run.replicated if lid not in total.replicated]
+        total.entries_copied += run.entries_copied
+        total.bytes_copied += run.bytes_copied
+        total.lost += run.lost
+        if run.lost:
+            break
+        remaining = [m.ledger_id for m in await ledgers_naming(client, bookie_id)]
+        if not remaining:
+            await client.metadata_store.retire_bookie(bookie_id)
+            total.retired = True
+            break
+        now = loop.time()
+        if now >= deadline:
+            total.left_open = remaining
+            break
+        if not args.json and now >= next_note:
+            next_note = now + DECOMMISSION_PROGRESS_INTERVAL_S
+            print(f"{bookie_id}: waiting on {len(remaining)} open ledgers whose writers have not moved off it yet "
+                  f"(their next add does): {_ids(remaining)}; their grace ends in {fmt_age(deadline - now)} "
+                  f"(--wait-s {args.wait_s:g}), then this stops and they stay marked (--recover-open closes them "
+                  "now)", file=sys.stderr, flush=True)
+        await asyncio.sleep(DECOMMISSION_POLL_S)
+    total.ledgers = sorted(seen)
+    return total
+
+
+async def _cancel_decommission(client: Any, args: Namespace, bookie_id: str) -> int:
+    """Undo an unfinished decommission: take the bookie out of every under-replication mark that names it (but
+    damage marks: those are about copies that fail their checksum), then release its forced read-only mode.
+    Copies already moved stay where they are; the bookie keeps the others."""
+    from octavo.meta.etcd import Txn
+    from octavo.meta.underreplication import DAMAGE_BY, UnderReplication
+
+    store = client.metadata_store
+    registered = await client.bookies(refresh=True)
+    if bookie_id not in registered and await store.read_cookie(bookie_id) is None:
+        raise CliError(f"bookie {bookie_id} has no cookie in cluster {store.layout.cluster!r} and is not "
+                       "registered: it was decommissioned already (or never joined): nothing to cancel")
+    marks = UnderReplication(client.etcd, store.layout)
+    unmarked: list[int] = []
+    async for mark in marks.marks():
+        if bookie_id not in mark.missing or mark.by.startswith(DAMAGE_BY):
+            continue
+        current: Any = mark
+        while current is not None and bookie_id in current.missing:  # CAS: a worker may change it meanwhile
+            rest = tuple(b for b in current.missing if b != bookie_id)
+            key = store.layout.underreplicated_ledger(current.ledger_id)
+            txn = Txn().mod_revision_is(key, current.revision)
+            ok, _ = await client.etcd.txn(txn.put(key, replace(current, missing=rest).encode()) if rest
+                                          else txn.delete(key))
+            if ok:
+                unmarked.append(current.ledger_id)
+                break
+            current = await marks.get(current.ledger_id)
+    released = False
+    if bookie_id in registered:
+        mode = await _set_read_only(client, args, bookie_id, registered[bookie_id].address, False)
+        released = True
+    out = {"bookie_id": bookie_id, "cancelled": True, "unmarked": unmarked, "released_read_only": released}
+    if args.json:
+        print_json(out)
+        return EXIT_OK
+    print(f"{bookie_id}: decommission cancelled: {len(unmarked)} ledgers no longer marked as missing its copies"
+          + (f" ({_ids(unmarked)})" if unmarked else "") + "; copies already moved stay where they are")
+    if released:
+        print(f"{bookie_id}: {mode.reason}")
+    else:
+        print(f"{bookie_id} is not registered now (down?): once it runs, `octavo bookie writable --bookie "
+              f"{bookie_id}` releases its forced read-only mode", file=sys.stderr)
+    return EXIT_OK
 
 
 async def _bookie_status(address: str, timeout_s: float, tls: Any) -> tuple[Any, str]:
@@ -466,8 +589,7 @@ async def _status(client: Any, args: Namespace) -> int:
     print(table(["BOOKIE", "STATE", "DISK", "COMPACTION", "REPLICATING", "ADDRESS", "METRICS"], [
         [b["id"], b["state"] + (" (forced)" if b.get("forced_read_only") else "")
          + (f" for {fmt_age(b['gone_for_s'])}" if "gone_for_s" in b else ""),
-         f"{b['disk_usage_ratio']:.0%} (read-only at {b['disk_readonly_ratio']:.0%})" if "disk_usage_ratio" in b
-         else ("unreachable: " + b["error"] if "error" in b else "-"),
+         _disk_cell(b) if "disk_usage_ratio" in b else ("unreachable: " + b["error"] if "error" in b else "-"),
          b.get("compaction", "-"), str(len(b.get("replicating_ledgers", []))) if "replicating_ledgers" in b else "-",
          b["address"] or "-", f"http://{b['metrics_address']}/metrics" if b.get("metrics_address") else "-"]
         for b in bookies]))
@@ -493,6 +615,16 @@ async def _status(client: Any, args: Namespace) -> int:
         for problem in etcd["problems"]:
             print(f"etcd: {problem}")
     return EXIT_OK
+
+
+def _disk_cell(b: dict[str, Any]) -> str:
+    """Disk usage and the read-only threshold in force: the bookie's own watermark, unless something forced it
+    read-only (the operator at its CompactionPolicy's readOnlyRatio, or `octavo bookie readonly`): then the
+    forced mode holds whatever the disk, and the bookie's own mark does not apply until it is released."""
+    usage = f"{b['disk_usage_ratio']:.0%}"
+    if b.get("forced_read_only"):
+        return f"{usage} (forced read-only; its own mark {b['disk_readonly_ratio']:.0%})"
+    return f"{usage} (read-only at {b['disk_readonly_ratio']:.0%})"
 
 
 def _etcd_quota_setting(args: Namespace) -> int:

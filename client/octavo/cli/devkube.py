@@ -13,9 +13,11 @@ It waits until the BookieCluster is Ready, then writes DIR/cluster.json (`octavo
 there). SIGTERM or SIGINT (Ctrl-C, also while starting) stops what was started, in the order that lets pods stop
 first: the agent (which removes the bridge, the pods' namespaces and its nftables table), the operator, the
 control plane, the metadata etcd. `octavo dev down --data-dir DIR` sends the host SIGTERM, and cleans up after a
-host that died (the pids in cluster.json, the bridge by its name).
+host that died (the pids in cluster.json, every other process of ours whose arguments name a path inside DIR,
+the bridge by its name). With --detach, the command waits for the background host and repeats its progress
+lines ("... 9.3s starting the operator").
 
-A folder that held a cluster is not resumed: a second `dev up` there refuses, saying how to start fresh.
+A folder that held a cluster is not resumed: a second `dev up` there refuses at once, saying how to start fresh.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ AGENT_DIR = "agent"
 ETCD_DIR = "etcd"
 NAMESPACE = "default"
 ENV_BRIDGE = "OCTAVO_DEV_BRIDGE"  # the pod network's bridge name (tests use their own; default octavo-k8s0)
+ENV_PROGRESS = "OCTAVO_DEV_PROGRESS"  # set for a detached host: progress lines into its log even with --json
 CRDS_DIR = Path(__file__).resolve().parents[3] / "charts" / "octavo" / "crds"
 BOOKIE_PORT = 3181
 _BEGAN = time.monotonic()  # for the progress lines
@@ -109,11 +112,18 @@ def cmd_up(args: Namespace) -> int:
     root = Path(args.data_dir).resolve()
     if args.bookies < 1:
         raise CliError("--bookies must be at least 1")
+    from octavo.cli.localcluster import processes_on
+
     previous = _read_state(root)
     host = previous.get("host_pid")
     if host and _alive(int(host)):
         raise CliError(f"a cluster already runs on {root} (pid {host}); `octavo dev down --data-dir "
                        f"{args.data_dir}` first")
+    running = processes_on(root) if root.exists() else {}
+    if running:
+        raise CliError(f"processes of an earlier cluster still run on {root}: "
+                       f"{', '.join(f'{label} (pid {pid})' for pid, label in sorted(running.items()))}; "
+                       f"`octavo dev down --data-dir {args.data_dir}` stops them")
     if previous or (root / PLANE_DIR).exists():
         raise CliError(f"{root} holds a stopped cluster, which --kubernetes does not resume: remove the folder "
                        f"(`rm -rf {args.data_dir}`) to start fresh, or give another --data-dir")
@@ -149,12 +159,15 @@ def _detach(args: Namespace, root: Path) -> int:
     stops the host, which stops what it started."""
     argv = [sys.executable, "-m", "octavo.cli.main", "dev", "up", "--kubernetes", "--data-dir", str(root),
             "--bookies", str(args.bookies), "--cluster", args.cluster, "--json"]
+    log_offset = (root / HOST_LOG).stat().st_size if (root / HOST_LOG).exists() else 0
     with open(root / HOST_LOG, "ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, env={**os.environ, ENV_PROGRESS: "1"})
     deadline = time.monotonic() + READY_TIMEOUT_S + 60
     try:
         while True:
+            if not args.json:  # what the host starts or waits for, as it says it (a start takes seconds)
+                log_offset = _relay_progress(root / HOST_LOG, log_offset)
             state = _read_state(root)
             if state.get("ready"):
                 break
@@ -172,6 +185,21 @@ def _detach(args: Namespace, root: Path) -> int:
     if not args.json:
         print(f"detached: stop with `octavo dev down --data-dir {args.data_dir}`")
     return EXIT_OK
+
+
+def _relay_progress(log: Path, offset: int) -> int:
+    """Print the progress lines the host wrote to its log since `offset`; returns the offset read to."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+    except OSError:
+        return offset
+    complete = chunk.rpartition(b"\n")[0]
+    for line in complete.decode(errors="replace").splitlines():
+        if line.startswith("... "):
+            print(line, file=sys.stderr, flush=True)
+    return offset + len(complete) + (1 if complete else 0)
 
 
 def _stop_host(proc: subprocess.Popen[bytes]) -> None:
@@ -369,7 +397,7 @@ def _start(args: Namespace, root: Path, host: _Host, state: dict[str, Any], star
 
 def _progress(quiet: bool, what: str) -> None:
     """What `dev up` starts or waits for now, on stderr, with the seconds since it began."""
-    if not quiet:
+    if not quiet or os.environ.get(ENV_PROGRESS):
         print(f"... {time.monotonic() - _BEGAN:5.1f}s {what}", file=sys.stderr, flush=True)
 
 
@@ -440,7 +468,11 @@ def _clean_leftovers(root: Path, state: dict[str, Any]) -> bool:
 
         PodNetwork(root / AGENT_DIR / "network", bridge=bridge).stop()
         leftovers = True
-    pids = [int(p) for p in (state.get("pids") or {}).values() if p and _alive(int(p))]
+    from octavo.cli.localcluster import belongs_to, processes_on
+
+    pids = [int(p) for p in (state.get("pids") or {}).values() if p and belongs_to(int(p), root)]
+    # A host that died while starting a component had not recorded it yet: found by its arguments.
+    pids += [pid for pid in processes_on(root) if pid not in pids]
     for pid in pids:  # each started in a session of its own (its pid is its group), but the kube etcd
         try:
             os.killpg(pid, signal.SIGKILL)

@@ -28,6 +28,7 @@ from typing import Any
 from octavo.cli.common import (
     EXIT_OK,
     EXIT_USAGE,
+    PASSWORD_ENV,
     CliError,
     add_etcd_arguments,
     add_password_arguments,
@@ -193,8 +194,22 @@ async def _show(client: Any, args: Namespace) -> int:
     return EXIT_OK
 
 
+def _password_refused(ledger_id: int, password: bytes) -> CliError:
+    """A wrong password; or none given for a ledger that has one, which is said as such."""
+    if not password:
+        return CliError(f"ledger {ledger_id} has a password: give it with --password-file FILE, ${PASSWORD_ENV} "
+                        "or --password", EXIT_USAGE)
+    return CliError(f"wrong password for ledger {ledger_id}")
+
+
 async def _read(client: Any, args: Namespace) -> int:
-    reader = await client.open_ledger(args.ledger_id, resolve_password(args), recovery=args.recover)
+    from octavo.meta.errors import WrongPasswordError
+
+    password = resolve_password(args)
+    try:
+        reader = await client.open_ledger(args.ledger_id, password, recovery=args.recover)
+    except WrongPasswordError:
+        raise _password_refused(args.ledger_id, password) from None
     if args.follow:
         async for batch in reader.tail_batches(args.first or 0):  # Ctrl-C: main() exits 130
             for entry in batch:
@@ -248,7 +263,7 @@ async def _delete(client: Any, args: Namespace) -> int:
     meta = await client.ledger_metadata(args.ledger_id)
     password = resolve_password(args)
     if meta.password_digest != password_digest(password):
-        raise CliError(f"wrong password for ledger {args.ledger_id}")
+        raise _password_refused(args.ledger_id, password)
     what = (f"{meta.last_entry_id + 1} entries" + (f", {fmt_bytes(meta.length)}" if meta.length >= 0 else "")
             if meta.closed else f"{meta.state}: a writer may still be appending")
     confirm(f"delete ledger {args.ledger_id} ({what}) for good", args.yes)

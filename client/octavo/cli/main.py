@@ -5,12 +5,16 @@
     octavo bookie compact --bookie HOST:PORT [--major|--minor]        run a compaction pass now (with progress)
     octavo bookie compaction suspend|resume|window --bookie HOST:PORT control scheduled compaction
     octavo dev up --data-dir DIR [--bookies N] [--detach] [--json]    run a local cluster (etcd + bookies)
-    octavo dev down --data-dir DIR                                    stop a detached local cluster
+    octavo dev down --data-dir DIR                                    stop a local cluster (or what a killed one left)
     octavo dev restart --data-dir DIR --bookie ID                     restart one bookie (same port, same data)
+    octavo bookie decommission --bookie ID [--cancel]                 move a live bookie's copies off it, retire it
+    octavo cluster status|underreplicated|check|recover               the cluster as a whole
     octavo ledger ls|show|read|delete [--etcd HOST:PORT] ...          look at and remove ledgers
     octavo dataset ls|show|compact|drop|gc [--etcd HOST:PORT] ...     datasets written by the Spark data source
 
-etcd is found from --etcd, else $OCTAVO_ETCD, else the dev cluster of --data-dir (or $OCTAVO_DEV_DIR).
+etcd is found from --etcd, else $OCTAVO_ETCD, else the dev cluster of --data-dir (or $OCTAVO_DEV_DIR); the
+`dev` commands take --data-dir or $OCTAVO_DEV_DIR too. A flag a subcommand does not know prints that
+subcommand's usage, with the closest flag it has.
 Exit codes: 0 success, 1 the operation failed, 2 bad usage or configuration. No command prints a traceback: a
 failure is one line on stderr.
 """
@@ -131,7 +135,7 @@ def _add_node_parser(sub: Any) -> None:
     for f in dataclasses.fields(NodeConfig):
         shown = "" if f.default is dataclasses.MISSING else f" (default: {f.default!r})"
         p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
-                       help=f"{NODE_SETTING_HELP[f.name]}{shown}")
+                       help=f"{NODE_SETTING_HELP.get(f.name, '(no help text yet)')}{shown}")
 
 
 def resolve_node_config(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Any:
@@ -227,8 +231,34 @@ def version() -> str:
         return "unknown (not installed)"
 
 
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose subcommands report a flag they do not know themselves, with their own usage
+    (`octavo bookie status --bokie x` prints `bookie status`'s usage and suggests --bookie), not the top-level
+    usage argparse gives when the leftovers bubble up to it."""
+
+    def parse_known_args(  # type: ignore[override]
+            self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras and self.prog != "octavo":  # a subcommand's parser: say it here (parse_args would say it above)
+            self.error(self.unrecognized(extras))
+        return parsed, extras
+
+    def unrecognized(self, extras: list[str]) -> str:
+        import difflib
+
+        text = f"unrecognized arguments: {' '.join(extras)}"
+        flags = [f for f in self._option_string_actions if f.startswith("--")]
+        for extra in extras:
+            if extra.startswith("-"):
+                close = difflib.get_close_matches(extra.split("=", 1)[0], flags, n=1, cutoff=0.6)
+                if close:
+                    text += f" (did you mean {close[0]}?)"
+                    break
+        return text
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="octavo", description="Octavo: replicated log storage for data pipelines")
+    parser = Parser(prog="octavo", description="Octavo: replicated log storage for data pipelines")
     parser.add_argument("--version", action="version", version=f"octavo {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_node_parser(sub)

@@ -119,7 +119,7 @@ class MetadataStore:
     async def read_ledger(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
         kv = await self.etcd.get(self.layout.ledger(ledger_id))
         if kv is None:
-            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist")
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist in cluster {self.layout.cluster!r}")
         try:
             return LedgerMetadata.decode(kv.value), kv.mod_revision
         except MetadataError as e:
@@ -133,7 +133,7 @@ class MetadataStore:
     async def delete_ledger(self, ledger_id: int) -> None:
         kv = await self.etcd.get(self.layout.ledger(ledger_id))
         if kv is None:
-            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist")
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist in cluster {self.layout.cluster!r}")
         await self.etcd.cas_delete(self.layout.ledger(ledger_id), kv.mod_revision)
 
     async def all_ledgers(self) -> list[LedgerMetadata]:
