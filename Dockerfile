@@ -18,6 +18,7 @@ COPY client/spark_discovery ./client/spark_discovery
 COPY node/octavo ./node/octavo
 COPY operator/octavo ./operator/octavo
 COPY e2e/local/octavo ./e2e/local/octavo
+COPY sim/octavo ./sim/octavo
 RUN python -m venv /opt/octavo \
  && /opt/octavo/bin/pip install --upgrade pip \
  && /opt/octavo/bin/pip wheel --no-deps -w /tmp/wheels . \
