@@ -17,6 +17,9 @@ from octavo.cli.localcluster import EtcdProcess, free_port
 from octavo.client import SyncClient
 
 OCTAVO = [sys.executable, "-m", "octavo.cli.main"]
+OCTAVO_WITH_CTRL_C = [sys.executable, "-c", "import runpy, signal, sys; "
+                      "signal.signal(signal.SIGINT, signal.default_int_handler); sys.argv[0] = 'octavo'; "
+                      "runpy.run_module('octavo.cli.main', run_name='__main__')"]  # Ctrl-C as a terminal sends it
 
 
 def test_detached_cluster_up_write_down_up_read(tmp_path: Path) -> None:
@@ -274,7 +277,9 @@ def test_ctrl_c_while_dev_up_starts_stops_what_it_started(tmp_path: Path) -> Non
     cluster.json, so that `dev down` found nothing to stop and the next `dev up` waited 30 s for an etcd that
     could not lock its data."""
     root = tmp_path / "dev"
-    proc = subprocess.Popen([*OCTAVO, "dev", "up", "--data-dir", str(root), "--bookies", "3"],
+    # SIGINT as a terminal delivers it: a shell that runs the suite in the background ignores SIGINT, and its
+    # children would inherit that (Python then installs no KeyboardInterrupt handler).
+    proc = subprocess.Popen([*OCTAVO_WITH_CTRL_C, "dev", "up", "--data-dir", str(root), "--bookies", "3"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for_bookie_processes(root, 3, proc)
     proc.send_signal(signal.SIGINT)

@@ -31,7 +31,8 @@ def test_a_bookie_cluster_becomes_a_statefulset_whose_bookies_register(local_kub
         for name, bookie in bookies.items():  # each advertises its pod's stable name, which is the pod's address
             host, _, port = bookie.address.rpartition(":")
             assert (host, port) == (f"{name}.logs-bookies.default.svc", "3181"), bookie.address
-            assert socket.gethostbyname(host) == k.get("v1", "pods", name)["status"]["podIP"]
+            ip = k.get("v1", "pods", name)["status"]["podIP"]
+            eventually(lambda h=host, want=ip: _resolves(h) == want, 30, f"{host} resolving to {ip}")
         ready = eventually(lambda: k.condition("logs", "Ready").get("status") == "True" and k.cluster("logs"), 60,
                            "Ready")
         status = ready["status"]
@@ -434,3 +435,10 @@ def test_a_spec_change_rolls_the_statefulsets_pods_one_at_a_time(local_kube: Loc
                    and k.cluster("logs")["status"]["readyReplicas"] == 3, 60, "Ready after the roll")
         logging.getLogger(__name__).warning("rolled in %d samples, replaced (pod, s): %s, at most %d of 3 bookies "
                                             "down at once", samples, order, max_down)
+
+
+def _resolves(host: str) -> str:
+    try:
+        return socket.gethostbyname(host)
+    except OSError:  # not in the hosts file yet
+        return ""
