@@ -20,7 +20,10 @@ from octavo.operator.status import (
     DEGRADED,
     DISK_PRESSURE,
     ETCD_HEALTHY,
+    PROGRESSING,
     READY,
+    SCALE_DOWN_FIELD,
+    SPEC_ERROR_FIELD,
     cluster_status,
     memory_from_status,
     memory_to_status,
@@ -42,11 +45,12 @@ ETCD_OK = etcd_health(EtcdStatus(revision=9, db_size_bytes=40 * MiB, db_size_in_
 
 def build(bookies: list[Observed], old: dict[str, Any] | None = None, now: datetime = NOW,
           spec_error: str = "", ready: int = 4, etcd: EtcdHealth | None = ETCD_OK,
-          etcd_error: str = "") -> dict[str, Any]:
+          etcd_error: str = "", reach_problem: str = "", scale_down: str = "") -> dict[str, Any]:
     decision = None if spec_error else decide(now, POLICY, SHAPE, bookies, memory_from_status(old))
     return cluster_status(now, generation=3, replicas=4, ready_replicas=ready, selector="app=x", bookies=bookies,
                           pods={b.bookie_id: b.bookie_id for b in bookies}, decision=decision,
-                          spec_error=spec_error, old=old, etcd=None if spec_error else etcd, etcd_error=etcd_error)
+                          spec_error=spec_error, old=old, etcd=None if spec_error else etcd, etcd_error=etcd_error,
+                          reach_problem=reach_problem, scale_down=scale_down)
 
 
 def test_a_healthy_cluster_in_its_window() -> None:
@@ -129,6 +133,45 @@ def test_an_invalid_spec_is_degraded_with_its_message_and_keeps_the_memory() -> 
     assert status["memory"] == old["memory"]
 
 
+def test_a_reach_problem_makes_the_cluster_degraded_whatever_else_holds_and_keeps_its_transition_time() -> None:
+    bookies = [Observed(f"logs-{i}") for i in range(4)]
+    problem = "spec.tls is set but the operator has no certificate to reach TLS bookies"
+    healthy = conditions(build(bookies))[DEGRADED]
+    assert (healthy["status"], healthy["reason"]) == ("False", "AsExpected")
+    first = build(bookies, reach_problem=problem)
+    c = conditions(first)[DEGRADED]
+    assert (c["status"], c["reason"], c["message"]) == ("True", "OperatorCannotReachBookies", problem)
+    # It wins over bookies not answering and an invalid spec: without a way to reach them, it is what to fix first.
+    for status in (build([*bookies[:3], Observed("logs-3", reachable=False)], reach_problem=problem),
+                   build(bookies, spec_error="spec.replicas: no", reach_problem=problem)):
+        assert conditions(status)[DEGRADED]["reason"] == "OperatorCannotReachBookies"
+    # Still True an hour later: its transition time stays; fixed, the condition turns False at once.
+    later = build(bookies, old=first, now=NOW + timedelta(hours=1), reach_problem=problem)
+    assert conditions(later)[DEGRADED]["lastTransitionTime"] == "2026-05-04T02:10:00Z"
+    fixed = build(bookies, old=later, now=NOW + timedelta(hours=2))
+    assert conditions(fixed)[DEGRADED]["status"] == "False"
+    assert conditions(fixed)[DEGRADED]["lastTransitionTime"] == "2026-05-04T04:10:00Z"
+
+
+def test_a_scale_down_shows_in_progressing_and_its_field_which_goes_when_it_ends() -> None:
+    from octavo.operator.status import merge_patch
+
+    bookies = [Observed(f"logs-{i}") for i in range(4)]
+    stable = build(bookies)
+    assert SCALE_DOWN_FIELD not in stable and conditions(stable)[PROGRESSING]["reason"] == "Stable"
+    message = "decommissioning logs-4 (5 -> 4 bookies)"
+    scaling = build(bookies, old=stable, scale_down=message)
+    c = conditions(scaling)[PROGRESSING]
+    assert (c["status"], c["reason"], c["message"]) == ("True", "ScalingDown", message)
+    assert scaling[SCALE_DOWN_FIELD] == message and scaling[SPEC_ERROR_FIELD] == ""
+    # Pods still starting do not hide the scale-down.
+    assert conditions(build(bookies, ready=2, scale_down=message))[PROGRESSING]["reason"] == "ScalingDown"
+    done = build(bookies, old=scaling)
+    assert conditions(done)[PROGRESSING]["status"] == "False"
+    # The status is merge-patched: the field is removed, not left saying the last step.
+    assert merge_patch(scaling, done)[SCALE_DOWN_FIELD] is None
+
+
 ids = st.sampled_from([f"logs-{i}" for i in range(5)])
 
 
@@ -163,16 +206,15 @@ def test_every_status_field_the_operator_writes_is_in_the_crd() -> None:
     """Every field the operator writes into a status is declared in its CRD, so a real API server keeps it."""
     import yaml
 
-    from octavo.operator.handlers import SCALE_DOWN_FIELD, SPEC_ERROR_FIELD
-
     crds = Path(__file__).resolve().parents[2] / "charts" / "octavo" / "crds"
     version = yaml.safe_load((crds / "bookieclusters.octavo.io.yaml").read_text())["spec"]["versions"][0]
     schema = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     bookies = [Observed("logs-0", disk_usage_ratio=0.95), Observed("logs-1", reachable=False),
                Observed("logs-2", window_until_unix_ms=1, last_compaction_unix_ms=5)]
     for status in (build(bookies), build(bookies, spec_error="spec.replicas: no"),
-                   build(bookies, etcd=None, etcd_error="unreachable")):
-        status.update({SPEC_ERROR_FIELD: "x", SCALE_DOWN_FIELD: "y"})
+                   build(bookies, etcd=None, etcd_error="unreachable"),
+                   build(bookies, scale_down="decommissioning logs-3", reach_problem="no certificate")):
+        assert status[SPEC_ERROR_FIELD] is not None
         assert _unknown_fields(status, schema, "status") == []
     assert _unknown_fields({"bookies": [{"nope": 1}]}, schema, "status") == ["status.bookies[0].nope"]
     kinds = schema["properties"]["conditions"]["items"]["properties"]["type"]["enum"]
@@ -190,7 +232,7 @@ def test_during_a_scale_down_ready_counts_the_bookies_observed_never_3_of_2() ->
 
 
 def test_a_roll_shows_progress_keeps_the_generation_and_is_not_degraded_by_its_restart() -> None:
-    from octavo.operator.status import PROGRESSING, with_roll
+    from octavo.operator.status import with_roll
 
     old = {"observedGeneration": 6}
     bookies = [Observed("logs-0"), Observed("logs-1", reachable=False), Observed("logs-2")]

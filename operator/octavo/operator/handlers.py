@@ -62,6 +62,8 @@ from octavo.operator.scaling import ScaleDownStep, decommission_step, operator_e
 from octavo.operator.status import (
     COMPACTION_WINDOW_OPEN,
     ETCD_HEALTHY,
+    SCALE_DOWN_FIELD,
+    SPEC_ERROR_FIELD,
     cluster_status,
     condition,
     memory_from_status,
@@ -85,9 +87,6 @@ FINALIZER = "octavo.io/finalizer"
 DECOMMISSION_WAIT_S = 60.0
 # A CompactionPolicy's condition: whether the operator can apply it.
 VALID = "Valid"
-# Status fields the handlers add to what status.py builds.
-SPEC_ERROR_FIELD = "specError"
-SCALE_DOWN_FIELD = "scaleDown"
 # The last spec the operator applied: while a new one is refused, the cluster runs (and is watched) on this one.
 APPLIED_SPEC_FIELD = "appliedSpec"
 ROLL_FIELD = "roll"
@@ -345,7 +344,7 @@ async def _reconcile(name: str, namespace: str, body: Mapping[str, Any], status:
                         replicas=raw["replicas"] if isinstance(raw.get("replicas"), int) else 0,
                         ready_replicas=int(status.get("readyReplicas") or 0),
                         selector=builders.selector_string(name), bookies=[], pods={}, decision=None,
-                        spec_error=error, old=status), error)
+                        spec_error=error, old=status))
                 return False
             spec, policy = fallback
             statefulset = await kube.get("apps/v1", "statefulsets", namespace, name)
@@ -448,21 +447,13 @@ async def _poll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], 
     new = cluster_status(now, generation=generation, replicas=spec.replicas, ready_replicas=ready,
                          selector=builders.selector_string(name), bookies=observed,
                          pods={b: b for b in ids if b in pods}, decision=decision, spec_error=spec_error, old=status,
-                         etcd=etcd.health, etcd_error=etcd.error)
+                         etcd=etcd.health, etcd_error=etcd.error, reach_problem=reach_problem,
+                         scale_down=scale_message)
     _warn_etcd(body, status, new)
-    if reach_problem:
-        for c in new["conditions"]:
-            if c["type"] == "Degraded":
-                c.update(status="True", reason="OperatorCannotReachBookies", message=reach_problem)
-    if scale_message:
-        new[SCALE_DOWN_FIELD] = scale_message
-        for c in new["conditions"]:
-            if c["type"] == "Progressing":
-                c.update(status="True", reason="ScalingDown", message=scale_message)
-    else:
+    if not scale_message:
         new = await _roll(kube, name, namespace, body, status, new, statefulset, pods, observed, target,
                           etcd.underreplicated, generation, now, spec_valid=not spec_error)
-    _write_status(patch, status, new, spec_error)
+    _write_status(patch, status, new)
 
 
 async def _roll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], status: Mapping[str, Any],
@@ -538,8 +529,7 @@ def _warn_etcd(body: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str
         kopf.warn(dict(body), reason=str(now.get("reason")), message=str(now.get("message")))  # type: ignore[arg-type]
 
 
-def _write_status(patch: kopf.Patch, old: Mapping[str, Any], new: dict[str, Any], spec_error: str) -> None:
-    new[SPEC_ERROR_FIELD] = spec_error
+def _write_status(patch: kopf.Patch, old: Mapping[str, Any], new: dict[str, Any]) -> None:
     # The last applied spec: set by this reconcile when its spec was valid, else kept (never merged away).
     applied = patch.status.get(APPLIED_SPEC_FIELD) or old.get(APPLIED_SPEC_FIELD)
     if applied is not None:

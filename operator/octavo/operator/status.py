@@ -2,9 +2,10 @@
 
 Conditions (type, status, reason, message), each keeping its lastTransitionTime while its status stays:
 - Ready: every bookie of the spec answers and the StatefulSet has them all ready;
-- Progressing: the operator has not yet seen this generation through (pods rolling, scaling);
-- Degraded: a bookie does not answer, the spec cannot be applied, or etcd refuses writes (the message says
-  why);
+- Progressing: the operator has not yet seen this generation through (pods starting, rolling, a scale-down
+  decommissioning its highest bookie);
+- Degraded: a bookie does not answer, the spec cannot be applied, etcd refuses writes, or the operator cannot
+  reach the bookies at all (the message says why);
 - DiskPressure: a bookie is past warnRatio, or was left writable above readOnlyRatio to keep the cluster
   writable (each message names the bookie);
 - CompactionWindowOpen: a window of the policy is open, until when; the next one otherwise;
@@ -31,6 +32,10 @@ DISK_PRESSURE = "DiskPressure"
 COMPACTION_WINDOW_OPEN = "CompactionWindowOpen"
 ETCD_HEALTHY = "EtcdHealthy"
 CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, DISK_PRESSURE, COMPACTION_WINDOW_OPEN, ETCD_HEALTHY)
+# Status fields beside the conditions: why the spec is refused ("" when it is not), and what a scale-down is doing
+# (absent when none is under way).
+SPEC_ERROR_FIELD = "specError"
+SCALE_DOWN_FIELD = "scaleDown"
 
 
 def timestamp(t: datetime) -> str:
@@ -110,28 +115,18 @@ def etcd_to_status(etcd: EtcdHealth | None, etcd_error: str) -> dict[str, Any]:
 def cluster_status(now: datetime, *, generation: int, replicas: int, ready_replicas: int, selector: str,
                    bookies: Sequence[Observed], pods: Mapping[str, str], decision: Decision | None,
                    spec_error: str, old: Mapping[str, Any] | None, etcd: EtcdHealth | None = None,
-                   etcd_error: str = "") -> dict[str, Any]:
+                   etcd_error: str = "", reach_problem: str = "", scale_down: str = "") -> dict[str, Any]:
     """The status to write. `pods` maps bookie id to pod name; `decision` is None when the spec is invalid;
-    `etcd` is etcd's health as read now (None: not read, and `etcd_error` says why if it was tried)."""
+    `etcd` is etcd's health as read now (None: not read, and `etcd_error` says why if it was tried);
+    `reach_problem` what stops the operator from reaching the bookies at all (Degraded, whatever else holds);
+    `scale_down` what a scale-down is doing, in words (Progressing; "" when none is under way)."""
     old = old or {}
     old_conditions = list(old.get("conditions") or [])
     reachable = [b for b in bookies if b.reachable]
     missing = sorted(b.bookie_id for b in bookies if not b.reachable)
     forced_by_op = decision.memory.forced_by_operator if decision else frozenset()
-    entries = []
-    for b in sorted(bookies, key=lambda b: b.bookie_id):
-        entry: dict[str, Any] = {"id": b.bookie_id, "pod": pods.get(b.bookie_id, ""), "reachable": b.reachable}
-        if b.reachable:
-            entry.update(mode="writable" if b.writable else "read-only", forced=b.forced_read_only,
-                         forcedByOperator=b.bookie_id in forced_by_op, diskUsageRatio=round(b.disk_usage_ratio, 4),
-                         compaction={"running": b.compacting, "window": _window(b.window_until_unix_ms, now),
-                                     "lastRun": from_ms(b.last_compaction_unix_ms)},
-                         scrub={"lastPass": from_ms(b.scrub_last_pass_unix_ms), "damagedEntries": b.damaged_entries})
-            entry["reason"] = ("forced read-only by the operator (disk usage)" if b.bookie_id in forced_by_op else
-                               "forced read-only" if b.forced_read_only else "" if b.writable else "disk full")
-        else:
-            entry.update(mode="unknown", reason="did not answer")
-        entries.append(entry)
+    entries = [_bookie_entry(b, pods.get(b.bookie_id, ""), b.bookie_id in forced_by_op, now)
+               for b in sorted(bookies, key=lambda b: b.bookie_id)]
     # During a scale-down the bookies observed outnumber the spec's replicas until the highest is retired.
     observed_count = max(len(bookies), replicas)
     ready = bool(bookies) and ready_replicas >= replicas and not missing and len(reachable) >= replicas
@@ -141,11 +136,13 @@ def cluster_status(now: datetime, *, generation: int, replicas: int, ready_repli
     conditions = [
         condition(old_conditions, READY, ready, "AllBookiesReady" if ready else "NotAllBookiesReady",
                   f"{len(reachable)} of {observed_count} bookies answer{leaving}, {pods_ready} pods ready", now),
+        condition(old_conditions, PROGRESSING, True, "ScalingDown", scale_down, now) if scale_down else
         condition(old_conditions, PROGRESSING, starting, "PodsStarting" if starting else
                   "SpecRefused" if spec_error and not bookies else "Stable",
                   f"{pods_ready} of {replicas} pods ready" if bookies else
                   "nothing is applied while the spec is invalid", now),
-        _degraded(old_conditions, spec_error, missing, etcd, now),
+        condition(old_conditions, DEGRADED, True, "OperatorCannotReachBookies", reach_problem, now) if reach_problem
+        else _degraded(old_conditions, spec_error, missing, etcd, now),
         condition(old_conditions, DISK_PRESSURE, bool(decision and decision.disk_pressure),
                   "DiskUsageHigh" if decision and decision.disk_pressure else "DiskUsageNormal",
                   "; ".join(decision.disk_pressure) if decision else "", now),
@@ -162,8 +159,10 @@ def cluster_status(now: datetime, *, generation: int, replicas: int, ready_repli
         "observedGeneration": generation, "replicas": replicas, "readyReplicas": ready_replicas,
         "selector": selector, "writableBookies": sum(1 for b in reachable if b.writable),
         "readOnlyBookies": sum(1 for b in reachable if not b.writable), "diskUsageMax": f"{usage:.0%}",
-        "windowOpen": window is not None, "bookies": entries, "conditions": conditions,
+        "windowOpen": window is not None, "bookies": entries, "conditions": conditions, SPEC_ERROR_FIELD: spec_error,
     }
+    if scale_down:
+        status[SCALE_DOWN_FIELD] = scale_down
     etcd_status = etcd_to_status(etcd, etcd_error)
     if etcd_status:
         status["etcd"] = etcd_status
@@ -176,6 +175,22 @@ def cluster_status(now: datetime, *, generation: int, replicas: int, ready_repli
     elif old.get("memory"):
         status["memory"] = old["memory"]
     return status
+
+
+def _bookie_entry(b: Observed, pod: str, forced_by_operator: bool, now: datetime) -> dict[str, Any]:
+    """One bookie's line of `status.bookies`."""
+    entry: dict[str, Any] = {"id": b.bookie_id, "pod": pod, "reachable": b.reachable}
+    if not b.reachable:
+        entry.update(mode="unknown", reason="did not answer")
+        return entry
+    entry.update(mode="writable" if b.writable else "read-only", forced=b.forced_read_only,
+                 forcedByOperator=forced_by_operator, diskUsageRatio=round(b.disk_usage_ratio, 4),
+                 compaction={"running": b.compacting, "window": _window(b.window_until_unix_ms, now),
+                             "lastRun": from_ms(b.last_compaction_unix_ms)},
+                 scrub={"lastPass": from_ms(b.scrub_last_pass_unix_ms), "damagedEntries": b.damaged_entries})
+    entry["reason"] = ("forced read-only by the operator (disk usage)" if forced_by_operator else
+                       "forced read-only" if b.forced_read_only else "" if b.writable else "disk full")
+    return entry
 
 
 def _degraded(old: Sequence[Mapping[str, Any]], spec_error: str, missing: Sequence[str], etcd: EtcdHealth | None,
