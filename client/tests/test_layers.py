@@ -139,3 +139,94 @@ def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     found = imports_of(bad, "octavo.client.bad")
     assert {"os", "octavo.node.storage", "octavo.client"} <= found
     assert owner("octavo.node.storage") == "octavo.node" not in ALLOWED["octavo.client"]
+
+
+# Import cycles that still exist, each listed as its sorted modules. The list may only shrink: a listed cycle
+# that no longer exists fails the test, so it is struck off here when it goes.
+KNOWN_CYCLES: set[tuple[str, ...]] = set()
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module of ours and the modules of ours it imports, TYPE_CHECKING imports included.
+    `from package import name` counts as an import of package.name when that is a module, else of the package;
+    importing package.module is not counted as importing the package's __init__ (a package that re-exports its
+    modules would otherwise close a cycle with every one of them)."""
+    modules = {module: path for _, module, path in all_modules()}
+
+    def known(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(filter(None, (known(alias.name) for alias in node.names)))
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    package = module.rsplit(".", node.level)[0]
+                    base = f"{package}.{base}" if base else package
+                for alias in node.names:
+                    target = known(f"{base}.{alias.name}") if f"{base}.{alias.name}" in modules else known(base)
+                    if target:
+                        targets.add(target)
+        graph[module] = targets - {module}
+    return graph
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[tuple[str, ...]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(tuple(sorted(component)))
+    return found
+
+
+def test_no_module_cycles_type_checking_imports_included() -> None:
+    cycles = set(strongly_connected(import_graph()))
+    new = sorted(cycles - KNOWN_CYCLES)
+    assert not new, f"modules that import each other (TYPE_CHECKING imports count too): {new}"
+    gone = sorted(KNOWN_CYCLES - cycles)
+    assert not gone, f"cycles listed in KNOWN_CYCLES that no longer exist (strike them off): {gone}"
+
+
+def test_the_cycle_finder_sees_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+    assert strongly_connected(graph) == [("a", "b", "c")]

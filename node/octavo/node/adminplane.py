@@ -7,13 +7,13 @@ import functools
 import threading
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
 from octavo.meta.errors import MetadataUnavailableError
 from octavo.node.adminauth import AdminAuthorizer
-from octavo.node.compaction import CompactionProgress, CompactionReport
+from octavo.node.compaction import CompactionProgress, CompactionReport, Compactor
 from octavo.node.compaction_plan import MAJOR, MINOR
 from octavo.node.damagerepair import scrub_state
 from octavo.node.rpc import bad_requests, unary, unary_stream
@@ -23,7 +23,11 @@ from octavo.v1 import bookie_pb2 as pb
 from octavo.v1 import bookie_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
-    from octavo.node.server import BookieServer
+    from octavo.node.autorecovery import AutoRecovery
+    from octavo.node.damagerepair import DamageControl
+    from octavo.node.disk import DiskMonitor
+    from octavo.node.gc import GcReport
+    from octavo.node.registration import Registration
 
 
 VERSION = "0.1.0"
@@ -48,8 +52,47 @@ PROGRESS_INTERVAL_S = 0.2
 PROGRESS_UPDATES_QUEUED_MAX = 16
 
 
+class AdminContext(Protocol):
+    """What the admin plane reads and asks of a running bookie (the bookie server implements it): each
+    part is None until the bookie has started it."""
+
+    @property
+    def storage(self) -> Storage | None: ...
+
+    @property
+    def registration(self) -> Registration | None: ...
+
+    @property
+    def disk(self) -> DiskMonitor | None: ...
+
+    @property
+    def compactor(self) -> Compactor | None: ...
+
+    @property
+    def autorecovery(self) -> AutoRecovery | None: ...
+
+    @property
+    def damage_control(self) -> DamageControl | None: ...
+
+    @property
+    def bookie_id(self) -> str: ...
+
+    @property
+    def advertised(self) -> str: ...
+
+    @property
+    def metrics_address(self) -> str: ...
+
+    @property
+    def space_wake(self) -> asyncio.Event: ...  # set when a compaction window opens
+
+    async def collect_garbage(self) -> GcReport: ...
+
+    async def set_forced_read_only(self, forced: bool) -> None: ...
+
+
 class BookieAdminService(pb_grpc.BookieAdminServicer):
-    def __init__(self, node: BookieServer) -> None:
+    def __init__(self, node: AdminContext) -> None:
         self.node = node
 
     @property

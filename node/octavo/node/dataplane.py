@@ -23,8 +23,8 @@ from octavo.node.drain import Drain
 from octavo.node.entrylist import list_entries
 from octavo.node.errors import Code, StorageError, WriteCacheFull
 from octavo.node.lookups import LedgerLookups
-from octavo.node.metrics import RequestStats
 from octavo.node.registration import Registration
+from octavo.node.requeststats import RequestStats
 from octavo.node.rpc import stream, unary
 from octavo.node.storage import LedgerBatch, Storage
 from octavo.node.tenants import Tenant, TenantPolicy

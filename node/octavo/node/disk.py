@@ -8,7 +8,7 @@ disk_capacity_bytes set, the bytes under the directory against that capacity). T
 - back below `disk_writable_ratio` (the low-water mark, strictly lower) in every directory: writable again.
   Between the two marks the mode does not change, so a bookie hovering near the high mark does not flap.
 
-An add that hits ENOSPC turns the bookie read-only at once (Engine.disk_full_seen), whatever the measured
+An add that hits ENOSPC turns the bookie read-only at once (Engine.take_disk_full_seen), whatever the measured
 usage; it too is released only below the low mark. An administrator may force read-only; the forced mode is
 kept in the node state, so it survives restarts, and only the administrator releases it. The automatic mode
 never keeps a bookie read-only once usage is below the low mark.
@@ -110,7 +110,7 @@ class DiskMonitor:
                             100 * u.ratio, 100 * cfg.disk_warn_ratio, 100 * cfg.disk_readonly_ratio)
             elif due is False:
                 self._warned.discard(u.path)
-        enospc, self.storage.disk_full_seen = self.storage.disk_full_seen, False
+        enospc = self.storage.take_disk_full_seen()
         full = disk_full_next(self.disk_full, worst.ratio, enospc, marks)
         if full and not self.disk_full:
             self.full_path, self.full_by_enospc = worst.path, enospc
@@ -138,4 +138,4 @@ class DiskMonitor:
         return was != self.read_only
 
     def _apply(self) -> None:
-        self.storage.read_only_reason = self.reason() if self.read_only else ""
+        self.storage.set_read_only_reason(self.reason() if self.read_only else "")

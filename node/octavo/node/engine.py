@@ -26,11 +26,25 @@ class Engine(Protocol):
     node_state: NodeState | None
     read_fds: ReadFds
     space_lock: threading.Lock  # GC and compaction passes never overlap
-    read_only_reason: str
-    disk_full_seen: bool       # an add hit ENOSPC since the disk monitor last looked
-    tail_maybe_lost: bool
     fresh_instance: bool
-    last_flush_error: str
+
+    # The mode and health flags (engineflags.py): read here, changed only through the methods below.
+    @property
+    def read_only_reason(self) -> str: ...
+
+    @property
+    def tail_maybe_lost(self) -> bool: ...
+
+    @property
+    def last_flush_error(self) -> str: ...
+
+    def set_read_only_reason(self, reason: str) -> None: ...
+
+    def take_disk_full_seen(self) -> bool: ...
+
+    def set_flush_error(self, error: str) -> None: ...
+
+    def tail_repaired(self) -> None: ...
 
     @property
     def index(self) -> Index: ...

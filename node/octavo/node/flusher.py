@@ -59,10 +59,10 @@ class Flusher:
             self._wake.clear()
             try:
                 self.step()
-                storage.last_flush_error = ""
+                storage.set_flush_error("")
                 delay_ms = FLUSH_RETRY_DELAY_MS_MIN
             except Exception as e:  # keep flushing: a stuck flusher would stall every add (seed 000)
-                storage.last_flush_error = f"{type(e).__name__}: {e}"
+                storage.set_flush_error(f"{type(e).__name__}: {e}")
                 log.exception("background flush failed; retrying in %d ms", delay_ms)
                 self._stop.wait(delay_ms / 1000)
                 delay_ms = min(delay_ms * 2, FLUSH_RETRY_DELAY_MS_MAX)

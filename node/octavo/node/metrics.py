@@ -1,6 +1,6 @@
 """The bookie's metrics (docs/operations.md lists each with its unit and what to alert on).
 
-The data plane counts requests, entries and bytes in plain integers (RequestStats): an OpenTelemetry counter
+The data plane counts requests, entries and bytes in plain integers (requeststats.py): an OpenTelemetry counter
 call costs 3-6 us, an integer add a few ns. Observable instruments read those integers, and the storage,
 disk, compaction, GC and self-healing state, when a scrape (or an OTLP export) collects. The add and read
 latencies and the flush duration are histograms recorded once per request or per flushed log, never per
@@ -11,53 +11,55 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from opentelemetry.metrics import CallbackOptions, Histogram, Meter, Observation
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from octavo.v1 import bookie_pb2 as pb
+from octavo.node.requeststats import RequestStats
 
 if TYPE_CHECKING:
-    from octavo.node.autorecovery import WorkerState
+    from octavo.node.autorecovery import AutoRecovery, WorkerState
     from octavo.node.compaction import Compactor
     from octavo.node.damagerepair import DamageControl
     from octavo.node.datasetmaintenance import DatasetMaintenance
+    from octavo.node.disk import DiskMonitor
     from octavo.node.etcdcompaction import EtcdCompaction
-    from octavo.node.server import BookieServer
-    from octavo.node.storage import StorageGauges
+    from octavo.node.registration import Registration
+    from octavo.node.storage import Storage, StorageGauges
 
 MODES = ("writable", "read_only")
 GAUGES_AGE_S_MAX = 1.0
 
 
-class RequestStats:
-    """Counts kept by the data plane as plain integers; the histograms are set when metrics are on."""
+class MetricsContext(Protocol):
+    """What the bookie's metrics read of a running bookie (the bookie server implements it): each part
+    is None until the bookie has started it."""
 
-    __slots__ = ("add_bytes", "add_entries", "add_latency", "add_refused", "add_requests", "fences", "read_bytes",
-                 "read_entries", "read_errors", "read_latency", "read_requests", "tail_requests", "write_closes")
+    @property
+    def storage(self) -> Storage | None: ...
 
-    def __init__(self) -> None:
-        self.add_requests = 0
-        self.add_entries = 0   # entries stored
-        self.add_bytes = 0     # payload bytes stored
-        self.add_refused: dict[str, int] = {}  # entries refused, by result code name
-        self.read_requests = 0
-        self.read_entries = 0
-        self.read_bytes = 0
-        self.read_errors: dict[str, int] = {}  # read requests answered with an error, by code name
-        self.tail_requests = 0
-        self.fences = 0
-        self.write_closes = 0
-        self.add_latency: Histogram | None = None
-        self.read_latency: Histogram | None = None
+    @property
+    def disk(self) -> DiskMonitor | None: ...
 
-    def refused(self, code: int, entries: int) -> None:
-        name = pb.ResultCode.Name(code)  # type: ignore[arg-type]
-        self.add_refused[name] = self.add_refused.get(name, 0) + entries
+    @property
+    def compactor(self) -> Compactor | None: ...
 
-    def read_error(self, code: int) -> None:
-        name = pb.ResultCode.Name(code)  # type: ignore[arg-type]
-        self.read_errors[name] = self.read_errors.get(name, 0) + 1
+    @property
+    def damage_control(self) -> DamageControl | None: ...
+
+    @property
+    def autorecovery(self) -> AutoRecovery | None: ...
+
+    @property
+    def registration(self) -> Registration | None: ...
+
+    @property
+    def gc_ledgers_dropped_total(self) -> int: ...
+
+    @property
+    def ledgers_dropped_by_watch(self) -> int: ...
+
+    def tail_waiter_count(self) -> int: ...
 
 
 def _one(value: Callable[[], float | int]) -> Callable[[CallbackOptions], Iterable[Observation]]:
@@ -69,9 +71,9 @@ def _by(values: Callable[[], dict[str, int]], key: str) -> Callable[[CallbackOpt
 
 
 class BookieMetrics:
-    """Registers every bookie instrument on `meter`, reading `node` (a started BookieServer)."""
+    """Registers every bookie instrument on `meter`, reading `node` (a started bookie)."""
 
-    def __init__(self, node: BookieServer, meter: Meter, stats: RequestStats) -> None:
+    def __init__(self, node: MetricsContext, meter: Meter, stats: RequestStats) -> None:
         self.node = node
         storage = node.storage
         assert storage is not None
@@ -86,7 +88,7 @@ class BookieMetrics:
         flush = m.create_histogram("octavo.bookie.flush.duration", unit="s",
                                    description="time to flush one rolled entry log (fsync, index commit, "
                                                "recovery point)")
-        storage.on_flush = flush.record
+        storage.observe_flushes(flush.record)
 
         counter, gauge, updown = m.create_observable_counter, m.create_observable_gauge, \
             m.create_observable_up_down_counter

@@ -75,7 +75,7 @@ class TailRepair:
                 if any(self.bookie_id in bookies for _, bookies in meta.ensembles):
                     await self._repair_ledger(client, meta)
                     self.ledgers_checked += 1
-        self.storage.tail_maybe_lost = False
+        self.storage.tail_repaired()
         log.info("tail repair done: %d ledgers checked, %d entries copied back from peers; this bookie is sure "
                  "of its contents again", self.ledgers_checked, self.entries_restored)
 

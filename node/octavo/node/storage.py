@@ -43,6 +43,7 @@ from octavo.node.appends import LedgerBatch, Result
 from octavo.node.checkpoint import NodeState, RecoveryPoint, write_recovery_point
 from octavo.node.compaction import recover_interrupted
 from octavo.node.config import FSYNC_POLICY_BATCH, NodeConfig
+from octavo.node.engineflags import EngineFlags
 from octavo.node.entrylog import CACHE_ENTRY_BYTES_ESTIMATE, FLUSHED, EntryLog
 from octavo.node.errors import Code, StorageError, WriteCacheFull, no_such_ledger, unauthorized
 from octavo.node.fileio import FileIO
@@ -92,10 +93,11 @@ class StorageGauges:
     fenced_ledgers: int
 
 
-class Storage:
+class Storage(EngineFlags):
     """Open with Storage.open(config); close with close() (clean: syncs all, nothing to replay next time)."""
 
     def __init__(self, config: NodeConfig, io: FileIO, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()  # the mode and health flags (engineflags.py)
         self.config = config.validate()
         self.io = io
         # The engine's own clock, for how old the active log's first unflushed record is (the age roll). Tests
@@ -109,10 +111,6 @@ class Storage:
         self.read_fds = ReadFds(io, self.logs_dir, config.open_log_files_max)
         # GC and compaction passes never overlap (both delete logs and rewrite the accounting).
         self.space_lock = threading.Lock()
-        # Why adds are refused (the disk monitor sets it: disk.py); empty while the bookie is writable.
-        self.read_only_reason = ""
-        # An add failed with ENOSPC: the disk monitor turns the bookie read-only at its next check.
-        self.disk_full_seen = False
         self._table = LedgerTable()
         self._cache = WriteCache(config.write_cache_entries_max)
         self._reader = Reader(self._cache, self._table, lambda: self.index, self.read_fds,
@@ -123,15 +121,9 @@ class Storage:
         self._lock_fd = -1
         self.node_state: NodeState | None = None
         self.fresh_instance = False  # this start created the data directory's identity
-        # True after an unclean stop across a reboot (or power loss): the unsynced tail may be gone, so "no
-        # such entry" becomes UNKNOWN and fenced LAC reads say tail_maybe_lost (BookKeeper's BP-46).
-        self.tail_maybe_lost = False
         self.recovery = RecoveryReport()
         self.started_unix_ms = int(time.time() * 1000)
-        self.last_flush_error = ""
         self.last_gc: GcReport | None = None
-        # Observability (metrics.py): called with each flush's duration in seconds, from the flusher's thread.
-        self.on_flush: Callable[[float], None] | None = None
         self.flush_seconds_total = 0.0
         self.gc_runs = 0
         self.gc_logs_deleted_total = 0
@@ -370,8 +362,7 @@ class Storage:
         writers move to other bookies (the disk monitor releases it below the low-water mark)."""
         if error.errno != errno.ENOSPC:
             return pb.INTERNAL
-        self.disk_full_seen = True
-        self.read_only_reason = self.read_only_reason or "read-only: the disk is full (ENOSPC on an add)"
+        self.note_disk_full()
         return pb.READ_ONLY
 
     def _undo_partial_write_locked(self, active: EntryLog, error: OSError) -> None:
