@@ -295,4 +295,8 @@ def test_cluster_status_shows_the_read_only_threshold_in_force() -> None:
 
     row = {"disk_usage_ratio": 0.5, "disk_readonly_ratio": 0.95}
     assert _disk_cell(row) == "50% (read-only at 95%)"
-    assert _disk_cell({**row, "forced_read_only": True}) == "50% (forced read-only; its own mark 95%)"
+    assert _disk_cell({**row, "forced_read_only": True}) == \
+        "50% (read-only forced by an administrator; its own mark 95%)"
+    by_operator = {**row, "forced_read_only": True, "forced_threshold_ratio": 0.9,
+                   "forced_reason": "the operator: disk usage 91.0% reached readOnlyRatio 90%"}
+    assert _disk_cell(by_operator) == "50% (read-only forced by the operator at 90%; its own mark 95%)"

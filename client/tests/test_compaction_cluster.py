@@ -173,7 +173,7 @@ def test_compaction_controls_over_the_cli(etcd: EtcdProcess, cluster_name: str, 
         address = bookie.start()  # the forced mode survives a restart
         out = cli("status")
         mode = next(line for line in out.stdout.splitlines() if line.startswith("mode"))
-        assert mode.split(None, 1)[1].startswith("read-only: forced by an administrator"), mode  # said once
+        assert mode.split(None, 1)[1].startswith("read-only: forced by `octavo bookie readonly`"), mode  # said once
         out = cli("writable")
         assert out.returncode == 0 and out.stdout.startswith("writable")
     finally:

@@ -258,7 +258,7 @@ def test_messages_say_what_is_wrong(cluster: LocalCluster) -> None:
         whole = subprocess.run([*octavo, "cluster", "status", "--etcd", etcd], capture_output=True, text=True,
                                timeout=60)
         row = next(line for line in whole.stdout.splitlines() if line.startswith("bookie-1"))
-        assert "forced read-only; its own mark" in row, whole.stdout
+        assert "read-only forced by `octavo bookie readonly`; its own mark" in row, whole.stdout
     finally:
         subprocess.run([*octavo, "bookie", "writable", "--bookie", "bookie-1", "--etcd", etcd], capture_output=True,
                        timeout=60)

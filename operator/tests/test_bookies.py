@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from octavo.cli.localcluster import free_port
-from octavo.node.testing import BookieProcess
+from octavo.node.testing import BookieConnection, BookieProcess
 from octavo.operator.bookies import apply, observe
 from octavo.operator.policy import CLOSE_WINDOW, FORCE_READ_ONLY, OPEN_WINDOW, RELEASE_READ_ONLY, Action
 
@@ -26,11 +26,17 @@ async def test_observe_and_act_on_a_real_bookie(tmp_path: Path) -> None:
         assert not seen["b-1"].reachable and not seen["b-2"].reachable
 
         now_ms = int(time.time() * 1000)
-        results = await apply([Action(FORCE_READ_ONLY, "b-0"), Action(OPEN_WINDOW, "b-0", now_ms + 3_600_000)],
-                              addresses)
+        force = Action(FORCE_READ_ONLY, "b-0", reason="disk usage 91.0% reached readOnlyRatio 90%", threshold_ratio=0.9)
+        results = await apply([force, Action(OPEN_WINDOW, "b-0", now_ms + 3_600_000)], addresses)
         assert [e for _, e in results] == ["", ""]
         (b,) = await observe({"b-0": address})
         assert not b.writable and b.forced_read_only and b.window_until_unix_ms == now_ms + 3_600_000
+        with BookieConnection(address) as conn:
+            status = conn.status()
+        # The bookie keeps who forced it and at what share: `octavo cluster status` shows the operator's threshold.
+        assert status.forced_threshold_ratio == pytest.approx(0.9)
+        assert status.forced_reason == "the operator: disk usage 91.0% reached readOnlyRatio 90%"
+        assert status.mode_reason.startswith("read-only: forced by the operator: disk usage 91.0%")
 
         results = await apply([Action(RELEASE_READ_ONLY, "b-0"), Action(CLOSE_WINDOW, "b-0", now_ms)], addresses)
         assert [e for _, e in results] == ["", ""]

@@ -388,7 +388,8 @@ def _scrub(stub: Any, args: Namespace) -> int:
 def _set_mode(stub: Any, args: Namespace, read_only: bool) -> int:
     from octavo.v1 import bookie_pb2 as pb
 
-    mode = stub.SetReadOnly(pb.SetReadOnlyRequest(read_only=read_only), timeout=args.timeout)
+    reason = "`octavo bookie readonly`" if read_only else ""
+    mode = stub.SetReadOnly(pb.SetReadOnlyRequest(read_only=read_only, reason=reason), timeout=args.timeout)
     if args.json:
         print_json(proto_to_dict(mode))
     else:

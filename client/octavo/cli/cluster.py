@@ -351,8 +351,9 @@ async def _set_read_only(client: Any, args: Namespace, bookie_id: str, address: 
     tls = cli_tls(resolve_target(args, required=False))
     async with aio_channel(address, tls, metadata=admin_metadata()) as channel:
         try:
-            return await pb_grpc.BookieAdminStub(channel).SetReadOnly(pb.SetReadOnlyRequest(read_only=read_only),
-                                                                      timeout=10)
+            reason = "octavo bookie decommission" if read_only else ""
+            request = pb.SetReadOnlyRequest(read_only=read_only, reason=reason)
+            return await pb_grpc.BookieAdminStub(channel).SetReadOnly(request, timeout=10)
         except grpc.aio.AioRpcError as e:
             what = "force" if read_only else "release the forced read-only mode of"
             raise CliError(f"cannot {what} bookie {bookie_id} at {address}: {e.code().name}: "
@@ -546,6 +547,7 @@ async def _status(client: Any, args: Namespace) -> int:
         if st is not None:
             row.update({
                 "forced_read_only": st.forced_read_only, "mode_reason": st.mode_reason,
+                "forced_reason": st.forced_reason or None, "forced_threshold_ratio": st.forced_threshold_ratio or None,
                 "disk_usage_ratio": max((d.usage_ratio for d in st.directories), default=0.0),
                 "disk_readonly_ratio": st.disk_readonly_ratio, "disk_writable_ratio": st.disk_writable_ratio,
                 "compaction": ("suspended" if st.compaction.suspended else
@@ -623,7 +625,10 @@ def _disk_cell(b: dict[str, Any]) -> str:
     forced mode holds whatever the disk, and the bookie's own mark does not apply until it is released."""
     usage = f"{b['disk_usage_ratio']:.0%}"
     if b.get("forced_read_only"):
-        return f"{usage} (forced read-only; its own mark {b['disk_readonly_ratio']:.0%})"
+        threshold = b.get("forced_threshold_ratio")
+        at = f" at {threshold:.0%}" if threshold else ""
+        by = str(b.get("forced_reason") or "").split(":")[0] or "an administrator"
+        return f"{usage} (read-only forced by {by}{at}; its own mark {b['disk_readonly_ratio']:.0%})"
     return f"{usage} (read-only at {b['disk_readonly_ratio']:.0%})"
 
 

@@ -206,6 +206,10 @@ def test_a_bookie_past_read_only_ratio_is_forced_read_only_and_released_below_wr
         assert [b for b, s in forced.items() if s["mode"] == "read-only"] == [victim]
         assert k.condition("logs", "DiskPressure")["status"] == "True"
         assert victim in k.condition("logs", "DiskPressure")["message"]
+        from octavo.node.testing import BookieConnection
+        with BookieConnection(local_kube.address("default", victim)) as conn:
+            st = conn.status()  # what `octavo cluster status` shows: forced by the operator at its readOnlyRatio
+        assert st.forced_threshold_ratio == pytest.approx(0.5) and st.forced_reason.startswith("the operator: "), st
         assert any(e["message"].startswith(f"bookie {victim}:") for e in k.events("ForceReadOnly"))
         metrics = local_kube.operator_metrics()
         assert metrics[("octavo_operator_actions_total", (("kind", "ForceReadOnly"), ("result", "ok")))] >= 1

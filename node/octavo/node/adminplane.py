@@ -16,6 +16,7 @@ from octavo.node.adminauth import AdminAuthorizer
 from octavo.node.compaction import CompactionProgress, CompactionReport, Compactor
 from octavo.node.compaction_plan import MAJOR, MINOR
 from octavo.node.damagerepair import scrub_state
+from octavo.node.disk import forced_problem
 from octavo.node.rpc import bad_requests, unary, unary_stream
 from octavo.node.scrub import ScrubPass
 from octavo.node.storage import Storage
@@ -88,7 +89,7 @@ class AdminContext(Protocol):
 
     async def collect_garbage(self) -> GcReport: ...
 
-    async def set_forced_read_only(self, forced: bool) -> None: ...
+    async def set_forced_read_only(self, forced: bool, reason: str = "", threshold_ratio: float = 0.0) -> None: ...
 
 
 class BookieAdminService(pb_grpc.BookieAdminServicer):
@@ -117,10 +118,14 @@ class BookieAdminService(pb_grpc.BookieAdminServicer):
         monitor = self.node.disk
         assert monitor is not None
         return pb.ModeStatus(mode=pb.MODE_READ_ONLY if monitor.read_only else pb.MODE_WRITABLE,
-                             reason=monitor.reason(), forced_read_only=monitor.forced)
+                             reason=monitor.reason(), forced_read_only=monitor.forced,
+                             forced_reason=monitor.forced_reason, forced_threshold_ratio=monitor.forced_threshold_ratio)
 
     async def SetReadOnly(self, request: pb.SetReadOnlyRequest, context: grpc.aio.ServicerContext) -> pb.ModeStatus:
-        await self.node.set_forced_read_only(request.read_only)
+        problem = forced_problem(request.reason, request.threshold_ratio)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"SetReadOnly: {problem}")
+        await self.node.set_forced_read_only(request.read_only, request.reason, request.threshold_ratio)
         return self._mode()
 
     def _compaction_state(self) -> pb.CompactionState:
@@ -258,7 +263,8 @@ class BookieAdminService(pb_grpc.BookieAdminServicer):
             bookie_id=node.bookie_id, instance_id=st["instance_id"],
             cluster=cfg.cluster if cfg.etcd else "", registered=bool(reg and reg.registered),
             address=node.advertised, version=VERSION, mode=mode.mode, mode_reason=mode.reason,
-            forced_read_only=mode.forced_read_only,
+            forced_read_only=mode.forced_read_only, forced_reason=mode.forced_reason,
+            forced_threshold_ratio=mode.forced_threshold_ratio,
             directories=[pb.DirectoryUsage(path=u.path, total_bytes=u.total_bytes, used_bytes=u.used_bytes,
                                            free_bytes=u.free_bytes, usage_ratio=u.ratio) for u in usages],
             disk_warn_ratio=cfg.disk_warn_ratio, disk_readonly_ratio=cfg.disk_readonly_ratio,

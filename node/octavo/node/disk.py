@@ -31,6 +31,10 @@ from octavo.node.watermarks import Watermarks, disk_full_next, warning_due
 log = logging.getLogger(__name__)
 
 STATE_FORCED_READ_ONLY = "forced_read_only"
+STATE_FORCED_REASON = "forced_reason"
+STATE_FORCED_THRESHOLD = "forced_threshold_ratio"
+# The longest reason a SetReadOnly may carry (kept in the node state and shown by every status).
+FORCED_REASON_MAX_CHARS = 512
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,15 @@ class DirUsage:
     @property
     def ratio(self) -> float:
         return self.used_bytes / self.total_bytes if self.total_bytes else 0.0
+
+
+def forced_problem(reason: str, threshold_ratio: float) -> str:
+    """What is wrong with a SetReadOnly's reason and threshold, or "" (the limits are named here)."""
+    if len(reason) > FORCED_REASON_MAX_CHARS:
+        return f"reason is {len(reason)} characters; at most {FORCED_REASON_MAX_CHARS} (FORCED_REASON_MAX_CHARS)"
+    if not 0.0 <= threshold_ratio <= 1.0:  # also refuses NaN
+        return f"threshold_ratio must be a share of capacity in [0, 1], got {threshold_ratio}"
+    return ""
 
 
 def tree_bytes(path: str) -> int:
@@ -65,6 +78,9 @@ class DiskMonitor:
         self.directories = [storage.data_dir]
         extra = storage.node_state.extra if storage.node_state else {}
         self.forced = bool(extra.get(STATE_FORCED_READ_ONLY, False))
+        # Node states written before the reason and threshold were kept have neither: "an administrator", none.
+        self.forced_reason = str(extra.get(STATE_FORCED_REASON, ""))
+        self.forced_threshold_ratio = float(extra.get(STATE_FORCED_THRESHOLD, 0.0))
         self.disk_full = False
         self.full_path = ""
         self.full_by_enospc = False  # the read-only mode came from an add that hit ENOSPC
@@ -86,7 +102,8 @@ class DiskMonitor:
     def reason(self) -> str:
         cfg = self.config
         if self.forced:
-            return "read-only: forced by an administrator (release with `octavo bookie writable`)"
+            by = self.forced_reason or "an administrator"
+            return f"read-only: forced by {by} (release with `octavo bookie writable`)"
         if self.disk_full:
             usage = next((u for u in self.usages if u.path == self.full_path), None)
             share = f"{usage.ratio:.1%} full" if usage else "full"
@@ -125,14 +142,17 @@ class DiskMonitor:
                         extra={"event": "mode_change", "mode": "read_only" if self.read_only else "writable"})
         return changed
 
-    def set_forced(self, forced: bool) -> bool:
-        """Force read-only or release the forced mode (persisted before it returns). Returns whether the
-        mode changed."""
+    def set_forced(self, forced: bool, reason: str = "", threshold_ratio: float = 0.0) -> bool:
+        """Force read-only (with who forces it and at what usage share, see forced_problem) or release the
+        forced mode (persisted before it returns). Returns whether the mode changed."""
         was = self.read_only
         self.forced = forced
+        self.forced_reason, self.forced_threshold_ratio = (reason, threshold_ratio) if forced else ("", 0.0)
         state = self.storage.node_state
         if state is not None:
             state.extra[STATE_FORCED_READ_ONLY] = forced
+            state.extra[STATE_FORCED_REASON] = self.forced_reason
+            state.extra[STATE_FORCED_THRESHOLD] = self.forced_threshold_ratio
             write_node_state(self.storage.io, self.storage.data_dir, state)
         self._apply()
         return was != self.read_only

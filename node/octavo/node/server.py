@@ -306,10 +306,11 @@ class BookieServer:
             log.warning("cannot move the registration to the %s set yet: %s",
                         "read-only" if self.disk and self.disk.read_only else "writable", e)
 
-    async def set_forced_read_only(self, forced: bool) -> None:
+    async def set_forced_read_only(self, forced: bool, reason: str = "", threshold_ratio: float = 0.0) -> None:
         assert self.disk is not None
-        changed = await asyncio.get_running_loop().run_in_executor(None, self.disk.set_forced, forced)
-        log.warning("forced read-only %s by an administrator", "set" if forced else "released")
+        changed = await asyncio.get_running_loop().run_in_executor(None, self.disk.set_forced, forced, reason,
+                                                                   threshold_ratio)
+        log.warning("forced read-only %s by %s", "set" if forced else "released", reason[:120] or "an administrator")
         if not forced:
             await asyncio.get_running_loop().run_in_executor(None, self.disk.check)
             changed = True

@@ -83,8 +83,10 @@ async def apply_one(action: Action, address: str, timeout_s: float = ADMIN_TIMEO
                                metadata=_admin_metadata()) as channel:
             admin = pb_grpc.BookieAdminStub(channel)
             if action.kind in (FORCE_READ_ONLY, RELEASE_READ_ONLY):
-                await admin.SetReadOnly(pb.SetReadOnlyRequest(read_only=action.kind == FORCE_READ_ONLY),
-                                        timeout=timeout_s)
+                force = action.kind == FORCE_READ_ONLY
+                request = pb.SetReadOnlyRequest(read_only=force, reason=f"the operator: {action.reason}"[:512]
+                                                if force else "", threshold_ratio=action.threshold_ratio)
+                await admin.SetReadOnly(request, timeout=timeout_s)
             elif action.kind in (OPEN_WINDOW, CLOSE_WINDOW):
                 await admin.SetCompactionWindow(pb.SetCompactionWindowRequest(until_unix_ms=action.until_unix_ms),
                                                 timeout=timeout_s)

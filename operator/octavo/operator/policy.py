@@ -122,6 +122,7 @@ class Action:
     bookie_id: str
     until_unix_ms: int = 0
     reason: str = ""
+    threshold_ratio: float = 0.0  # FORCE_READ_ONLY: the readOnlyRatio it was forced at (the bookie shows it)
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,7 @@ def _watermarks(wm: Watermarks, shape: Shape, reachable: list[Observed], memory:
                 f"ledger needs {shape.min_writable}")
             held_back.add(b.bookie_id)
             continue
-        actions.append(Action(FORCE_READ_ONLY, b.bookie_id, reason=(
+        actions.append(Action(FORCE_READ_ONLY, b.bookie_id, threshold_ratio=wm.read_only_ratio, reason=(
             f"disk usage {b.disk_usage_ratio:.1%} reached readOnlyRatio {wm.read_only_ratio:.0%}")))
         forced.add(b.bookie_id)
         writable -= 1 if b.writable else 0

@@ -85,8 +85,8 @@ async def _step(client: Client, bookie_id: str, rate_bytes_per_s: int, wait_s: f
     address = registered[bookie_id].address
     try:
         async with aio_channel(address, tls if tls.enabled else None, metadata=_admin_metadata()) as channel:
-            await pb_grpc.BookieAdminStub(channel).SetReadOnly(pb.SetReadOnlyRequest(read_only=True),
-                                                               timeout=admin_timeout_s)
+            request = pb.SetReadOnlyRequest(read_only=True, reason="the operator: a scale-down moves its copies off")
+            await pb_grpc.BookieAdminStub(channel).SetReadOnly(request, timeout=admin_timeout_s)
     except grpc.RpcError as e:
         return ScaleDownStep(bookie_id, False, False, f"cannot force bookie {bookie_id} at {address} read-only: "
                                                       f"{e.code().name}: {e.details()}")

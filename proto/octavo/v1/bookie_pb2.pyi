@@ -682,15 +682,27 @@ class SetReadOnlyRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     READ_ONLY_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    THRESHOLD_RATIO_FIELD_NUMBER: _builtins.int
     read_only: _builtins.bool
+    reason: _builtins.str
+    """Who forces it and why (for example "the operator's CompactionPolicy p: disk usage 93% reached readOnlyRatio
+    90%"), at most 512 characters; kept with the forced mode and shown by status. Empty: "an administrator".
+    """
+    threshold_ratio: _builtins.float
+    """The disk usage share at which whoever forces it does so (the operator's readOnlyRatio), in [0, 1]; 0: none.
+    Shown by `cluster status` as the read-only threshold in force while the forced mode holds.
+    """
     def __init__(
         self,
         *,
         read_only: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        threshold_ratio: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["read_only", b"read_only"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["read_only", b"read_only", "reason", b"reason", "threshold_ratio", b"threshold_ratio"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -703,19 +715,27 @@ class ModeStatus(_message.Message):
     MODE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     FORCED_READ_ONLY_FIELD_NUMBER: _builtins.int
+    FORCED_REASON_FIELD_NUMBER: _builtins.int
+    FORCED_THRESHOLD_RATIO_FIELD_NUMBER: _builtins.int
     mode: Global___BookieMode.ValueType
     reason: _builtins.str
     forced_read_only: _builtins.bool
+    forced_reason: _builtins.str
+    """SetReadOnlyRequest.reason of the forced mode in force"""
+    forced_threshold_ratio: _builtins.float
+    """SetReadOnlyRequest.threshold_ratio of the forced mode in force"""
     def __init__(
         self,
         *,
         mode: Global___BookieMode.ValueType = ...,
         reason: _builtins.str = ...,
         forced_read_only: _builtins.bool = ...,
+        forced_reason: _builtins.str = ...,
+        forced_threshold_ratio: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["forced_read_only", b"forced_read_only", "mode", b"mode", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["forced_read_only", b"forced_read_only", "forced_reason", b"forced_reason", "forced_threshold_ratio", b"forced_threshold_ratio", "mode", b"mode", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1121,6 +1141,8 @@ class BookieStatus(_message.Message):
     AUTORECOVERY_FIELD_NUMBER: _builtins.int
     METRICS_ADDRESS_FIELD_NUMBER: _builtins.int
     SCRUB_FIELD_NUMBER: _builtins.int
+    FORCED_REASON_FIELD_NUMBER: _builtins.int
+    FORCED_THRESHOLD_RATIO_FIELD_NUMBER: _builtins.int
     bookie_id: _builtins.str
     address: _builtins.str
     version: _builtins.str
@@ -1171,6 +1193,11 @@ class BookieStatus(_message.Message):
     registration_failing_since_unix_ms: _builtins.int
     metrics_address: _builtins.str
     """Where this bookie serves Prometheus metrics (host:port, path /metrics); empty when metrics_port is off."""
+    forced_reason: _builtins.str
+    """Who forced read-only and at what usage share (SetReadOnlyRequest.reason / threshold_ratio; empty / 0 when
+    not forced, or forced without them).
+    """
+    forced_threshold_ratio: _builtins.float
     @_builtins.property
     def directories(self) -> _containers.RepeatedCompositeFieldContainer[Global___DirectoryUsage]: ...
     @_builtins.property
@@ -1231,10 +1258,12 @@ class BookieStatus(_message.Message):
         autorecovery: Global___AutorecoveryState | None = ...,
         metrics_address: _builtins.str = ...,
         scrub: Global___ScrubState | None = ...,
+        forced_reason: _builtins.str = ...,
+        forced_threshold_ratio: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["autorecovery", b"autorecovery", "compaction", b"compaction", "scrub", b"scrub", "write_cache", b"write_cache"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_log_id", b"active_log_id", "address", b"address", "autorecovery", b"autorecovery", "bookie_id", b"bookie_id", "cluster", b"cluster", "compaction", b"compaction", "directories", b"directories", "disk_readonly_ratio", b"disk_readonly_ratio", "disk_warn_ratio", b"disk_warn_ratio", "disk_writable_ratio", b"disk_writable_ratio", "entry_log_count", b"entry_log_count", "entry_logs", b"entry_logs", "forced_read_only", b"forced_read_only", "fsync_policy", b"fsync_policy", "gc_bytes_reclaimed", b"gc_bytes_reclaimed", "gc_duration_s", b"gc_duration_s", "gc_last_run_unix_ms", b"gc_last_run_unix_ms", "gc_ledgers_dropped", b"gc_ledgers_dropped", "gc_logs_deleted", b"gc_logs_deleted", "instance_id", b"instance_id", "last_start_was_unclean", b"last_start_was_unclean", "last_unclean_restart_unix_ms", b"last_unclean_restart_unix_ms", "ledger_count", b"ledger_count", "log_live_bytes", b"log_live_bytes", "log_total_bytes", b"log_total_bytes", "metrics_address", b"metrics_address", "mode", b"mode", "mode_reason", b"mode_reason", "recovery_bytes_truncated", b"recovery_bytes_truncated", "recovery_logs_scanned", b"recovery_logs_scanned", "recovery_point_log_id", b"recovery_point_log_id", "recovery_records_replayed", b"recovery_records_replayed", "registered", b"registered", "registration_error", b"registration_error", "registration_failing_since_unix_ms", b"registration_failing_since_unix_ms", "registration_refreshed_unix_ms", b"registration_refreshed_unix_ms", "registration_ttl_s", b"registration_ttl_s", "scrub", b"scrub", "started_unix_ms", b"started_unix_ms", "tail_maybe_lost", b"tail_maybe_lost", "unclean_restart_count", b"unclean_restart_count", "version", b"version", "write_cache", b"write_cache"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_log_id", b"active_log_id", "address", b"address", "autorecovery", b"autorecovery", "bookie_id", b"bookie_id", "cluster", b"cluster", "compaction", b"compaction", "directories", b"directories", "disk_readonly_ratio", b"disk_readonly_ratio", "disk_warn_ratio", b"disk_warn_ratio", "disk_writable_ratio", b"disk_writable_ratio", "entry_log_count", b"entry_log_count", "entry_logs", b"entry_logs", "forced_read_only", b"forced_read_only", "forced_reason", b"forced_reason", "forced_threshold_ratio", b"forced_threshold_ratio", "fsync_policy", b"fsync_policy", "gc_bytes_reclaimed", b"gc_bytes_reclaimed", "gc_duration_s", b"gc_duration_s", "gc_last_run_unix_ms", b"gc_last_run_unix_ms", "gc_ledgers_dropped", b"gc_ledgers_dropped", "gc_logs_deleted", b"gc_logs_deleted", "instance_id", b"instance_id", "last_start_was_unclean", b"last_start_was_unclean", "last_unclean_restart_unix_ms", b"last_unclean_restart_unix_ms", "ledger_count", b"ledger_count", "log_live_bytes", b"log_live_bytes", "log_total_bytes", b"log_total_bytes", "metrics_address", b"metrics_address", "mode", b"mode", "mode_reason", b"mode_reason", "recovery_bytes_truncated", b"recovery_bytes_truncated", "recovery_logs_scanned", b"recovery_logs_scanned", "recovery_point_log_id", b"recovery_point_log_id", "recovery_records_replayed", b"recovery_records_replayed", "registered", b"registered", "registration_error", b"registration_error", "registration_failing_since_unix_ms", b"registration_failing_since_unix_ms", "registration_refreshed_unix_ms", b"registration_refreshed_unix_ms", "registration_ttl_s", b"registration_ttl_s", "scrub", b"scrub", "started_unix_ms", b"started_unix_ms", "tail_maybe_lost", b"tail_maybe_lost", "unclean_restart_count", b"unclean_restart_count", "version", b"version", "write_cache", b"write_cache"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
