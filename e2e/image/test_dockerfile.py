@@ -69,7 +69,7 @@ def test_the_image_runs_octavo_as_a_non_root_user_with_a_data_volume() -> None:
     assert "chown 1000:1000 /data" in last(final, "RUN")
     # The pods run as that uid, with the volume's group.
     sts = builders.stateful_set("b", "ns", resources.parse_cluster("b", {
-        "image": "x", "storage": {"size": "1Gi"}, "etcd": {"endpoints": "e:2379"}}), "h")
+        "image": "x", "storage": {"size": "1Gi"}, "etcd": {"endpoints": "e:2379"}}), "h", replicas=3, generation=1)
     assert sts["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == uid
     assert sts["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == 1000
     assert builders.DATA_DIR == "/data"

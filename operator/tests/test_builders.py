@@ -10,6 +10,7 @@ from typing import Any
 
 from octavo.cli.main import resolve_node_config
 from octavo.operator.builders import (
+    APPLIED_GENERATION,
     BOOKIE_PORT,
     CONFIG_FILE,
     bookie_ids,
@@ -28,7 +29,19 @@ SPEC = {"image": "octavo:0.1", "replicas": 4, "storage": {"size": "20Gi", "stora
 
 def objects(spec: dict[str, Any] = SPEC, compaction: CompactionSettings | None = None) -> dict[str, dict[str, Any]]:
     return {f"{o['kind']}/{o['metadata']['name']}": o
-            for o in owned_objects("logs", "prod", parse_cluster("logs", spec), compaction)}
+            for o in owned_objects("logs", "prod", parse_cluster("logs", spec), compaction, replicas=4, generation=7)}
+
+
+def test_the_statefulset_takes_the_replicas_and_the_generation_it_is_given_not_the_specs() -> None:
+    """A scale-down keeps the StatefulSet above spec.replicas until the highest bookie is retired; the generation
+    marks the StatefulSet's own metadata, never its pod template (which would roll every pod)."""
+    spec = parse_cluster("logs", SPEC)
+    built = {o["kind"]: o for o in owned_objects("logs", "prod", spec, None, replicas=6, generation=12)}
+    sts = built["StatefulSet"]
+    assert spec.replicas == 4 and sts["spec"]["replicas"] == 6
+    assert sts["metadata"]["annotations"] == {APPLIED_GENERATION: "12"}
+    again = owned_objects("logs", "prod", spec, None, replicas=6, generation=13)[-1]
+    assert again["spec"]["template"] == sts["spec"]["template"], "a new generation alone changed the pods"
 
 
 def test_a_cluster_owns_a_statefulset_two_services_a_pdb_and_its_config() -> None:

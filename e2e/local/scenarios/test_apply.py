@@ -22,9 +22,8 @@ KINDS = (("apps/v1", "statefulsets"), ("v1", "services"), ("v1", "configmaps"), 
 
 
 def objects(replicas: int) -> list[dict[str, Any]]:
-    built = builders.owned_objects("logs", "default", parse_cluster("logs", SPEC), None)
-    built[-1]["spec"]["replicas"] = replicas
-    return built
+    return builders.owned_objects("logs", "default", parse_cluster("logs", SPEC), None, replicas=replicas,
+                                  generation=1)
 
 
 async def create_owner(kube: Kube) -> dict[str, Any]:
@@ -43,8 +42,8 @@ def test_apply_is_idempotent_and_restores_replicas_changed_behind_its_back(local
     applied the smaller size) must still grow it again (it did not: the hash was the same as before)."""
     async def scenario(kube: Kube) -> tuple[list[str], list[str], int]:
         owner = await create_owner(kube)  # the owner exists, or its objects are collected
-        first = await apply_owned(kube, owner, objects(4))
-        again = await apply_owned(kube, owner, objects(4))
+        first = (await apply_owned(kube, owner, objects(4))).changed
+        again = (await apply_owned(kube, owner, objects(4))).changed
         await kube.patch("apps/v1", "statefulsets", "default", "logs", {"spec": {"replicas": 3}})
         await apply_owned(kube, owner, objects(4))
         sts = await kube.get("apps/v1", "statefulsets", "default", "logs")

@@ -35,6 +35,10 @@ ETCD_CREDENTIALS_DIR = "/etc/octavo-etcd-credentials"
 # The bookie syncs its logs and the recovery point on SIGTERM: give it time for a full write cache.
 TERMINATION_GRACE_S = 120
 MANAGED_BY = "octavo-operator"
+# On the StatefulSet's own metadata (not its pod template: no roll): the cluster generation its spec was built
+# from, so a reconcile that reads a StatefulSet not yet given the newest spec waits instead of taking its pods
+# as up to date (observedGeneration moved before a roll had started).
+APPLIED_GENERATION = "octavo.io/cluster-generation"
 
 
 def labels(name: str) -> dict[str, str]:
@@ -138,23 +142,8 @@ def _etcd_env(spec: ClusterSpec) -> dict[str, Any]:
     return {"name": "OCTAVO_NODE_ETCD", "valueFrom": {"secretKeyRef": {"name": ref_name, "key": key}}}
 
 
-def stateful_set(name: str, namespace: str, spec: ClusterSpec, config_hash: str) -> dict[str, Any]:
-    """`config_hash` goes into a pod annotation, so a settings change rolls the pods (one at a time, within the
-    PodDisruptionBudget)."""
-    template = spec.pod_template
-    pod_labels = {**labels(name), **dict(template.get("labels", {}))}
-    annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT),
-                   "prometheus.io/path": "/metrics", **dict(template.get("annotations", {})),
-                   "octavo.io/config-hash": config_hash}
-    headless = headless_service_name(name)
-    mounts = [{"name": "data", "mountPath": DATA_DIR}, {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-              {"name": "tmp", "mountPath": "/tmp"}]  # the root filesystem is read-only
-    secret_volumes = _secret_volumes(spec)
-    mounts += [{"name": v["name"], "mountPath": path, "readOnly": True} for v, path in secret_volumes]
-    claims = [_claim("data", spec.storage.size, spec.storage.storage_class, name)]
-    if spec.storage.logs_size:
-        mounts.append({"name": "logs", "mountPath": LOGS_DIR})
-        claims.append(_claim("logs", spec.storage.logs_size, spec.storage.logs_storage_class, name))
+def _container(name: str, spec: ClusterSpec, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The bookie container: `octavo node` reading the ConfigMap's settings, its identity from the pod."""
     container: dict[str, Any] = {
         "name": "bookie",
         "image": spec.image,
@@ -165,7 +154,7 @@ def stateful_set(name: str, namespace: str, spec: ClusterSpec, config_hash: str)
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
             {"name": "OCTAVO_NODE_BOOKIE_ID", "value": "$(POD_NAME)"},
             {"name": "OCTAVO_NODE_ADVERTISED_ADDRESS",
-             "value": f"$(POD_NAME).{headless}.$(POD_NAMESPACE).svc:{BOOKIE_PORT}"},
+             "value": f"$(POD_NAME).{headless_service_name(name)}.$(POD_NAMESPACE).svc:{BOOKIE_PORT}"},
             _etcd_env(spec),
             *([{"name": "OCTAVO_NODE_ETCD_USERNAME",
                 "valueFrom": {"secretKeyRef": {"name": spec.etcd.credentials_secret, "key": "username"}}}]
@@ -180,9 +169,31 @@ def stateful_set(name: str, namespace: str, spec: ClusterSpec, config_hash: str)
     }
     if spec.resources:
         container["resources"] = dict(spec.resources)
+    return container
+
+
+def stateful_set(name: str, namespace: str, spec: ClusterSpec, config_hash: str, *, replicas: int,
+                 generation: int) -> dict[str, Any]:
+    """`config_hash` goes into a pod annotation, so a settings change rolls the pods (one at a time, within the
+    PodDisruptionBudget). `replicas` may exceed the spec's while a scale-down decommissions the highest ordinal;
+    `generation` is the BookieCluster's generation this is built from (APPLIED_GENERATION)."""
+    template = spec.pod_template
+    pod_labels = {**labels(name), **dict(template.get("labels", {}))}
+    annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT),
+                   "prometheus.io/path": "/metrics", **dict(template.get("annotations", {})),
+                   "octavo.io/config-hash": config_hash}
+    mounts: list[dict[str, Any]] = [{"name": "data", "mountPath": DATA_DIR},
+                                    {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+                                    {"name": "tmp", "mountPath": "/tmp"}]  # the root filesystem is read-only
+    secret_volumes = _secret_volumes(spec)
+    mounts += [{"name": v["name"], "mountPath": path, "readOnly": True} for v, path in secret_volumes]
+    claims = [_claim("data", spec.storage.size, spec.storage.storage_class, name)]
+    if spec.storage.logs_size:
+        mounts.append({"name": "logs", "mountPath": LOGS_DIR})
+        claims.append(_claim("logs", spec.storage.logs_size, spec.storage.logs_storage_class, name))
     pod_spec: dict[str, Any] = {
         "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
-        "containers": [container],
+        "containers": [_container(name, spec, mounts)],
         "volumes": [{"name": "config", "configMap": {"name": config_map_name(name)}},
                     {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}, *(v for v, _ in secret_volumes)],
         "securityContext": {"fsGroup": 1000, "runAsUser": 1000, "runAsGroup": 1000,
@@ -194,10 +205,11 @@ def stateful_set(name: str, namespace: str, spec: ClusterSpec, config_hash: str)
             pod_spec[key] = template[key]
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(name),
+                     "annotations": {APPLIED_GENERATION: str(generation)}},
         "spec": {
-            "replicas": spec.replicas,
-            "serviceName": headless,
+            "replicas": replicas,
+            "serviceName": headless_service_name(name),
             # Bookies start in parallel (none waits for another). OnDelete: the operator rolls them, one at a time,
             # waiting between two for the restarted bookie to serve and for no ledger to be under-replicated
             # (rolling.py); Kubernetes only recreates each pod it deletes with the current template.
@@ -260,13 +272,15 @@ def pod_disruption_budget(name: str, namespace: str, spec: ClusterSpec) -> dict[
             "spec": {"maxUnavailable": spec.max_unavailable, "selector": {"matchLabels": selector(name)}}}
 
 
-def owned_objects(name: str, namespace: str, spec: ClusterSpec,
-                  compaction: CompactionSettings | None) -> list[dict[str, Any]]:
-    """Everything a BookieCluster owns, in the order to apply them (the config before the pods that read it)."""
+def owned_objects(name: str, namespace: str, spec: ClusterSpec, compaction: CompactionSettings | None, *,
+                  replicas: int, generation: int) -> list[dict[str, Any]]:
+    """Everything a BookieCluster owns, in the order to apply them (the config before the pods that read it).
+    `replicas` and `generation`: the StatefulSet's (stateful_set)."""
     cm = config_map(name, namespace, spec, compaction)
     digest = hashlib.sha256(json.dumps(cm["data"], sort_keys=True).encode()).hexdigest()[:16]
     return [cm, headless_service(name, namespace), client_service(name, namespace),
-            pod_disruption_budget(name, namespace, spec), stateful_set(name, namespace, spec, digest)]
+            pod_disruption_budget(name, namespace, spec),
+            stateful_set(name, namespace, spec, digest, replicas=replicas, generation=generation)]
 
 
 def bookie_ids(name: str, replicas: int) -> list[str]:

@@ -38,7 +38,7 @@ from octavo.meta.layout import Layout
 from octavo.meta.tls import TlsError, TlsFiles
 from octavo.operator import builders
 from octavo.operator.bookies import ADMIN_TIMEOUT_S, PLAINTEXT, Reach, after, apply, observe
-from octavo.operator.kube import Kube, KubeError, load_api_client
+from octavo.operator.kube import PLURALS, Kube, KubeError, load_api_client
 from octavo.operator.metrics import OperatorMetrics
 from octavo.operator.policy import Policy, Shape, decide
 from octavo.operator.resources import (
@@ -78,10 +78,6 @@ log = logging.getLogger("octavo.operator")
 
 API_VERSION = f"{GROUP}/{VERSION}"
 APPLIED_HASH = "octavo.io/applied-hash"
-# On the StatefulSet's own metadata (not its pod template: no roll): the cluster generation its spec was built
-# from, so a reconcile that reads a StatefulSet not yet given the newest spec waits instead of taking its pods
-# as up to date (observedGeneration moved before a roll had started).
-APPLIED_GENERATION = "octavo.io/cluster-generation"
 FINALIZER = "octavo.io/finalizer"
 # How long one decommission step waits for open ledgers' writers to move off before the operator looks again.
 DECOMMISSION_WAIT_S = 60.0
@@ -279,30 +275,42 @@ def applied_hash(obj: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
-async def apply_owned(kube: Kube, owner: Mapping[str, Any], objects: list[dict[str, Any]]) -> list[str]:
-    """Create what is missing, patch what the operator would now write differently; the names changed."""
-    changed = []
+@dataclass(frozen=True)
+class Applied:
+    """What apply_owned did: the objects it created or patched ("Kind/name"), and each object as the API server
+    answered ("Kind/name" -> the object; None when a create raced another and lost)."""
+
+    changed: list[str]
+    current: dict[str, dict[str, Any] | None]
+
+
+async def apply_owned(kube: Kube, owner: Mapping[str, Any], objects: list[dict[str, Any]],
+                      known: Mapping[str, dict[str, Any] | None] | None = None) -> Applied:
+    """Create what is missing, patch what the operator would now write differently. `known`: objects this
+    reconcile has read already ("Kind/name" -> the object, None: missing), not read again."""
+    changed, current, known = [], {}, known or {}
     for obj in objects:
         kopf.adopt(obj, owner=dict(owner))  # type: ignore[arg-type]
         digest = applied_hash(obj)
         obj["metadata"].setdefault("annotations", {})[APPLIED_HASH] = digest
-        meta = obj["metadata"]
-        plural = {"ConfigMap": "configmaps", "Service": "services", "PodDisruptionBudget": "poddisruptionbudgets",
-                  "StatefulSet": "statefulsets"}[obj["kind"]]
-        current = await kube.get(obj["apiVersion"], plural, meta["namespace"], meta["name"])
-        if current is None:
+        meta, key = obj["metadata"], f"{obj['kind']}/{obj['metadata']['name']}"
+        plural = PLURALS[obj["kind"]]
+        found = known[key] if key in known else await kube.get(obj["apiVersion"], plural, meta["namespace"],
+                                                                meta["name"])
+        if found is None:
             try:
-                await kube.create(obj)
+                found = await kube.create(obj)
             except KubeError as e:
                 if e.status != 409:
                     raise
-            changed.append(f"{obj['kind']}/{meta['name']}")
-        elif (current.get("metadata", {}).get("annotations") or {}).get(APPLIED_HASH) != digest or (
-                obj["kind"] == "StatefulSet" and current.get("spec", {}).get("replicas") != obj["spec"]["replicas"]):
+            changed.append(key)
+        elif (found.get("metadata", {}).get("annotations") or {}).get(APPLIED_HASH) != digest or (
+                obj["kind"] == "StatefulSet" and found.get("spec", {}).get("replicas") != obj["spec"]["replicas"]):
             # The replicas are checked on their own: a scale-down changes them without this hash.
-            await kube.patch(obj["apiVersion"], plural, meta["namespace"], meta["name"], obj)
-            changed.append(f"{obj['kind']}/{meta['name']}")
-    return changed
+            found = await kube.patch(obj["apiVersion"], plural, meta["namespace"], meta["name"], obj)
+            changed.append(key)
+        current[key] = found
+    return Applied(changed, current)
 
 
 @dataclass
@@ -354,24 +362,24 @@ async def _reconcile(name: str, namespace: str, body: Mapping[str, Any], status:
             CONFIG.last_poll_unix_s = now.timestamp()
             return False
         patch.status[APPLIED_SPEC_FIELD] = raw
+        # The StatefulSet is read once per reconcile: here, and apply_owned answers it as it is after its patch.
         existing = await kube.get("apps/v1", "statefulsets", namespace, name)
         current_replicas = int((existing or {}).get("spec", {}).get("replicas") or 0) if existing else spec.replicas
         # A scale-down keeps the StatefulSet's replicas until the highest ordinal is decommissioned.
         target = max(spec.replicas, current_replicas)
-        objects = builders.owned_objects(name, namespace, spec, policy.compaction if policy else None)
-        objects[-1]["spec"]["replicas"] = target
-        objects[-1]["metadata"].setdefault("annotations", {})[APPLIED_GENERATION] = str(
-            int(body.get("metadata", {}).get("generation") or 0))
-        changed = await apply_owned(kube, body, objects)
-        for what in changed:
+        objects = builders.owned_objects(name, namespace, spec, policy.compaction if policy else None,
+                                         replicas=target, generation=int(body.get("metadata", {}).get("generation")
+                                                                         or 0))
+        applied = await apply_owned(kube, body, objects, known={f"StatefulSet/{name}": existing})
+        for what in applied.changed:
             log.info("cluster %s/%s: applied %s", namespace, name, what,
                      extra={"event": "applied", "namespace": namespace, "cluster": name})
-        if changed:
-            CONFIG.metrics.objects_applied.add(len(changed))
+        if applied.changed:
+            CONFIG.metrics.objects_applied.add(len(applied.changed))
         if not poll and existing is not None:
             return True
-        statefulset = await kube.get("apps/v1", "statefulsets", namespace, name)
-        await _poll(kube, name, namespace, body, status, patch, spec, policy, statefulset, target, now)
+        await _poll(kube, name, namespace, body, status, patch, spec, policy,
+                    applied.current.get(f"StatefulSet/{name}"), target, now)
         CONFIG.last_poll_unix_s = now.timestamp()
         CONFIG.metrics.scale_downs = sum(1 for task in CONFIG.scale_downs.values() if not task.done())
         return True
@@ -473,7 +481,8 @@ async def _roll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], 
     current = int(sts_status.get("observedGeneration") or 0) >= int(sts_meta.get("generation") or 0) and bool(
         update_revision)
     if spec_valid:  # the StatefulSet must also have been given this generation's spec (APPLIED_GENERATION)
-        current = current and int((sts_meta.get("annotations") or {}).get(APPLIED_GENERATION) or 0) >= generation
+        built_from = int((sts_meta.get("annotations") or {}).get(builders.APPLIED_GENERATION) or 0)
+        current = current and built_from >= generation
     step = decide_roll(now.timestamp(), generation=generation, template_current=current, replicas=target,
                        pods=states, underreplicated=underreplicated,
                        memory=RollMemory.from_status(status.get(ROLL_FIELD)),
