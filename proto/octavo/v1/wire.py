@@ -6,7 +6,7 @@ copy the same bytes. The wire format lets a message be written in pieces: fields
 and a repeated field's records are concatenated by the parser. So the small fields are serialized by upb
 into a head, and each payload is appended as its own record (tag, length varint, bytes) with one join,
 one pass over the payload bytes. The result parses to exactly the message upb would have built (tested
-against upb in client/tests/test_wire.py).
+against upb in proto/tests/test_wire.py).
 """
 
 from __future__ import annotations
