@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 from pathlib import Path
 
+import grpc
 import pytest
 
 from octavo.node.config import ConfigError, NodeConfig
+from octavo.node.dataplane import BookieService, bookie_handler
 from octavo.node.disk import DiskMonitor, tree_bytes
+from octavo.node.fileio import FileIO
+from octavo.node.rpc import disk_failures
 from octavo.node.storage import Storage
 from octavo.node.testing import payload_for, small_config
 from octavo.v1 import bookie_pb2 as pb
+from octavo.v1 import bookie_pb2_grpc as pb_grpc
 
 KEY = b"k"
 
@@ -117,3 +124,56 @@ def test_the_watermark_policy_as_a_table() -> None:
         assert mode is start
     assert warning_due(0.91, False, marks) is True and warning_due(0.91, True, marks) is None
     assert warning_due(0.50, True, marks) is False and warning_due(0.50, False, marks) is None
+
+
+class FullDiskIO(FileIO):
+    """Writes fail with ENOSPC while `full` (a full disk, as the simulation's FaultyIO makes one); reads work."""
+
+    def __init__(self) -> None:
+        self.full = False
+
+    def write_at_end(self, fd: int, data: bytes | memoryview) -> None:
+        if self.full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        super().write_at_end(fd, data)
+
+    def write_parts(self, fd: int, parts: list[bytes] | list[bytes | memoryview], total_bytes: int) -> None:
+        if self.full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        super().write_parts(fd, parts, total_bytes)
+
+
+async def test_a_fence_on_a_full_disk_answers_resource_exhausted_naming_the_disk(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Seed 20024: the log roll after a fence hit ENOSPC and the OSError reached gRPC, which answered UNKNOWN
+    and logged a traceback per fence. Now: RESOURCE_EXHAUSTED naming the data directory, and the lines a flood
+    of such fences costs are bounded by the rate limit."""
+    io = FullDiskIO()
+    s = Storage.open(small_config(tmp_path / "b"), io=io)
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((bookie_handler(BookieService(s)),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    fences = disk_failures.limit.lines_max + 5
+    try:
+        assert add(s, 1, 0)[0] == [pb.OK]  # ledgers 1 and 2 in the active log: a fence or close rolls the log
+        assert add(s, 2, 0)[0] == [pb.OK]
+        io.full = True
+        caplog.set_level(logging.WARNING, logger="octavo.node.rpc")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.BookieStub(channel)
+            for _ in range(fences):
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.ReadLastAddConfirmed(pb.ReadLacRequest(ledger_id=1, master_key=KEY, fence=True))
+                assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert f"the disk is full in {s.data_dir}" in (refused.value.details() or "")
+            closed = await stub.WriteClose(pb.WriteCloseRequest(ledger_id=2, master_key=KEY))
+            assert closed.code == pb.INTERNAL and f"the disk is full in {s.data_dir}" in closed.message
+        state = s.ledger_state(1)
+        assert state is not None and state.fenced  # the fence itself was synced before the roll failed
+        lines = [r for r in caplog.records if r.name == "octavo.node.rpc" and "fence of ledger 1" in r.getMessage()]
+        assert 1 <= len(lines) <= disk_failures.limit.lines_max < fences
+    finally:
+        await server.stop(None)
+        io.full = False
+        s.close()

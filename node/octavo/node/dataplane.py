@@ -25,8 +25,9 @@ from octavo.node.errors import Code, StorageError, WriteCacheFull
 from octavo.node.lookups import LedgerLookups
 from octavo.node.registration import Registration
 from octavo.node.requeststats import RequestStats
-from octavo.node.rpc import stream, unary
+from octavo.node.rpc import disk_failure, stream, unary
 from octavo.node.storage import LedgerBatch, Storage
+from octavo.node.tailwaiters import TailWaiters
 from octavo.node.tenants import Tenant, TenantPolicy
 from octavo.telemetry.tracing import Sampling, context_from_metadata, context_from_traceparent
 from octavo.v1 import bookie_pb2 as pb
@@ -39,39 +40,6 @@ log = logging.getLogger(__name__)
 NOT_OPEN_LEDGERS_MAX = 100_000
 # Ledgers remembered as write-closed, for tailing reads (an advisory hint: readers check etcd).
 WRITE_CLOSED_LEDGERS_MAX = 100_000
-
-
-class TailWaiters:
-    """Tailing reads held on a ledger (ReadTail's long poll): a future each, woken (to look again) when an add
-    request, a fence or a write-close touches the ledger. Bounded by long_poll_waiters_max."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.count = 0
-        self.by_ledger: dict[int, list[asyncio.Future[None]]] = {}
-
-    def add(self, ledger_id: int) -> asyncio.Future[None] | None:
-        """A future to wait on, None when the limit is reached."""
-        if self.count >= self.limit:
-            return None
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.by_ledger.setdefault(ledger_id, []).append(future)
-        self.count += 1
-        return future
-
-    def remove(self, ledger_id: int, future: asyncio.Future[None]) -> None:
-        futures = self.by_ledger.get(ledger_id)
-        if futures is None or future not in futures:
-            return
-        futures.remove(future)
-        self.count -= 1
-        if not futures:
-            del self.by_ledger[ledger_id]
-
-    def wake(self, ledger_id: int) -> None:
-        for future in self.by_ledger.get(ledger_id, ()):
-            if not future.done():
-                future.set_result(None)
 
 
 class BookieService(pb_grpc.BookieServicer):
@@ -176,7 +144,7 @@ class BookieService(pb_grpc.BookieServicer):
         flat = bool(request.group_ledger_ids or request.entry_ids or request.payloads or request.close_ledger_ids)
         if flat and request.ledgers:
             return _refused(request, pb.INVALID, "a request carries either ledgers or group columns, not both")
-        batches = self._flat_batches(request) if flat else [
+        batches = _flat_batches(request) if flat else [
             # Materialize each repeated field once: every access to a protobuf repeated bytes field copies the
             # payload out of the message, so walking it twice would copy the batch twice.
             LedgerBatch(adds.ledger_id, adds.master_key, list(adds.entry_ids), list(adds.payloads),
@@ -257,34 +225,6 @@ class BookieService(pb_grpc.BookieServicer):
                 stats.add_entries -= 1
                 stats.add_bytes -= len(payload)
                 stats.refused(code, 1)
-
-    @staticmethod
-    def _flat_batches(request: pb.AddRequest) -> list[LedgerBatch] | pb.AddResponse:
-        """The groups of a flat request as batches, or the INVALID answer to malformed columns."""
-        ledger_ids = list(request.group_ledger_ids)
-        keys = list(request.group_master_keys)
-        lacs = list(request.group_lacs)
-        recovery = list(request.group_recovery) or [False] * len(ledger_ids)
-        counts = list(request.group_entry_counts)
-        groups = len(ledger_ids)
-        if not len(keys) == len(lacs) == len(recovery) == len(counts) == groups:
-            return _refused(request, pb.INVALID, (
-                f"group columns differ in length: {groups} ledger ids, {len(keys)} master keys, {len(lacs)} "
-                f"LACs, {len(recovery)} recovery flags, {len(counts)} entry counts"))
-        entry_ids = list(request.entry_ids)
-        payloads = list(request.payloads)
-        if not sum(counts) == len(entry_ids) == len(payloads):
-            return _refused(request, pb.INVALID, (
-                f"group entry counts add up to {sum(counts)}, with {len(entry_ids)} entry ids and "
-                f"{len(payloads)} payloads"))
-        batches = []
-        offset = 0
-        for g in range(groups):
-            end = offset + counts[g]
-            batches.append(LedgerBatch(ledger_ids[g], keys[g], entry_ids[offset:end], payloads[offset:end],
-                                       lacs[g], recovery[g]))
-            offset = end
-        return batches
 
     async def _add_batch(self, batches: list[LedgerBatch], total_entries: int) -> list[tuple[list[Code], str]]:
         storage = self.storage
@@ -521,6 +461,8 @@ class BookieService(pb_grpc.BookieServicer):
                 info = self.storage.read_lac(request.ledger_id)
         except StorageError as e:
             return pb.ReadLacResponse(code=e.code, message=e.message, last_add_confirmed=-1, last_entry_id=-1)
+        except OSError as e:  # seed 20024: a fence on a full disk
+            await context.abort(*disk_failure(e, self.storage.data_dir, f"fence of ledger {request.ledger_id}"))
         return pb.ReadLacResponse(code=pb.OK, last_add_confirmed=info.last_add_confirmed,
                                   last_entry_id=info.last_entry_id, fenced=info.fenced,
                                   tail_maybe_lost=info.tail_maybe_lost)
@@ -553,6 +495,8 @@ class BookieService(pb_grpc.BookieServicer):
             self.storage.write_close(ledger_id, master_key)
         except StorageError as e:
             return e.code, e.message
+        except OSError as e:  # the log roll after it, on a full or failing disk
+            return pb.INTERNAL, disk_failure(e, self.storage.data_dir, f"write-close of ledger {ledger_id}")[1]
         self.stats.write_closes += 1
         self._write_closed[ledger_id] = None
         if len(self._write_closed) > WRITE_CLOSED_LEDGERS_MAX:
@@ -580,6 +524,34 @@ class BookieService(pb_grpc.BookieServicer):
             if outcome is not None:
                 refused.append(pb.GroupResult(group=k, codes=[outcome[0]], message=outcome[1]))
         return refused
+
+
+def _flat_batches(request: pb.AddRequest) -> list[LedgerBatch] | pb.AddResponse:
+    """The groups of a flat request as batches, or the INVALID answer to malformed columns."""
+    ledger_ids = list(request.group_ledger_ids)
+    keys = list(request.group_master_keys)
+    lacs = list(request.group_lacs)
+    recovery = list(request.group_recovery) or [False] * len(ledger_ids)
+    counts = list(request.group_entry_counts)
+    groups = len(ledger_ids)
+    if not len(keys) == len(lacs) == len(recovery) == len(counts) == groups:
+        return _refused(request, pb.INVALID, (
+            f"group columns differ in length: {groups} ledger ids, {len(keys)} master keys, {len(lacs)} "
+            f"LACs, {len(recovery)} recovery flags, {len(counts)} entry counts"))
+    entry_ids = list(request.entry_ids)
+    payloads = list(request.payloads)
+    if not sum(counts) == len(entry_ids) == len(payloads):
+        return _refused(request, pb.INVALID, (
+            f"group entry counts add up to {sum(counts)}, with {len(entry_ids)} entry ids and "
+            f"{len(payloads)} payloads"))
+    batches = []
+    offset = 0
+    for g in range(groups):
+        end = offset + counts[g]
+        batches.append(LedgerBatch(ledger_ids[g], keys[g], entry_ids[offset:end], payloads[offset:end],
+                                   lacs[g], recovery[g]))
+        offset = end
+    return batches
 
 
 def _refused(request: pb.AddRequest, code: Code, message: str) -> pb.AddResponse:

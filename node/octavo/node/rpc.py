@@ -5,6 +5,7 @@ serves, grpc's standard ones included (grpc_services.py), is built here."""
 
 from __future__ import annotations
 
+import errno
 import inspect
 import logging
 from collections.abc import AsyncIterator
@@ -19,6 +20,18 @@ log = logging.getLogger(__name__)
 
 # Every line a peer's bad request causes goes through this: a flood of them costs a bounded number of lines.
 bad_requests = RateLimitedLog(log)
+# Every line a failing disk causes in a request goes through this: a full disk fails every fence alike.
+disk_failures = RateLimitedLog(log)
+
+
+def disk_failure(error: OSError, data_dir: str, what: str) -> tuple[grpc.StatusCode, str]:
+    """The status and message for a request whose disk work failed (the disk's fault, not the request's):
+    RESOURCE_EXHAUSTED for a full disk, UNAVAILABLE for another disk error, naming the data directory; one
+    rate-limited line, never a traceback (grpc would answer UNKNOWN and log one per request)."""
+    full = error.errno == errno.ENOSPC
+    message = f"{what} failed: {'the disk is full' if full else 'disk error'} in {data_dir} ({error})"
+    disk_failures.warning("disk_full" if full else "disk_error", message, event="disk_failure")
+    return (grpc.StatusCode.RESOURCE_EXHAUSTED if full else grpc.StatusCode.UNAVAILABLE), message
 
 
 class Malformed:
