@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import pytest
 
-from octavo.sim.run import run_seed
+from octavo.sim.run import WORKLOAD_S, run_seed
 from octavo.sim.seeds import base_dir
 
 # Seeds the CI smoke run checks, with a shorter workload than `make sim` (3 virtual seconds of faults and
 # writes instead of 10) so that many fit in its budget.
 SMOKE_WORKLOAD_S = 3.0
-# Seeds whose violation is a known product limitation not fixed yet (docs/simulation.md, "Findings"): each
-# stays pinned here and fails loudly (strict xfail) once the product is fixed, to move it to the smoke set.
+# Seeds whose violation is a known product limitation not fixed yet (docs/simulation.md, "Findings"), with the
+# workload length that shows it: each stays pinned here and fails loudly once the product is fixed, to move it
+# to the smoke set.
 KNOWN_FINDINGS = {
-    1011: "recovery open does not replace a bookie lost for good in the last ensemble: with Qw = Qa an entry "
-          "past the LAC whose write set holds it cannot get Qa copies, so the ledger can never be closed",
+    2009: (WORKLOAD_S, "recovery open does not replace a bookie lost for good in the last ensemble: with Qw = Qa "
+                       "an entry past the LAC whose write set holds it cannot get Qa copies, so the ledger can "
+                       "never be closed"),
 }
-SMOKE_SEEDS = [s for s in range(1000, 1013) if s not in KNOWN_FINDINGS]
+SMOKE_SEEDS = list(range(1000, 1013))
 
 
 def test_a_seed_replays_event_for_event() -> None:
@@ -40,8 +42,9 @@ def test_smoke_seed(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", sorted(KNOWN_FINDINGS))
 def test_known_finding_still_reproduces(seed: int) -> None:
-    outcome = run_seed(seed, SMOKE_WORKLOAD_S, base_dir())
+    workload_s, finding = KNOWN_FINDINGS[seed]
+    outcome = run_seed(seed, workload_s, base_dir())
     if outcome.ok:
-        pytest.fail(f"seed {seed} passes now: the finding ({KNOWN_FINDINGS[seed]}) is fixed; move the seed to "
-                    "the smoke set and its row in docs/simulation.md to the fixed ones")
+        pytest.fail(f"seed {seed} passes now: the finding ({finding}) is fixed; move the seed to the smoke set "
+                    "and its row in docs/simulation.md to the fixed ones")
     assert any("no recovery open succeeded" in v for v in outcome.violations), outcome.report()

@@ -27,8 +27,8 @@ CHECKER = "checker"
 # one should succeed at once; a few allow for a bookie still starting).
 OPEN_ATTEMPTS_MAX = 10
 # Virtual seconds between the checker's recovery opens and its replica checks: two rounds of the replicas check
-# (bookie.py sets it to every 5 s) to copy entries onto the bookies that lack them.
-REPLICATION_SETTLE_S = 12.0
+# (bookie.py sets it to every 2 s) to copy entries onto the bookies that lack them.
+REPLICATION_SETTLE_S = 8.0
 
 
 async def check(cluster: Cluster, workload: Workload) -> list[str]:

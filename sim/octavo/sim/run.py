@@ -25,7 +25,7 @@ from octavo.sim.world import World
 # Virtual seconds of workload and faults, then of settling after the heal, and the bound on a whole run (a run
 # that has not finished by then is stuck: reported as a violation, never waited out).
 WORKLOAD_S = 10.0
-SETTLE_S = 8.0
+SETTLE_S = 6.0
 RUN_S_MAX = 300.0
 FAULTS_MAX = 6
 # Share of runs in which a writer dies at the client's named fault point (mid ensemble change).

@@ -19,10 +19,16 @@ from octavo.meta.errors import OctavoError
 from octavo.sim.cluster import Cluster
 
 PASSWORD = b"sim"
+# Per-seed work (issue 31: a few ledgers a seed): entries a writer puts in one ledger (at most), and the largest
+# payload. The bookies' logs (bookie.SIM_SETTINGS) are small enough that they still roll and flush.
+ENTRIES_MAX = 60
+PAYLOAD_BYTES_MAX = 600
+# A writer pauses up to this long between bursts of appends (a ledger lives through faults, not past them).
+APPEND_PAUSE_S_MAX = 0.3
 
 
 def payload(rng: random.Random, ledger_id: int, entry_id: int) -> bytes:
-    return b"%d/%d/" % (ledger_id, entry_id) + rng.randbytes(rng.randrange(1, 2_000))
+    return b"%d/%d/" % (ledger_id, entry_id) + rng.randbytes(rng.randrange(1, PAYLOAD_BYTES_MAX))
 
 
 @dataclass
@@ -68,7 +74,7 @@ class Workload:
             lid = handle.ledger_id
             rec = self.ledgers[lid] = LedgerRecord(lid, e, qw, qa)
             self.record(f"{node} created ledger {lid} on {','.join(handle.metadata.last_ensemble)}")
-            entries = rng.randrange(5, 200)
+            entries = rng.randrange(5, ENTRIES_MAX)
             failed = False
             next_id = 0
             while next_id < entries and self.now() < self.end_s and not failed:
@@ -90,7 +96,7 @@ class Workload:
                                                  "not the entry id of what was sent")
                         rec.acked.add(result)
                 self.record(f"{node} ledger {lid} acked through {max(rec.acked, default=-1)}")
-                await asyncio.sleep(rng.uniform(0, 0.05))
+                await asyncio.sleep(rng.uniform(0.02, APPEND_PAUSE_S_MAX))
             ending = rng.random()
             if ending < 0.7 and not failed:
                 try:
