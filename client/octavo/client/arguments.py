@@ -1,7 +1,7 @@
 """Checks on the arguments of the public client API: a value of the wrong type is a TypeError that names the
 argument and the type it takes, a value out of range a ValueError with the range, before anything is sent or
 stored. Pure: no IO. Called once per call, never per entry (the per-entry check of appends is
-`WriteHandle._checked`, which uses `check_bytes` only for an entry that is not already bytes)."""
+`admission.admit`, which uses `check_bytes` only for an entry that is not already bytes)."""
 
 from __future__ import annotations
 

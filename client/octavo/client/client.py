@@ -508,34 +508,28 @@ class SyncWriteHandle(_SyncHandle):
         `timeout_s`, then BufferFullError), or with block=False raises BufferFullError at once. A bad entry
         (not bytes, too large) or a failed or closing handle raises here, with nothing appended."""
         handle = self._handle
-        if type(data) is not bytes or handle._error is not None or handle._closing \
-                or len(data) > handle._entry_limit:
-            data = handle._checked([data], single=True)[0]
-        size = len(data)
-        limit = handle._options.inflight_bytes_max
+        datas = [data]
         future = EntryFuture(self._future_lock)
         with self._lock:
-            used = self._queued_bytes + handle._inflight_bytes
-            if used and used + size > limit:
+            size, room = handle.admit(datas, True, self._queued_bytes)  # the refusals, and the budget with the queue
+            if not room:
+                limit = handle._options.inflight_bytes_max
                 if not block:
-                    raise BufferFullError(f"ledger {handle.ledger_id}: {used} bytes in flight or queued, the "
-                                          f"budget is inflight_bytes_max={limit}")
+                    raise BufferFullError(f"ledger {handle.ledger_id}: {self._queued_bytes + handle._inflight_bytes} "
+                                          f"bytes in flight or queued, the budget is inflight_bytes_max={limit}")
                 deadline = None if timeout_s is None else time.monotonic() + timeout_s
                 self._blocked += 1
                 try:
-                    while True:
-                        used = self._queued_bytes + handle._inflight_bytes
-                        if not used or used + size <= limit or handle._error is not None:
-                            break
+                    while not room:
                         remaining = None if deadline is None else deadline - time.monotonic()
                         if remaining is not None and remaining <= 0:
                             raise BufferFullError(f"ledger {handle.ledger_id}: no room in the in-flight budget "
                                                   f"(inflight_bytes_max={limit}) within {timeout_s} s")
                         self._cond.wait(remaining)
+                        size, room = handle.admit(datas, True, self._queued_bytes)  # raises if the handle failed
                 finally:
                     self._blocked -= 1
-                if handle._error is not None:
-                    raise handle._error
+            data = datas[0]
             self._queue.append(data)
             self._futures.append(future)
             self._queued_bytes += size

@@ -9,20 +9,32 @@ A registered bookie is, for replacing `failed` in the last ensemble:
 - waiting: otherwise usable, but its connection is down and retrying (a bookie restarting, or gone with its
   registration not expired yet): the change waits a little for it rather than fail the ledger;
 - ready: everything else (connected, or not tried yet).
+
+`choose_replacement` makes the choice from that sorting: a ready bookie if there is one, else a quarantined one
+that is reachable again, else none and the reason (the caller waits, or fails the ledger with it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-
-from octavo.meta.metadata import BookieInfo
+from typing import Protocol
 
 # Connection states, as the caller reports them.
 READY = "ready"            # connected
 IDLE = "idle"              # never tried: connects on first use
 CONNECTING = "connecting"  # down and retrying with backoff
 UNREGISTERED = "unregistered"
+
+
+class Registration(Protocol):
+    """What the choice reads of a bookie's registration (octavo.meta.metadata.BookieInfo has it)."""
+
+    @property
+    def readonly(self) -> bool: ...
+
+    @property
+    def entry_size_bytes_max(self) -> int: ...
 
 
 @dataclass
@@ -33,7 +45,7 @@ class Choice:
     unusable: dict[str, str] = field(default_factory=dict)  # every bookie not in `ready`, and why
 
 
-def replacement_choice(failed: str, ensemble: Sequence[str], registered: Mapping[str, BookieInfo],
+def replacement_choice(failed: str, ensemble: Sequence[str], registered: Mapping[str, Registration],
                        quarantine: Mapping[str, float], now: float, quarantine_s: float, largest_entry: int,
                        connection_state: Callable[[str], str]) -> Choice:
     """Sort the registered bookies for replacing `failed`. `quarantine` maps a bookie to when it failed this
@@ -69,3 +81,29 @@ def replacement_choice(failed: str, ensemble: Sequence[str], registered: Mapping
         else:
             choice.unusable[bookie_id] = "is no longer registered"
     return choice
+
+
+@dataclass(frozen=True)
+class Replacement:
+    bookie: str | None  # the bookie to take the failed one's place; None: no bookie can, now
+    fallback: bool      # `bookie` was quarantined: nothing else was usable and it is reachable again
+    reason: str         # why each other registered bookie could not be used ("" when a ready one was chosen)
+    choice: Choice      # the sorting the choice was made from
+
+
+def choose_replacement(failed: str, ensemble: Sequence[str], registered: Mapping[str, Registration],
+                       quarantine: Mapping[str, float], now: float, quarantine_s: float, largest_entry: int,
+                       connection_state: Callable[[str], str], pick: Callable[[Sequence[str]], str]) -> Replacement:
+    """The replacement for `failed` (arguments as replacement_choice's): `pick` of the ready bookies, else `pick` of
+    the quarantined ones that are reachable (READY) again, else none, with the reason naming every registered
+    bookie and why it could not be used. `pick` chooses among candidates (random.choice spreads the load; a test
+    passes a fixed rule)."""
+    choice = replacement_choice(failed, ensemble, registered, quarantine, now, quarantine_s, largest_entry,
+                                connection_state)
+    if choice.ready:
+        return Replacement(pick(choice.ready), False, "", choice)
+    reason = "; ".join(f"{b} {why}" for b, why in sorted(choice.unusable.items())) or "no bookie is registered"
+    reachable = [b for b in choice.fallback if connection_state(b) == READY]
+    if reachable:
+        return Replacement(pick(reachable), True, reason, choice)
+    return Replacement(None, False, reason, choice)
