@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from octavo.sim.run import WORKLOAD_S, run_seed
+from octavo.sim.run import WORKLOAD_S, keep_arg, run_seed
 from octavo.sim.seeds import base_dir
+from octavo.sim.shrink import shrink, signature
 
 # Seeds the CI smoke run checks, with a shorter workload than `make sim` (3 virtual seconds of faults and
 # writes instead of 10) so that many fit in its budget.
@@ -48,3 +49,15 @@ def test_known_finding_still_reproduces(seed: int) -> None:
         pytest.fail(f"seed {seed} passes now: the finding ({finding}) is fixed; move the seed to the smoke set "
                     "and its row in docs/simulation.md to the fixed ones")
     assert any("no recovery open succeeded" in v for v in outcome.violations), outcome.report()
+
+
+def test_shrinking_keeps_the_violation_with_fewer_faults() -> None:
+    """The pinned finding's seed shrinks to a strict subset of its faults that still violates the same way, and
+    the printed replay (the seed and the faults kept) gives that run again, event for event."""
+    seed = min(KNOWN_FINDINGS)
+    shrunk = shrink(seed, KNOWN_FINDINGS[seed][0], base_dir(), runs_max=8)  # the first faults dropped do
+    assert len(shrunk.last.kept) < len(shrunk.first.schedule), shrunk.report()
+    assert {signature(v) for v in shrunk.last.violations} & {signature(v) for v in shrunk.first.violations}
+    assert f"--keep {keep_arg(shrunk.last.kept)}" in shrunk.report()
+    again = run_seed(seed, KNOWN_FINDINGS[seed][0], base_dir(), keep=frozenset(shrunk.last.kept))
+    assert again.digest == shrunk.last.digest and again.violations == shrunk.last.violations

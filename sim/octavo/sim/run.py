@@ -43,6 +43,10 @@ class Outcome:
     ledgers: int = 0
     acked: int = 0
     faults: int = 0
+    # The fault schedule drawn from the seed (the armed client fault point last, when there is one), and which of
+    # its faults this run applied (all of them unless run_seed was given `keep`: a shrunk replay).
+    schedule: list[str] = field(default_factory=list)
+    kept: list[int] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -58,8 +62,23 @@ class Outcome:
                  *(f"  - {v}" for v in self.violations[:20]),
                  f"history, last {HISTORY_TAIL_LINES} events:",
                  *(f"  {h}" for h in self.history[-HISTORY_TAIL_LINES:]),
-                 f"replay: make sim SEED={self.seed}  (python -m octavo.sim --seed {self.seed})"]
+                 f"replay: {self.replay_command()}"]
         return "\n".join(lines)
+
+    def replay_command(self) -> str:
+        if self.kept == list(range(len(self.schedule))):
+            return f"make sim SEED={self.seed}  (python -m octavo.sim --seed {self.seed})"
+        keep = keep_arg(self.kept)
+        return f"make sim SEED={self.seed} KEEP={keep}  (python -m octavo.sim --seed {self.seed} --keep {keep})"
+
+
+def keep_arg(kept: list[int]) -> str:
+    """The --keep argument naming these faults of a seed's schedule ("none": no fault at all)."""
+    return ",".join(map(str, kept)) or "none"
+
+
+def parse_keep(text: str) -> frozenset[int]:
+    return frozenset() if text == "none" else frozenset(int(part) for part in text.split(",") if part)
 
 
 class NodeCrashed(asyncio.CancelledError):
@@ -85,7 +104,10 @@ def git_commit() -> str:
         return "unknown"
 
 
-def run_seed(seed: int, workload_s: float = WORKLOAD_S, base_dir: str | None = None) -> Outcome:
+def run_seed(seed: int, workload_s: float = WORKLOAD_S, base_dir: str | None = None,
+             keep: frozenset[int] | None = None) -> Outcome:
+    """Run one seed. With `keep`, only those faults of the seed's schedule are applied (indexes into
+    Outcome.schedule; the armed client fault point is the last index): everything else is drawn as without it."""
     world = World(seed)
     root = tempfile.mkdtemp(prefix=f"octavo-sim-{seed}-", dir=base_dir)
     outcome = Outcome(seed)
@@ -100,15 +122,22 @@ def run_seed(seed: int, workload_s: float = WORKLOAD_S, base_dir: str | None = N
         readers = ["tailer-0", "recoverer-0", "deleter-0"]
         schedule = draw_schedule(random.Random(rng.getrandbits(64)), sorted(cluster.bookies), writers,
                                  FAULTS_MAX, workload_s * 0.9, quorums[0])
-        world.record(f"seed {seed}: {bookies} bookies, quorums {quorums}, writers {len(writers)}, "
-                     f"{len(schedule)} faults")
-        outcome.faults = len(schedule)
-        injector = Injector(cluster)
+        spec = ""
         if rng.random() < CRASH_POINT_RATIO:  # a writer dies at a named point of the client (client/faults.py)
             spec = f"{client_faults.ENSEMBLE_CHANGE_AFTER_SEGMENT_CAS}@{rng.randrange(1, 3)}"
+        outcome.schedule = [f"at {f.at_s:.3f}s {f}" for f in schedule] + ([f"client fault point {spec}"] if spec
+                                                                           else [])
+        outcome.kept = sorted(keep if keep is not None else range(len(outcome.schedule)))
+        schedule = [f for i, f in enumerate(schedule) if i in outcome.kept]
+        if spec and len(outcome.schedule) - 1 not in outcome.kept:
+            spec = ""
+        world.record(f"seed {seed}: {bookies} bookies, quorums {quorums}, writers {len(writers)}, "
+                     f"{len(schedule)} faults" + ("" if keep is None else f" (kept {keep_arg(outcome.kept)})"))
+        outcome.faults = len(schedule) + bool(spec)
+        injector = Injector(cluster)
+        if spec:
             client_faults.arm(spec, lambda name: crash_at_point(cluster, name))
             world.record(f"armed client fault point {spec}")
-            outcome.faults += 1
 
         async def main() -> list[str]:
             await cluster.start_all()

@@ -23,8 +23,8 @@ def base_dir() -> str | None:
     return SHM_DIR if os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) else None
 
 
-def replay(seed: int) -> Outcome:
-    return run_seed(seed, base_dir=base_dir())
+def replay(seed: int, keep: frozenset[int] | None = None) -> Outcome:
+    return run_seed(seed, base_dir=base_dir(), keep=keep)
 
 
 @dataclass
@@ -81,8 +81,9 @@ class SeedRun:
         return "\n".join(lines)
 
 
-def run_for(seconds: float, jobs: int, first_seed: int | None = None) -> SeedRun:
-    """Consecutive seeds from `first_seed` (drawn when None) until `seconds` of wall time have passed."""
+def run_for(seconds: float, jobs: int, first_seed: int | None = None, until_violation: bool = False) -> SeedRun:
+    """Consecutive seeds from `first_seed` (drawn when None) until `seconds` of wall time have passed (or, with
+    `until_violation`, until a seed violates: the seeds still running then are finished, no new one starts)."""
     first = first_seed if first_seed is not None else random.SystemRandom().randrange(1 << 31)
     result = SeedRun(jobs=jobs, first_seed=first)
     t0 = time.monotonic()
@@ -90,7 +91,8 @@ def run_for(seconds: float, jobs: int, first_seed: int | None = None) -> SeedRun
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         running: set[Future[Summary]] = set()
         while True:
-            while len(running) < jobs * 2 and time.monotonic() - t0 < seconds:
+            while len(running) < jobs * 2 and time.monotonic() - t0 < seconds and not (
+                    until_violation and result.failed):
                 running.add(pool.submit(_run_one, next_seed))
                 next_seed += 1
             if not running:
