@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import json
 import os
-import string
 import sys
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
@@ -277,9 +276,6 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
                          for c, w in zip(cells, widths, strict=True)).rstrip()
 
     return "\n".join([line(headers), *(line(r) for r in rows)])
-
-
-PRINTABLE = set(string.printable.encode()) - set(b"\x0b\x0c")
 
 
 def format_payload(data: bytes, how: str) -> str:

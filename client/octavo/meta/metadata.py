@@ -187,10 +187,6 @@ class MetadataStore:
         await self.etcd.txn(Txn().put(self.layout.bookie(info.bookie_id, info.readonly), info.encode(), lease_id)
                             .delete(self.layout.bookie(info.bookie_id, not info.readonly)))
 
-    async def deregister_bookie(self, bookie_id: str) -> None:
-        for readonly in (False, True):
-            await self.etcd.delete(self.layout.bookie(bookie_id, readonly))
-
     async def retire_bookie(self, bookie_id: str) -> str | None:
         """Decommission's last step: the bookie id loses its cookie, its data directory's instance is bound to
         a tombstone (DECOMMISSIONED_PREFIX + the id: that directory can never join again, under any id), and

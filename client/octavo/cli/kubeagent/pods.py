@@ -26,7 +26,6 @@ TICK_S = 0.2
 PREPARE_RETRY_S = 1.0
 STATUS_RESYNC_S = 30.0
 GRACE_S_DEFAULT = 30
-SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
 @dataclass(frozen=True)

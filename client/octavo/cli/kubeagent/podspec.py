@@ -6,7 +6,6 @@ does ("CreateContainerConfigError")."""
 
 from __future__ import annotations
 
-import base64
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -92,10 +91,6 @@ def resource_value(container: dict[str, Any], ref: dict[str, Any], allocatable: 
         raw = allocatable.get(resource, "0") if kind == "limits" else "0"
     divisor = quantity(ref.get("divisor") or "1") or Decimal(1)  # the API server defaults it to "0"
     return str(max(0 if kind == "requests" else 1, math.ceil(quantity(raw) / divisor)))
-
-
-def decode_secret(data: Mapping[str, str]) -> dict[str, str]:
-    return {k: base64.b64decode(v).decode(errors="replace") for k, v in data.items()}
 
 
 def environment(pod: dict[str, Any], container: dict[str, Any], lookup: Lookup, base: Mapping[str, str],
