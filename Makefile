@@ -10,11 +10,13 @@ HELM   := $(TOOLS)/helm
 PROMTOOL := $(TOOLS)/promtool
 # Debian packages whose commands the suites run, as COMMAND=PACKAGE: installed as root when the command is
 # missing (tools/get-system-packages.sh). nftables and iproute2 for the network-fault tests (e2e/netfaults/),
-# Java for local Spark, npm for tools/get-helm.sh, unshare for the disk-full tests' private tmpfs.
-SYSTEM_PACKAGES := nft=nftables ip=iproute2 java=openjdk-17-jre-headless npm=npm unshare=util-linux
+# Java for local Spark, npm for tools/get-helm.sh, unshare for the disk-full tests' private tmpfs, nats-server for
+# the peers benchmark's harness test (bench/peers/test_harness.py: Octavo against JetStream for a few seconds).
+SYSTEM_PACKAGES := nft=nftables ip=iproute2 java=openjdk-17-jre-headless npm=npm unshare=util-linux \
+	nats-server=nats-server
 
 SIM_JOBS ?= 2
-.PHONY: sim setup system-packages demo demo-cluster demo-bookie test lint typecheck pytest bench proto clean helm promtool kube chart e2e e2e-kind image image-smoke chaos netfaults
+.PHONY: sim sim-planted setup system-packages demo demo-cluster demo-bookie test lint typecheck pytest bench proto clean helm promtool kube chart e2e e2e-kind image image-smoke chaos netfaults bench-peers
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -98,17 +100,27 @@ netfaults: setup system-packages
 	$(BIN)/pytest -rs e2e/netfaults
 
 # The deterministic simulation (octavo.sim, docs/simulation.md): `make sim SEED=N` replays seed N event for event
-# (its violations and the events around them); `make sim SECONDS=600` runs new seeds for that long on SIM_JOBS
-# processes and writes its figures into docs/reliability.md. `make test` runs a fixed smoke set (sim/tests).
+# (its violations and the events around them, then the fewest faults that still violate); `make sim SEED=N
+# KEEP=0,3` replays it with only those faults of its schedule; `make sim SECONDS=600` runs new seeds for that long
+# on SIM_JOBS processes and writes its figures into docs/reliability.md. `make test` runs a fixed smoke set
+# (sim/tests); `make sim-planted` times how long the simulation takes to find each planted bug (sim/planted).
 sim: setup
 ifdef SEED
-	PYTHONHASHSEED=0 $(BIN)/python -m octavo.sim --seed $(SEED)
+	PYTHONHASHSEED=0 $(BIN)/python -m octavo.sim --seed $(SEED) $(if $(KEEP),--keep $(KEEP))
 else
 	PYTHONHASHSEED=0 $(BIN)/python -m octavo.sim --seconds $(SECONDS) --jobs $(SIM_JOBS) --write docs/reliability.md
 endif
 
+sim-planted: setup
+	PYTHONHASHSEED=0 $(BIN)/python -m octavo.sim.planted --seconds $(or $(PLANT_SECONDS),300) --jobs $(SIM_JOBS) --write docs/reliability.md
+
 chaos: setup system-packages
 	$(BIN)/python e2e/netfaults/nemesis.py --seconds $(SECONDS) --write docs/reliability.md
+
+# Octavo against Kafka, BookKeeper and JetStream, every workload in one run (bench/peers/README.md): 1-2 hours,
+# fetches the peers' jars with Maven on first use; writes docs/benchmarks.md's `peers` section. Not part of test.
+bench-peers: setup system-packages
+	$(BIN)/python bench/peers_bench.py
 
 # The container images (need a Docker engine that can reach the base image), and a smoke test of the first:
 # three bookies in containers and `octavo cluster check` from a fourth.

@@ -11,6 +11,14 @@
 //       Open loop: entry i of 1 KiB is sent at t0 + i / RATE, one record per call, on one ledger (partition);
 //       its latency runs from that scheduled time to its acknowledgement, in microseconds.
 //       Prints {"latencies_us": [...], "late": n}.
+//   catchup SIZE BYTES ACK_QUORUM
+//       BYTES written in SIZE entries to one ledger (partition) with the same in-flight budget, then read back
+//       from the start by a reader (Kafka: a consumer assigned to the partition; BookKeeper: the closed ledger
+//       opened again, 8 reads of 1,000 entries in flight). Prints {"write_rate", "read_rate", "entries"}.
+//   tail RATE SECONDS ACK_QUORUM
+//       The latency schedule above, and a tailing reader of the same ledger (Kafka: a consumer at the end of the
+//       partition, fetch.min.bytes=1; BookKeeper: another client polling tryReadLastAddConfirmed every 0.2 ms
+//       and reading up to it): microseconds from an entry's scheduled send to the reader holding it. Prints {"tail_us": [...], "latencies_us": [...], "late": n}.
 //   quit
 //
 // Usage: java -cp CLASSPATH PeerDriver kafka BOOTSTRAP | bookkeeper METADATA_SERVICE_URI
@@ -33,10 +41,18 @@ import java.util.concurrent.locks.LockSupport;
 
 import org.apache.bookkeeper.client.BookKeeper;
 import org.apache.bookkeeper.client.LedgerHandle;
+import org.apache.bookkeeper.client.api.LedgerEntries;
+import org.apache.bookkeeper.client.api.LedgerEntry;
+import org.apache.bookkeeper.client.api.ReadHandle;
 import org.apache.bookkeeper.conf.ClientConfiguration;
 import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.admin.AdminClientConfig;
 import org.apache.kafka.clients.admin.NewTopic;
+import org.apache.kafka.clients.consumer.ConsumerConfig;
+import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
@@ -56,6 +72,13 @@ public final class PeerDriver {
         void prepare(int ledgers, int ackQuorum, boolean latency) throws Exception;
         void send(int ledger, byte[] payload, Runnable done) throws Exception;
         void cleanup() throws Exception;
+        /** Reads the `count` entries of ledger 0 from the start (the writing is over); returns their bytes. */
+        long readAll(long count) throws Exception;
+        /** Follows ledger 0 from its end, calling `got` with each entry's payload, until `stop` is set. */
+        void follow(java.util.function.Consumer<byte[]> got, java.util.concurrent.atomic.AtomicBoolean stop)
+            throws Exception;
+        /** Makes what was written visible to a follower (BookKeeper: the LAC of the last entry). */
+        default void flush(byte[] payload) throws Exception {}
     }
 
     static final AtomicReference<Throwable> FAILURE = new AtomicReference<>();
@@ -141,7 +164,58 @@ public final class PeerDriver {
             });
         }
 
+        KafkaConsumer<byte[], byte[]> consumer(TopicPartition tp) {
+            Properties p = new Properties();
+            p.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+            p.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
+            p.put(ConsumerConfig.FETCH_MIN_BYTES_CONFIG, "1");
+            p.put(ConsumerConfig.MAX_POLL_RECORDS_CONFIG, "10000");
+            p.put(ConsumerConfig.MAX_PARTITION_FETCH_BYTES_CONFIG, String.valueOf(INFLIGHT_BYTES));
+            KafkaConsumer<byte[], byte[]> c =
+                new KafkaConsumer<>(p, new ByteArrayDeserializer(), new ByteArrayDeserializer());
+            c.assign(List.of(tp));
+            return c;
+        }
+
+        public long readAll(long count) {
+            TopicPartition tp = new TopicPartition(topic, 0);
+            long bytes = 0;
+            long seen = 0;
+            try (KafkaConsumer<byte[], byte[]> c = consumer(tp)) {
+                c.seekToBeginning(List.of(tp));
+                long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(600);
+                // The priming record (prepare) comes first: count + 1 records.
+                while (seen < count + (PRIME_PARTITIONS ? 1 : 0) && System.nanoTime() < deadline) {
+                    for (ConsumerRecord<byte[], byte[]> r : c.poll(java.time.Duration.ofMillis(500))) {
+                        seen++;
+                        bytes += r.value().length;
+                    }
+                }
+            }
+            return bytes - (PRIME_PARTITIONS ? 1 : 0);
+        }
+
+        public void follow(java.util.function.Consumer<byte[]> got, java.util.concurrent.atomic.AtomicBoolean stop) {
+            TopicPartition tp = new TopicPartition(topic, 0);
+            try (KafkaConsumer<byte[], byte[]> c = consumer(tp)) {
+                c.seekToEnd(List.of(tp));
+                c.position(tp);
+                synchronized (this) {
+                    following = true;
+                    notifyAll();
+                }
+                while (!stop.get()) {
+                    for (ConsumerRecord<byte[], byte[]> r : c.poll(java.time.Duration.ofMillis(100))) {
+                        got.accept(r.value());
+                    }
+                }
+            }
+        }
+
+        boolean following;
+
         public void cleanup() throws Exception {
+            following = false;
             producer.close(java.time.Duration.ofSeconds(30));
             admin.deleteTopics(List.of(topic)).all().get(60, TimeUnit.SECONDS);
         }
@@ -154,6 +228,8 @@ public final class PeerDriver {
     // -- BookKeeper -------------------------------------------------------------------------------------------
     static final class BookKeeperTarget implements Target {
         final BookKeeper bk;
+        final String uri;
+        BookKeeper tailClient;  // the tailing reader's own client
         final byte[] password = "bench".getBytes();
         List<LedgerHandle> handles = new ArrayList<>();
 
@@ -164,6 +240,69 @@ public final class PeerDriver {
             conf.setThrottleValue(0);  // no client-side rate limit: the in-flight budget is the only limit
             conf.setAddEntryTimeout(60);
             bk = new BookKeeper(conf);
+            uri = metadataServiceUri;
+        }
+
+        public long readAll(long count) throws Exception {
+            LedgerHandle w = handles.get(0);
+            w.close();  // a closed ledger: every entry is readable, as Octavo's catch-up reads a closed ledger
+            long bytes = 0;
+            try (ReadHandle r = bk.newOpenLedgerOp().withLedgerId(w.getId()).withPassword(password)
+                    .withDigestType(org.apache.bookkeeper.client.api.DigestType.CRC32C).withRecovery(false)
+                    .execute().get(60, TimeUnit.SECONDS)) {
+                java.util.ArrayDeque<java.util.concurrent.CompletableFuture<LedgerEntries>> inflight =
+                    new java.util.ArrayDeque<>();
+                long next = 0;
+                long last = count - 1;
+                while (next <= last || !inflight.isEmpty()) {
+                    while (next <= last && inflight.size() < 8) {
+                        long end = Math.min(last, next + 999);
+                        inflight.add(r.readAsync(next, end));
+                        next = end + 1;
+                    }
+                    try (LedgerEntries es = inflight.poll().get(120, TimeUnit.SECONDS)) {
+                        for (LedgerEntry e : es) {
+                            bytes += e.getEntryBuffer().readableBytes();
+                        }
+                    }
+                }
+            }
+            return bytes;
+        }
+
+        public void follow(java.util.function.Consumer<byte[]> got, java.util.concurrent.atomic.AtomicBoolean stop)
+                throws Exception {
+            if (tailClient == null) {
+                ClientConfiguration conf = new ClientConfiguration();
+                conf.setMetadataServiceUri(uri);
+                conf.setUseV2WireProtocol(true);
+                tailClient = new BookKeeper(conf);
+            }
+            long id = handles.get(0).getId();
+            try (ReadHandle r = tailClient.newOpenLedgerOp().withLedgerId(id).withPassword(password)
+                    .withDigestType(org.apache.bookkeeper.client.api.DigestType.CRC32C).withRecovery(false)
+                    .execute().get(60, TimeUnit.SECONDS)) {
+                long next = 0;
+                while (!stop.get()) {
+                    // The LAC as the first bookie to answer has it, polled (a long poll by
+                    // readLastAddConfirmedAndEntry fell seconds behind at 2,000/s here).
+                    long lac = r.tryReadLastAddConfirmed();
+                    if (lac < next) {
+                        LockSupport.parkNanos(200_000);
+                        continue;
+                    }
+                    try (LedgerEntries es = r.readUnconfirmed(next, lac)) {
+                        for (LedgerEntry e : es) {
+                            got.accept(e.getEntryBytes());
+                        }
+                    }
+                    next = lac + 1;
+                }
+            }
+        }
+
+        public void flush(byte[] payload) throws Exception {
+            handles.get(0).addEntry(payload);  // its add carries the LAC of the entries before it
         }
 
         public void prepare(int ledgers, int ackQuorum, boolean latency) throws Exception {
@@ -184,12 +323,17 @@ public final class PeerDriver {
 
         public void cleanup() throws Exception {
             for (LedgerHandle h : handles) {
-                h.close();
+                if (!h.isClosed()) {
+                    h.close();
+                }
                 bk.deleteLedger(h.getId());
             }
         }
 
         public void close() throws Exception {
+            if (tailClient != null) {
+                tailClient.close();
+            }
             bk.close();
         }
     }
@@ -255,19 +399,130 @@ public final class PeerDriver {
                              elapsed);
     }
 
-    static String latency(Target target, int rate, double seconds, int ackQuorum) throws Exception {
-        target.prepare(1, ackQuorum, true);
+    /** Writes `count` entries of `size` to ledger 0, the in-flight budget as throughputRun; returns seconds. */
+    static double writeCount(Target target, int size, long count) throws Exception {
+        byte[] payload = new byte[size];
+        new Random().nextBytes(payload);
+        int chunk = Math.max(1, Math.min(INFLIGHT_BYTES, INFLIGHT_BYTES / size));
+        long t0 = System.nanoTime();
+        long written = 0;
+        while (written < count) {
+            int n = (int) Math.min(chunk, count - written);
+            java.util.concurrent.CountDownLatch acked = new java.util.concurrent.CountDownLatch(n);
+            for (int j = 0; j < n; j++) {
+                target.send(0, payload, acked::countDown);
+            }
+            if (!acked.await(ACK_TIMEOUT_S, TimeUnit.SECONDS)) {
+                throw new Exception("a chunk not acknowledged in " + ACK_TIMEOUT_S + " s");
+            }
+            check();
+            written += n;
+        }
+        return (System.nanoTime() - t0) / 1e9;
+    }
+
+    static String catchup(Target target, int size, long totalBytes, int ackQuorum) throws Exception {
+        target.prepare(1, ackQuorum, false);
         try {
-            return latencyRun(target, rate, seconds);
+            long count = Math.max(1, totalBytes / size);
+            double writeS = writeCount(target, size, count);
+            long t0 = System.nanoTime();
+            long bytes = target.readAll(count);
+            double readS = (System.nanoTime() - t0) / 1e9;
+            if (bytes != count * size) {
+                throw new Exception("read " + bytes + " bytes, wrote " + count * size);
+            }
+            return String.format("{\"write_rate\": %.1f, \"read_rate\": %.1f, \"entries\": %d, "
+                                 + "\"read_seconds\": %.3f}", count / writeS, count / readS, count, readS);
         } finally {
             FAILURE.set(null);
             target.cleanup();
         }
     }
 
-    static String latencyRun(Target target, int rate, double seconds) throws Exception {
-        byte[] payload = new byte[LATENCY_ENTRY_BYTES];
-        new Random().nextBytes(payload);
+    static String tail(Target target, int rate, double seconds, int ackQuorum) throws Exception {
+        target.prepare(1, ackQuorum, true);
+        int n = (int) (rate * seconds);
+        long[] scheduledAt = new long[n];
+        long[] tailUs = new long[n];
+        java.util.Arrays.fill(tailUs, -1);
+        AtomicInteger received = new AtomicInteger();
+        java.util.concurrent.atomic.AtomicBoolean stop = new java.util.concurrent.atomic.AtomicBoolean();
+        AtomicReference<Throwable> readerFailure = new AtomicReference<>();
+        java.util.concurrent.CountDownLatch started = new java.util.concurrent.CountDownLatch(1);
+        Thread reader = new Thread(() -> {
+            try {
+                started.countDown();
+                target.follow(payload -> {
+                    long now = System.nanoTime();
+                    if (payload.length < 8) {
+                        return;  // Kafka's priming record
+                    }
+                    long i = java.nio.ByteBuffer.wrap(payload).getLong();
+                    if (i >= 0 && i < n && tailUs[(int) i] < 0) {
+                        tailUs[(int) i] = (now - scheduledAt[(int) i]) / 1000;
+                        received.incrementAndGet();
+                    }
+                }, stop);
+            } catch (Throwable t) {
+                readerFailure.set(t);
+            }
+        }, "tail-reader");
+        try {
+            reader.start();
+            started.await();
+            if (target instanceof KafkaTarget) {
+                KafkaTarget k = (KafkaTarget) target;
+                synchronized (k) {
+                    while (!k.following && readerFailure.get() == null) {
+                        k.wait(100);
+                    }
+                }
+            }
+            String add = latencyRun(target, rate, seconds, (i, scheduled) -> scheduledAt[i] = scheduled);
+            byte[] filler = new byte[LATENCY_ENTRY_BYTES];
+            java.nio.ByteBuffer.wrap(filler).putLong(-1L);
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(ACK_TIMEOUT_S);
+            while (received.get() < n && readerFailure.get() == null && System.nanoTime() < deadline) {
+                target.flush(filler);
+                Thread.sleep(10);
+            }
+            if (readerFailure.get() != null) {
+                throw new Exception("the tailing reader failed: " + readerFailure.get(), readerFailure.get());
+            }
+            if (received.get() < n) {
+                throw new Exception("the tailing reader got " + received.get() + " of " + n + " entries");
+            }
+            StringBuilder out = new StringBuilder("{\"tail_us\": [");
+            for (int i = 0; i < n; i++) {
+                out.append(i == 0 ? "" : ",").append(tailUs[i]);
+            }
+            return out.append("], ").append(add.substring(1)).toString();
+        } finally {
+            stop.set(true);
+            reader.join(30_000);
+            FAILURE.set(null);
+            target.cleanup();
+        }
+    }
+
+    interface OnSend {
+        void sent(int index, long scheduledNanos);
+    }
+
+    static String latency(Target target, int rate, double seconds, int ackQuorum) throws Exception {
+        target.prepare(1, ackQuorum, true);
+        try {
+            return latencyRun(target, rate, seconds, null);
+        } finally {
+            FAILURE.set(null);
+            target.cleanup();
+        }
+    }
+
+    static String latencyRun(Target target, int rate, double seconds, OnSend onSend) throws Exception {
+        byte[] template = new byte[LATENCY_ENTRY_BYTES];
+        new Random().nextBytes(template);
         int n = (int) (rate * seconds);
         long[] latencies = new long[n];
         AtomicInteger outstanding = new AtomicInteger(n);
@@ -286,6 +541,12 @@ public final class PeerDriver {
                 late++;  // the sender itself fell behind the schedule by more than 1 ms
             }
             int idx = i;
+            // Each entry carries its index in its first 8 bytes (a tailing reader finds its schedule by it).
+            byte[] payload = template.clone();
+            java.nio.ByteBuffer.wrap(payload).putLong(i);
+            if (onSend != null) {
+                onSend.sent(i, scheduled);
+            }
             target.send(0, payload, () -> {
                 latencies[idx] = (System.nanoTime() - scheduled) / 1000;
                 outstanding.decrementAndGet();
@@ -328,6 +589,14 @@ public final class PeerDriver {
                         break;
                     case "latency":
                         result = latency(target, Integer.parseInt(w[1]), Double.parseDouble(w[2]),
+                                      Integer.parseInt(w[3]));
+                        break;
+                    case "catchup":
+                        result = catchup(target, Integer.parseInt(w[1]), Long.parseLong(w[2]),
+                                         Integer.parseInt(w[3]));
+                        break;
+                    case "tail":
+                        result = tail(target, Integer.parseInt(w[1]), Double.parseDouble(w[2]),
                                       Integer.parseInt(w[3]));
                         break;
                     case "quit":

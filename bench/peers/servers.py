@@ -1,5 +1,5 @@
-"""The peers as processes on 127.0.0.1: jars from Maven, Kafka's three brokers, ZooKeeper and bookies, the Java
-load driver, and each process's CPU time and peak RSS read from /proc."""
+"""The peers as processes on 127.0.0.1: jars from Maven, Kafka's three brokers, ZooKeeper and bookies, the load
+drivers, and each process's CPU time and peak RSS read from /proc."""
 
 from __future__ import annotations
 
@@ -183,15 +183,22 @@ class Bookies:
         stop_all(self.procs)
 
 
+def driver_command(system: str, target: str) -> list[str]:
+    """The load driver of `system`: PeerDriver.java for Kafka and BookKeeper, jsdriver.py for JetStream."""
+    if system == "jetstream":
+        return [sys.executable, str(HERE / "jsdriver.py"), target]
+    return configs.java_command(driver_classpath(system), [*configs.DRIVER_JVM_ARGS, *DRIVER_EXTRA_JVM_ARGS],
+                                "PeerDriver", system, target)
+
+
 class Driver:
-    """The Java load driver (PeerDriver.java) for one system, as its own process: one command per line."""
+    """The load driver for one system, as its own process (so its CPU and memory are its own): one command per
+    line on stdin, one JSON line per command on stdout."""
 
     def __init__(self, system: str, target: str, log: str) -> None:
         self.log = open(log, "ab")  # noqa: SIM115 - lives as long as the process
-        self.proc = subprocess.Popen(
-            configs.java_command(driver_classpath(system), [*configs.DRIVER_JVM_ARGS, *DRIVER_EXTRA_JVM_ARGS],
-                                 "PeerDriver", system, target),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
+        self.proc = subprocess.Popen(driver_command(system, target), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log)
         try:
             if self.read().get("ready") is not True:
                 raise RuntimeError(f"the {system} driver did not start; see {log}")
