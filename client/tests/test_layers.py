@@ -57,6 +57,8 @@ EXCEPTIONS = {("octavo.node.repair", "octavo.client"), ("octavo.node.damagerepai
 PURE = {
     "octavo.node.record", "octavo.node.config", "octavo.node.errors", "octavo.node.files",
     "octavo.node.startup_cases", "octavo.node.watermarks", "octavo.node.compaction_plan", "octavo.node.rolling",
+    "octavo.node.invariants", "octavo.node.ledgerrow", "octavo.node.ledgers", "octavo.node.recoverypoint",
+    "octavo.node.entrylog", "octavo.node.writecache", "octavo.node.appends",
     "octavo.meta.layout", "octavo.meta.ledger_metadata", "octavo.meta.errors", "octavo.meta.etcdhealth",
     "octavo.client.quorums", "octavo.client.colstats",
     "octavo.client.arguments",
@@ -66,6 +68,7 @@ PURE = {
 PURE_MAY_IMPORT = {
     "__future__", "collections", "collections.abc", "dataclasses", "enum", "typing", "struct", "hashlib", "json",
     "math", "re", "itertools", "functools", "operator", "bisect", "crc32c", "octavo.v1.bookie_pb2", "octavo.v1",
+    "types",  # MappingProxyType: a read-only view
     # Time as values (the clock itself is never read: `now` is a parameter), zones, cron arithmetic.
     "datetime", "zoneinfo", "cronsim",
     # Decimal numbers as values (column statistics); closest-name suggestions.

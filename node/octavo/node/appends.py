@@ -20,7 +20,7 @@ from crc32c import crc32c as _crc32c
 from octavo.node.config import NodeConfig
 from octavo.node.entrylog import LOCATION_LENGTH_BITS, EntryLog
 from octavo.node.errors import Code, StorageError, fenced, unauthorized
-from octavo.node.index import MASTER_KEY_BYTES_MAX
+from octavo.node.ledgerrow import MASTER_KEY_BYTES_MAX
 from octavo.node.ledgers import LedgerState, LedgerTable
 from octavo.node.record import (
     CRC_FIELD,

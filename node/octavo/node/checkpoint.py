@@ -15,6 +15,7 @@ import crc32c
 
 from octavo.node.fileio import FileIO
 from octavo.node.files import NODE_STATE_FILE, RECOVERY_POINT_FILE
+from octavo.node.recoverypoint import RecoveryPoint
 
 # Present while a bookie runs on the directory; found at startup, it means the last stop was unclean.
 CHECKPOINT_FORMAT_VERSION = 1
@@ -42,18 +43,6 @@ def _decode(data: bytes, what: str) -> dict[str, Any]:
     if body.get("version") != CHECKPOINT_FORMAT_VERSION:
         raise CheckpointError(f"{what} has unsupported version {body.get('version')!r}")
     return dict(body)
-
-
-@dataclass(frozen=True)
-class RecoveryPoint:
-    """Every entry log with an id below `log_id` is fsynced and fully covered by the synced index.
-
-    Restart scans only logs with ids >= log_id. It advances only after the flusher has fsynced a rolled log
-    and then synced the index entries that cover it, never before: otherwise a power loss could leave the
-    index pointing into bytes that never reached the disk.
-    """
-
-    log_id: int
 
 
 def read_recovery_point(io: FileIO, data_dir: str) -> RecoveryPoint | None:

@@ -21,6 +21,7 @@ from octavo.node.fileio import FileIO
 from octavo.node.index import Index
 from octavo.node.ledgers import LedgerTable
 from octavo.node.readfds import ReadFds
+from octavo.node.recoverypoint import moved_forward
 from octavo.node.writecache import WriteCache
 
 
@@ -61,7 +62,7 @@ class FlushStep:
                 raise
         faults.hit(faults.FLUSH_AFTER_INDEX_COMMIT)
         with self._lock:
-            point = self._cache.point_after_oldest()
+            point = moved_forward(self._cache.recovery_point, self._cache.point_after_oldest())  # before the write
         write_recovery_point(self._io, self._data_dir, point)
         faults.hit(faults.FLUSH_AFTER_RECOVERY_POINT)
         with self._room:

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from octavo.node.index import LedgerRow
+from octavo.node.ledgerrow import LedgerRow
 
 
 @dataclass(slots=True)

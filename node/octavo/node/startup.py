@@ -26,12 +26,12 @@ import lmdb
 from octavo.node.checkpoint import (
     CheckpointError,
     NodeState,
-    RecoveryPoint,
     read_node_state,
     read_recovery_point,
     write_node_state,
 )
 from octavo.node.entrylog import LOCATION_LENGTH_BITS, ROLLED, EntryLog
+from octavo.node.entrylogio import open_entry_log
 from octavo.node.errors import StorageError
 from octavo.node.fileio import FileIO
 from octavo.node.files import INDEX_DIR, LOCK_FILE, log_file_name, parse_log_file_name
@@ -39,6 +39,7 @@ from octavo.node.index import Index
 from octavo.node.ledgers import LedgerTable
 from octavo.node.record import ENTRY_ID_COMPACTED_FROM, ENTRY_ID_FENCE, ENTRY_ID_LEDGER_KEY
 from octavo.node.recovery import LogScan, apply_scan, scan_log
+from octavo.node.recoverypoint import RecoveryPoint
 from octavo.node.startup_cases import Action, Kind, needs_scan, recovery_point_to_use
 from octavo.v1 import bookie_pb2 as pb
 
@@ -178,7 +179,7 @@ def replay_logs(io: FileIO, logs_dir: str, point: RecoveryPoint, unclean: bool,
         if scan.action in (Action.DELETE, Action.QUARANTINE):
             continue
         report.bytes_truncated += scan.bytes_truncated
-        entry_log = EntryLog.open_existing(io, logs_dir, log_id, ROLLED)
+        entry_log = open_entry_log(io, logs_dir, log_id, ROLLED)
         _replay(entry_log, scan, ledgers)
         report.records_replayed += len(scan.records)
         scan.records = []  # replayed: the report keeps what happened, not the payloads of the whole tail

@@ -40,18 +40,20 @@ from typing import Any
 
 from octavo.node import appends, faults, gc, startup
 from octavo.node.appends import LedgerBatch, Result
-from octavo.node.checkpoint import NodeState, RecoveryPoint, write_recovery_point
+from octavo.node.checkpoint import NodeState, write_recovery_point
 from octavo.node.compaction import recover_interrupted
 from octavo.node.config import FSYNC_POLICY_BATCH, NodeConfig
 from octavo.node.engineflags import EngineFlags
 from octavo.node.entrylog import CACHE_ENTRY_BYTES_ESTIMATE, FLUSHED, EntryLog
+from octavo.node.entrylogio import create_entry_log
 from octavo.node.errors import Code, StorageError, WriteCacheFull, no_such_ledger, unauthorized
 from octavo.node.fileio import FileIO
 from octavo.node.files import INDEX_DIR, LOGS_DIR, RUNNING_MARKER_FILE, log_file_name, parse_log_file_name
 from octavo.node.flusher import Flusher
 from octavo.node.flushstep import FlushStep
 from octavo.node.gc import GcReport
-from octavo.node.index import MASTER_KEY_BYTES_MAX, Index, LogMeta
+from octavo.node.index import Index, LogMeta
+from octavo.node.ledgerrow import MASTER_KEY_BYTES_MAX
 from octavo.node.ledgers import LedgerState, LedgerTable
 from octavo.node.readfds import ReadFds
 from octavo.node.reads import Reader, ReadItem
@@ -63,6 +65,7 @@ from octavo.node.record import (
     encode_record,
 )
 from octavo.node.recovery import scan_log
+from octavo.node.recoverypoint import RecoveryPoint, moved_forward
 from octavo.node.rolling import ActiveLog, Why, should_roll
 from octavo.node.startup import RecoveryReport, current_boot_id
 from octavo.node.writecache import WriteCache
@@ -163,7 +166,7 @@ class Storage(EngineFlags):
         index_existed = os.path.exists(os.path.join(self.data_dir, INDEX_DIR, "data.mdb"))
         self._index = startup.open_index(self.io, self.data_dir, self.config.index_map_size_bytes)
         self._table.load(self._index.load_ledgers())
-        self._cache.recovery_point = startup.choose_recovery_point(self.io, self.data_dir, index_existed)
+        self._cache.start_recovery_point(startup.choose_recovery_point(self.io, self.data_dir, index_existed))
         recover_interrupted(self)  # each roll-back or finish is logged
         replayed = startup.replay_logs(self.io, self.logs_dir, self._cache.recovery_point, unclean, self._table)
         self._cache.adopt_replayed(replayed.logs)
@@ -203,8 +206,8 @@ class Storage(EngineFlags):
         if self._cache.next_log_id > self._cache.recovery_point.log_id:
             # Every log is flushed; compaction logs past the point are durable and indexed: skip them next time.
             point = RecoveryPoint(self._cache.next_log_id)
-            write_recovery_point(self.io, self.data_dir, point)
-            self._cache.recovery_point = point
+            write_recovery_point(self.io, self.data_dir, moved_forward(self._cache.recovery_point, point))
+            self._cache.advance_recovery_point(point)
         self.io.unlink(os.path.join(self.data_dir, RUNNING_MARKER_FILE))
         self.io.fsync_dir(self.data_dir)
         self._close_files()
@@ -395,7 +398,7 @@ class Storage(EngineFlags):
             return self._cache.allocate_log_id()
 
     def _create_active_log(self, log_id: int) -> EntryLog:
-        entry_log = EntryLog.create(self.io, self.logs_dir, log_id)
+        entry_log = create_entry_log(self.io, self.logs_dir, log_id)
         if self.config.fsync_policy == FSYNC_POLICY_BATCH:
             # Under the paranoid policy an acknowledged entry must survive a power loss on its own: the new
             # file's directory entry has to be durable before the first fdatasync of its records counts.

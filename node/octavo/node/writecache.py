@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from octavo.node.checkpoint import RecoveryPoint
 from octavo.node.entrylog import FLUSHED, ROLLED, EntryLog
+from octavo.node.recoverypoint import RecoveryPoint, moved_forward
 
 
 class WriteCache:
@@ -27,7 +27,19 @@ class WriteCache:
         self.rolled: deque[EntryLog] = deque()  # waiting for the flusher, oldest first
         self.entries = 0  # cached locations over all unflushed logs
         self.next_log_id = 0  # active logs and compaction logs share one increasing sequence
-        self.recovery_point = RecoveryPoint(0)  # as last written to disk
+        self._recovery_point = RecoveryPoint(0)  # as last written to disk
+
+    @property
+    def recovery_point(self) -> RecoveryPoint:
+        return self._recovery_point
+
+    def start_recovery_point(self, point: RecoveryPoint) -> None:
+        """The point startup goes by (startup.choose_recovery_point), before any flush."""
+        self._recovery_point = point
+
+    def advance_recovery_point(self, point: RecoveryPoint) -> None:
+        """The point was written to disk past flushed logs: InvariantError if it would move back."""
+        self._recovery_point = moved_forward(self._recovery_point, point)
 
     def allocate_log_id(self) -> int:
         log_id = self.next_log_id
@@ -48,7 +60,7 @@ class WriteCache:
         """Seal the active log (queue it for the flusher) and make `new` the active one (None: at close)."""
         old = self.active
         if old is not None:
-            old.state = ROLLED
+            old.move_to(ROLLED)
             self.rolled.append(old)
         self.active = new
 
@@ -68,9 +80,9 @@ class WriteCache:
         it): drop it and its cache."""
         if not self.rolled or self.rolled[0] is not entry_log:
             raise RuntimeError(f"entry log {entry_log.log_id} is not the oldest rolled log")
-        self.recovery_point = point
+        self.advance_recovery_point(point)
         self.rolled.popleft()
-        entry_log.state = FLUSHED
+        entry_log.move_to(FLUSHED)
         entry_log.cache = {}
         self.entries -= entry_log.cache_entries
         entry_log.cache_entries = 0
