@@ -54,6 +54,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -80,7 +81,6 @@ LEDGER_COUNTS = [1, 100]
 LATENCY_RATES = [2000, 20000]
 LATENCY_ENTRY_BYTES = 1024
 RESULTS = HERE.parent / "results" / "peers.json"  # bench/results/, beside the other benchmarks' JSON
-NOTES = HERE / "results" / "reading.md"  # what the figures of the last full run say, written by hand
 GIB = float(1 << 30)
 
 
@@ -485,8 +485,11 @@ async def run(args: argparse.Namespace, bench: Bench) -> dict[str, object]:
     loads = [os.getloadavg()[0]]
     print("warming up (a discarded run of each system)", flush=True)
     for s in systems:
-        await bench.throughput(s, 1024, 1, args.seconds)
-        await bench.latency(s, 2000, min(args.seconds, 3.0))
+        try:
+            await bench.throughput(s, 1024, 1, args.seconds)
+            await bench.latency(s, 2000, min(args.seconds, 3.0))
+        except Exception as e:  # the measured runs say whether the system works
+            print(f"warm-up of {s.label} failed: {e}", flush=True)
     configs_ = [(size, ledgers, str(size)) for size in args.sizes for ledgers in args.ledgers] \
         if "throughput" in workloads else []
     if "many" in workloads:
@@ -499,10 +502,20 @@ async def run(args: argparse.Namespace, bench: Bench) -> dict[str, object]:
             await latency_round(args, bench, order, f, round_no)
         await read_round(args, bench, order, f, round_no, workloads)
         loads.append(os.getloadavg()[0])
+        if args.results:  # what the rounds so far measured, kept should a later round not finish
+            so_far = argparse.Namespace(**{**vars(args), "rounds": round_no + 1})
+            Path(args.results).write_text(json.dumps(collect(so_far, systems, f, loads, started), indent=1,
+                                                     default=str) + "\n")
+    return collect(args, systems, f, loads, started)
+
+
+def collect(args: argparse.Namespace, systems: list[System], f: Figures, loads: list[float],
+            started: float) -> dict[str, object]:
+    """The results file's contents: the figures so far, summarized."""
     peak_rss = {s.key: {"servers_bytes": [servers.peak_rss_bytes(p) for p in s.server_pids()],
                         "client_bytes": servers.peak_rss_bytes(s.client_pid())} for s in systems}
-    return {"args": {k: v for k, v in vars(args).items()}, "machine": machine_line(),
-            "load_average_1min": {"min": min(loads), "max": max(loads), "samples": loads},
+    return {"args": {k: sorted(v) if isinstance(v, set) else v for k, v in vars(args).items()},
+            "machine": machine_line(), "load_average_1min": {"min": min(loads), "max": max(loads), "samples": loads},
             "minutes": (time.time() - started) / 60, "systems": {s.key: vars_of(s) for s in systems},
             "throughput": f.rates,
             "usage": {k: {key: vars(u) for key, u in v.items()} for k, v in f.usage.items()},
@@ -613,7 +626,9 @@ def report(data: dict[str, object]) -> str:
         "bench/peers/PeerDriver.java, one JVM per system warmed by a discarded run (Kafka: `linger.ms=5`, its "
         "default, for throughput and 0 for latency, batches up to 1 MiB, `buffer.memory` 16 MiB, no "
         "compression, `enable.idempotence=false` (see below); BookKeeper: the v2 wire protocol as Pulsar runs "
-        "it, no client throttle, CRC32C digests). "
+        "it, no client throttle, CRC32C digests); JetStream's by bench/peers/jsdriver.py, a Python process of its own "
+        "speaking the NATS protocol on one connection (no client library; publishes with a reply subject each, "
+        "pipelined up to the budget). "
         "The same in-flight budget for all: 8 MiB of payload shared by the ledgers (partitions). The machine: "
         "2 shared cores for servers, clients and, during this run, other sessions' test suites: the load average "
         "above says how busy it was. Ratios between systems are measured in the same run, alternating; absolute "
@@ -651,8 +666,11 @@ def report(data: dict[str, object]) -> str:
         "the same processes. "
         "Server CPU includes the metadata store (Octavo's etcd, BookKeeper's ZooKeeper; Kafka's controllers run "
         "in its brokers). Octavo's client is the benchmark's own Python process, which holds both Octavo "
-        "clusters' clients; the peers' client is the driver JVM (its JIT and garbage collector included).",
-        *(["", NOTES.read_text().rstrip()] if NOTES.exists() else []),
+        "clusters' clients; Kafka's and BookKeeper's client is the driver JVM (its JIT and garbage collector "
+        "included), JetStream's the jsdriver.py process.",
+        "",
+        "The run of 2026-11-26 05:48 UTC (workloads 1, 2 and 5, without JetStream, at load 12-45), its "
+        "supplementary runs and what they said: bench/peers/results/reading.md and the JSON files beside it.",
     ])
 
 
@@ -786,6 +804,9 @@ def main() -> None:
     if args.quick or not full:
         args.no_report = True
     check_prerequisites(args.systems)
+    # SIGTERM and SIGINT (ignored by a background job of a non-interactive shell) stop every server started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     root = tempfile.mkdtemp(prefix="octavo-peers-bench-", dir=os.environ.get("OCTAVO_BENCH_DIR"))
     bench = Bench(root, args.systems)
     print(f"starting servers under {root}", flush=True)
