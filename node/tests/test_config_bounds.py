@@ -41,3 +41,22 @@ def test_every_problem_is_reported_at_once() -> None:
     assert sorted(p.split(" ", 1)[0] for p in problems) == ["gc_interval_ms", "port", "trace_sample_ratio"]
     with pytest.raises(ConfigError, match=r"port must be in .*; .*gc_interval_ms must be in"):
         NodeConfig(data_dir="/d", gc_interval_ms=-1, port=70000).validate()
+
+
+TIME_WORDS = ("interval", "delay", "ttl", "grace", "wait", "time", "timeout", "age", "period")
+TIME_UNITS = ("ms", "s")
+
+
+@pytest.mark.parametrize("name", numeric_fields())
+def test_every_duration_setting_names_its_unit_once(name: str) -> None:
+    """Issue 30: NodeConfig mixes milliseconds (gc_interval_ms) and seconds (audit_interval_s), so every duration
+    says its unit in its name (the unit last, or before _max/_min), and only one."""
+    parts = name.split("_")
+    units = [p for p in parts if p in TIME_UNITS]
+    if any(word in parts for word in TIME_WORDS):
+        assert len(units) == 1, f"{name}: a duration names exactly one unit ({'/'.join(TIME_UNITS)})"
+        rest = parts[parts.index(units[0]) + 1:]
+        assert rest in ([], ["max"], ["min"]), f"{name}: the unit goes last (or before _max/_min)"
+    else:
+        assert units in ([], ["s"]) and (not units or parts[-3:] == ["bytes", "per", "s"]), \
+            f"{name}: a time unit in a setting that is not a duration or a rate"
