@@ -139,6 +139,7 @@ async def reconcile_time(bookies: int, repeats: int) -> tuple[float, float]:
     import kopf
 
     from octavo.operator import handlers
+    from octavo.operator.config import OperatorConfig, OperatorState
     from octavo.operator.policy import Memory, Observed, Policy, Shape, decide
     from octavo.operator.resources import parse_policy
     from octavo.operator.windows import Window
@@ -149,8 +150,9 @@ async def reconcile_time(bookies: int, repeats: int) -> tuple[float, float]:
     server = await _serve_bookies(addresses)
     try:
         with ApiServer() as api:
-            handlers.CONFIG.kubeconfig = api.kubeconfig
-            handlers.CONFIG.kube = None
+            config = OperatorConfig(kubeconfig=api.kubeconfig)
+            state = OperatorState.start(config)
+            state.connect(config)
             name, ns = f"c{bookies}", "default"
             spec = {"replicas": bookies, "minWritableBookies": 3, "image": "octavo:dev", "storage": {"size": "1Gi"},
                     "etcd": {"endpoints": "127.0.0.1:2379"}}
@@ -170,7 +172,7 @@ async def reconcile_time(bookies: int, repeats: int) -> tuple[float, float]:
             for _ in range(repeats + 1):
                 patch = kopf.Patch()
                 start = time.perf_counter()
-                await handlers.reconcile(name, ns, body, status, patch, poll=True)
+                await handlers.reconcile(config, state, name, ns, body, status, patch, poll=True)
                 took.append(time.perf_counter() - start)
                 status = {**status, **dict(patch.get("status") or {})}
             policy = parse_policy({"windows": [{"schedule": "0 2 * * *", "duration": "2h"}]}).policy

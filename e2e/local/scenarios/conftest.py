@@ -24,6 +24,8 @@ from kopf.testing import KopfRunner
 
 from octavo.cli.localcluster import EtcdProcess, free_port
 from octavo.operator import handlers
+from octavo.operator.config import OperatorConfig, OperatorState
+from octavo.operator.rolling import ROLL_READY_TIMEOUT_S
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import localplane
@@ -174,21 +176,17 @@ class LocalKube:
         return f"{pod}: {found['status'].get('containerStatuses')}; events {events}; logs {logs}"
 
     @contextlib.contextmanager
-    def operator(self, metrics_tls: bool = False) -> Iterator[KopfRunner]:
-        """The operator, as `octavo operator run` runs it (its handlers in a registry of their own)."""
-        handlers.CONFIG.kubeconfig = self.kubeconfig
-        handlers.CONFIG.kube = None
-        handlers.CONFIG.locks.clear()
-        handlers.CONFIG.scale_downs.clear()
-        handlers.CONFIG.scale_down_refusals.clear()
-        # Fresh metrics per operator run, served on a free port (operator_metrics() scrapes it).
-        handlers.CONFIG.telemetry = None
-        handlers.CONFIG._metrics = None
-        handlers.CONFIG.metrics_port = 0
-        handlers.CONFIG.metrics_host = "127.0.0.1"
-        handlers.CONFIG.metrics_tls = metrics_tls
+    def operator(self, metrics_tls: bool = False, clock_offset_s: float = 0.0,
+                 roll_ready_timeout_s: float = ROLL_READY_TIMEOUT_S) -> Iterator[KopfRunner]:
+        """The operator, as `octavo operator run` runs it (its handlers in a registry of their own, with settings
+        and state of their own: `self.state` while it runs, whose clock a test may move)."""
+        # Metrics served on a free port (operator_metrics() scrapes it).
+        config = OperatorConfig(poll_interval_s=POLL_INTERVAL_S, roll_ready_timeout_s=roll_ready_timeout_s,
+                                kubeconfig=self.kubeconfig, metrics_port=0, metrics_host="127.0.0.1",
+                                metrics_tls=metrics_tls).validate()
+        self.state = OperatorState.start(config, clock_offset_s=clock_offset_s)
         registry = kopf.OperatorRegistry()
-        handlers.register(registry, POLL_INTERVAL_S)
+        handlers.register(registry, config, self.state)
         with KopfRunner(["run", "--standalone", "-A", f"--liveness=http://127.0.0.1:{free_port()}/healthz"],
                         registry=registry, timeout=120) as runner:
             yield runner
@@ -201,8 +199,8 @@ class LocalKube:
 
         from prometheus_client.parser import text_string_to_metric_families
 
-        telemetry = handlers.CONFIG.telemetry
-        assert telemetry is not None and telemetry.endpoint is not None, "the operator serves no metrics"
+        telemetry = self.state.telemetry
+        assert telemetry.endpoint is not None, "the operator serves no metrics"
         with urllib.request.urlopen(f"http://127.0.0.1:{telemetry.endpoint.port}/metrics", timeout=10) as r:
             assert r.status == 200, r.status
             text = r.read().decode()
@@ -241,7 +239,6 @@ def _local(plane: Plane, etcd: str, monkeypatch: pytest.MonkeyPatch) -> Iterator
     try:
         yield LocalKube(plane, etcd)
     finally:
-        handlers.CONFIG.clock_offset_s = 0.0
         reset_namespace(plane.k, plane.agent)
         ensure_crds(plane.plane)
 

@@ -94,18 +94,16 @@ def test_compaction_runs_in_the_policys_window_one_bookie_at_a_time_and_survives
         local_kube: LocalKube) -> None:
     from datetime import UTC, datetime, timedelta
 
-    from octavo.operator import handlers
-
     k, eventually = local_kube.k, local_kube.eventually
     real = datetime.now(UTC)
     start = (real + timedelta(seconds=150)).replace(second=0, microsecond=0)
     # The operator's clock stands 20 s before the window (the bookies keep the machine's).
-    handlers.CONFIG.clock_offset_s = (start - timedelta(seconds=20) - real).total_seconds()
+    offset_s = (start - timedelta(seconds=20) - real).total_seconds()
     local_kube.policy("nightly", {"windows": [{"schedule": f"{start.minute} {start.hour} * * *", "duration": "1h",
                                                "timeZone": "UTC"}],
                                   "maxConcurrentBookies": 1, "minor": {"threshold": 0.5},
                                   "rateBytesPerSecond": 64 << 20})
-    with local_kube.operator():
+    with local_kube.operator(clock_offset_s=offset_s):
         local_kube.bookie_cluster("logs", replicas=3, policy="nightly",
                                   bookie={"log_size_bytes_max": 256 * 1024, "batch_bytes_max": 128 * 1024,
                                           "entry_size_bytes_max": 64 * 1024})
@@ -122,7 +120,7 @@ def test_compaction_runs_in_the_policys_window_one_bookie_at_a_time_and_survives
         assert all(not b["compaction"]["lastRun"] for b in bookie_status(k, "logs").values()), \
             "a bookie compacted outside the window"
 
-        handlers.CONFIG.clock_offset_s = (start + timedelta(seconds=1) - datetime.now(UTC)).total_seconds()
+        local_kube.state.clock_offset_s = (start + timedelta(seconds=1) - datetime.now(UTC)).total_seconds()
         eventually(lambda: k.condition("logs", "CompactionWindowOpen").get("status") == "True", 10, "window open")
         eventually(lambda: local_kube.operator_metrics().get(window) == 1, 10, "the window gauge at 1")
         slots_seen: set[int] = set()
@@ -133,8 +131,8 @@ def test_compaction_runs_in_the_policys_window_one_bookie_at_a_time_and_survives
             return [b["id"] for b in status["bookies"] if b["compaction"]["lastRun"]]
         first = eventually(one_compacted, 60, "a bookie compacted in the window")
         assert len(first) == 1
-    # Restarted mid-window, the operator carries on from the memory it kept in the status.
-    with local_kube.operator():
+    # Restarted mid-window (on the same clock), the operator carries on from the memory it kept in the status.
+    with local_kube.operator(clock_offset_s=local_kube.state.clock_offset_s):
         def all_compacted() -> bool:
             status = k.cluster("logs")["status"]
             slots_seen.add(len(status["memory"]["windowOpenedUnixMs"]))
@@ -155,7 +153,7 @@ def test_compaction_runs_in_the_policys_window_one_bookie_at_a_time_and_survives
         assert all(r.kind == "minor" and r.logs_compacted > 0 for r in runs.values()), runs
         read_back(local_kube.etcd, "logs", kept, count)
         # Past the window's end every bookie's window is closed again.
-        handlers.CONFIG.clock_offset_s = (start + timedelta(hours=1, seconds=1) - datetime.now(UTC)).total_seconds()
+        local_kube.state.clock_offset_s = (start + timedelta(hours=1, seconds=1) - datetime.now(UTC)).total_seconds()
         eventually(lambda: all(b["compaction"]["window"] == "closed" for b in bookie_status(k, "logs").values())
                    and k.condition("logs", "CompactionWindowOpen")["status"] == "False", 20, "windows closed")
 

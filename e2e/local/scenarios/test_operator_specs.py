@@ -56,8 +56,6 @@ def test_a_setting_out_of_its_bounds_is_refused_at_apply_time_naming_it(local_ku
 def test_a_roll_whose_bookie_does_not_start_halts_and_reverting_the_spec_resumes_it(local_kube: LocalKube) -> None:
     """Issue 37 item 5: a restarted bookie not Ready in time halts the roll with an event naming the cause; the
     revert un-sticks it without anyone deleting a pod."""
-    from octavo.operator import handlers
-
     k, eventually = local_kube.k, local_kube.eventually
 
     def events(reason: str) -> list[str]:
@@ -66,33 +64,29 @@ def test_a_roll_whose_bookie_does_not_start_halts_and_reverting_the_spec_resumes
     def uids() -> dict[str, str]:
         return {p["metadata"]["name"]: p["metadata"]["uid"] for p in k.list("v1", "pods")}
 
-    handlers.CONFIG.roll_ready_timeout_s = 20.0
-    try:
-        with local_kube.operator():
-            local_kube.bookie_cluster("halt", replicas=3)
-            eventually(lambda: k.condition("halt", "Ready").get("status") == "True", 180, "Ready")
-            before = uids()
-            # An image whose entry point is not octavo: the restarted bookie never serves.
-            k.patch(API, "bookieclusters", "halt", {"spec": {"image": "busybox:1.36"}})
-            halted = eventually(lambda: events("RollingUpdateHalted"), 240, "the roll halted")
-            assert len(halted) == 1 and "bookie halt-2 was not Ready within 20 s of its restart" in halted[0], halted
-            assert "revert" in halted[0]
-            degraded = eventually(lambda: (c := k.condition("halt", "Degraded")).get("reason") == "RollingUpdateHalted"
-                                  and c, 30, "Degraded with the halt")  # the status is written after the event
-            assert degraded["status"] == "True" and "halt-2" in degraded["message"], degraded
-            time.sleep(5)  # halted: nothing else is restarted
-            now = uids()
-            assert (now["halt-0"], now["halt-1"]) == (before["halt-0"], before["halt-1"]), "a roll went on past a halt"
-            assert len(events("RollingUpdateHalted")) == 1, "the halt was reported more than once"
-            k.patch(API, "bookieclusters", "halt", {"spec": {"image": "octavo:dev"}})
-            eventually(lambda: events("RollingUpdateComplete"), 240, "the roll completed after the revert")
-            eventually(lambda: k.condition("halt", "Ready").get("status") == "True"
-                       and k.condition("halt", "Degraded").get("status") == "False", 120, "Ready after the revert")
-            after = uids()
-            assert (after["halt-0"], after["halt-1"]) == (before["halt-0"], before["halt-1"])
-            assert after["halt-2"] != now["halt-2"], "the stuck pod was not replaced"
-    finally:
-        handlers.CONFIG.roll_ready_timeout_s = 300.0
+    with local_kube.operator(roll_ready_timeout_s=20.0):
+        local_kube.bookie_cluster("halt", replicas=3)
+        eventually(lambda: k.condition("halt", "Ready").get("status") == "True", 180, "Ready")
+        before = uids()
+        # An image whose entry point is not octavo: the restarted bookie never serves.
+        k.patch(API, "bookieclusters", "halt", {"spec": {"image": "busybox:1.36"}})
+        halted = eventually(lambda: events("RollingUpdateHalted"), 240, "the roll halted")
+        assert len(halted) == 1 and "bookie halt-2 was not Ready within 20 s of its restart" in halted[0], halted
+        assert "revert" in halted[0]
+        degraded = eventually(lambda: (c := k.condition("halt", "Degraded")).get("reason") == "RollingUpdateHalted"
+                              and c, 30, "Degraded with the halt")  # the status is written after the event
+        assert degraded["status"] == "True" and "halt-2" in degraded["message"], degraded
+        time.sleep(5)  # halted: nothing else is restarted
+        now = uids()
+        assert (now["halt-0"], now["halt-1"]) == (before["halt-0"], before["halt-1"]), "a roll went on past a halt"
+        assert len(events("RollingUpdateHalted")) == 1, "the halt was reported more than once"
+        k.patch(API, "bookieclusters", "halt", {"spec": {"image": "octavo:dev"}})
+        eventually(lambda: events("RollingUpdateComplete"), 240, "the roll completed after the revert")
+        eventually(lambda: k.condition("halt", "Ready").get("status") == "True"
+                   and k.condition("halt", "Degraded").get("status") == "False", 120, "Ready after the revert")
+        after = uids()
+        assert (after["halt-0"], after["halt-1"]) == (before["halt-0"], before["halt-1"])
+        assert after["halt-2"] != now["halt-2"], "the stuck pod was not replaced"
 
 
 def test_a_refused_spec_keeps_the_cluster_running_and_watched_on_the_last_valid_one(local_kube: LocalKube) -> None:

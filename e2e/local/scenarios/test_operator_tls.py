@@ -16,7 +16,6 @@ import pytest
 
 from octavo.cli.certs import CertificateAuthority
 from octavo.meta.tls import TlsFiles
-from octavo.operator import handlers
 
 LocalKube = Any  # the tls_kube fixture (conftest.py)
 NAMESPACE = "default"
@@ -80,8 +79,8 @@ def test_a_tls_cluster_serves_mutual_tls_and_reaches_etcd_over_tls(tls_kube: tup
                                 60, "Ready with the operator's certificate")
         assert all(b["reachable"] and b["mode"] == "writable" for b in ready["status"]["bookies"])
         # --metrics-tls: the operator's /metrics over TLS with its own certificate.
-        telemetry = handlers.CONFIG.telemetry
-        assert telemetry is not None and telemetry.endpoint is not None
+        telemetry = kube.state.telemetry
+        assert telemetry.endpoint is not None
         context = ssl.create_default_context(cafile=operator.ca_file)
         context.check_hostname = False  # the operator's test certificate names no host
         with urllib.request.urlopen(f"https://127.0.0.1:{telemetry.endpoint.port}/metrics", context=context,

@@ -13,8 +13,9 @@ resume handlers (the owned objects at once) and from a timer every `poll_interva
 5. write the status (merge-patched: what is gone is removed).
 The operator's memory of its decisions lives in the status, so a restarted operator carries on.
 
-Registered into a kopf registry by `register(registry, poll_interval_s)`: `octavo operator run` and the tests
-(kopf's KopfRunner) each build one.
+Registered into a kopf registry by `register(registry, config, state)`: `octavo operator run` and the tests
+(kopf's KopfRunner) each build one, with the operator's settings and live state (config.py) that every handler
+is given.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -37,9 +38,9 @@ from octavo.meta.etcdhealth import EtcdHealth, etcd_health
 from octavo.meta.layout import Layout
 from octavo.meta.tls import TlsError, TlsFiles
 from octavo.operator import builders
-from octavo.operator.bookies import ADMIN_TIMEOUT_S, PLAINTEXT, Reach, after, apply, observe
-from octavo.operator.kube import PLURALS, Kube, KubeError, load_api_client
-from octavo.operator.metrics import OperatorMetrics
+from octavo.operator.bookies import PLAINTEXT, Reach, after, apply, observe
+from octavo.operator.config import OperatorConfig, OperatorState
+from octavo.operator.kube import PLURALS, Kube, KubeError
 from octavo.operator.policy import Policy, Shape, decide
 from octavo.operator.resources import (
     GROUP,
@@ -50,15 +51,8 @@ from octavo.operator.resources import (
     parse_cluster,
     parse_policy,
 )
-from octavo.operator.rolling import (
-    ROLL_MARKS_READ_MAX,
-    ROLL_READY_TIMEOUT_S,
-    PodState,
-    RollMemory,
-    decide_roll,
-    restart_reason,
-)
-from octavo.operator.scaling import ScaleDownStep, decommission_step, operator_etcd_settings
+from octavo.operator.rolling import ROLL_MARKS_READ_MAX, RollMemory, decide_roll, pod_state
+from octavo.operator.scaling import decommission_step, operator_etcd_settings
 from octavo.operator.status import (
     COMPACTION_WINDOW_OPEN,
     ETCD_HEALTHY,
@@ -72,7 +66,7 @@ from octavo.operator.status import (
     with_roll,
 )
 from octavo.operator.windows import next_window, open_until
-from octavo.telemetry import ServerTls, Telemetry
+from octavo.telemetry import ServerTls
 
 log = logging.getLogger("octavo.operator")
 
@@ -90,86 +84,9 @@ ROLL_FIELD = "roll"
 OPERATOR_IMAGE_ENV = "OCTAVO_OPERATOR_IMAGE"
 
 
-@dataclass
-class OperatorConfig:
-    """The operator's settings (`octavo operator run` flags)."""
-
-    poll_interval_s: float = 10.0
-    admin_timeout_s: float = ADMIN_TIMEOUT_S
-    # A rolling restart halts when a restarted bookie is not Ready within this (rolling.py).
-    roll_ready_timeout_s: float = ROLL_READY_TIMEOUT_S
-    # The copy rate of a scale-down's decommission, per decommission (the same default as re-replication).
-    decommission_rate_bytes_per_s: int = 4 << 20
-    kubeconfig: str | None = None
-    # The operator's clock runs this far ahead of the machine's: for trying compaction windows out (tests,
-    # demos); 0 in production.
-    clock_offset_s: float = 0.0
-    # The Kubernetes client, made at startup (or handed in by a test).
-    kube: Kube | None = None
-    locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
-    scale_downs: dict[tuple[str, str], asyncio.Task[ScaleDownStep]] = field(default_factory=dict)
-    # The last refusal of each cluster's scale-down: its Warning event is posted once per change of reason.
-    scale_down_refusals: dict[tuple[str, str], str] = field(default_factory=dict)
-    last_poll_unix_s: float = 0.0
-    # Metrics: served on /metrics at metrics_host:metrics_port (-1: no endpoint; 0: a free port).
-    metrics_port: int = -1
-    metrics_host: str = "0.0.0.0"
-    # Serve /metrics over TLS with the operator's own certificate ($OCTAVO_TLS_CERT_FILE, $OCTAVO_TLS_KEY_FILE).
-    metrics_tls: bool = False
-    # Also push the metrics to this OpenTelemetry collector (host:port; https:// for TLS); empty: none.
-    otlp_endpoint: str = ""
-    telemetry: Telemetry | None = None
-    _metrics: OperatorMetrics | None = None
-
-    @property
-    def metrics(self) -> OperatorMetrics:
-        if self._metrics is None:
-            self.telemetry = self.telemetry or Telemetry("octavo-operator", otlp_endpoint=self.otlp_endpoint)
-            self._metrics = OperatorMetrics(self.telemetry)
-        return self._metrics
-
-    def now(self) -> datetime:
-        return datetime.now(UTC) + timedelta(seconds=self.clock_offset_s)
-
-    def validate(self) -> OperatorConfig:
-        if not 0.1 <= self.poll_interval_s <= 3600:
-            raise ValueError(f"poll_interval_s must be in [0.1, 3600], got {self.poll_interval_s}")
-        if not 0.1 <= self.admin_timeout_s <= 300:
-            raise ValueError(f"admin_timeout_s must be in [0.1, 300], got {self.admin_timeout_s}")
-        if not 1 <= self.roll_ready_timeout_s <= 86400:
-            raise ValueError(f"--roll-ready-timeout-s must be in [1, 86400], got {self.roll_ready_timeout_s}")
-        if self.decommission_rate_bytes_per_s < 0:
-            raise ValueError("decommission_rate_bytes_per_s must be >= 0 (0: unlimited)")
-        if not -1 <= self.metrics_port <= 65535:
-            raise ValueError(f"--metrics-port must be in [-1, 65535] (-1: off), got {self.metrics_port}")
-        if self.metrics_tls:
-            tls = TlsFiles.from_env()
-            if not tls.cert_file or not tls.key_file:
-                raise ValueError("--metrics-tls serves the operator's certificate: set OCTAVO_TLS_CERT_FILE and "
-                                 "OCTAVO_TLS_KEY_FILE")
-            try:
-                tls.check("OCTAVO_TLS")
-            except TlsError as e:
-                raise ValueError(str(e)) from None
-        return self
-
-
-CONFIG = OperatorConfig()
-
-
-def _kube() -> Kube:
-    if CONFIG.kube is None:
-        CONFIG.kube = Kube(load_api_client(CONFIG.kubeconfig))
-    return CONFIG.kube
-
-
-def _lock(namespace: str, name: str) -> asyncio.Lock:
-    return CONFIG.locks.setdefault((namespace, name), asyncio.Lock())
-
-
 # -- startup -------------------------------------------------------------------------------------------------
 
-async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def configure(config: OperatorConfig, state: OperatorState, settings: kopf.OperatorSettings) -> None:
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="octavo.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -177,38 +94,35 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.reporting_component = "octavo-operator"
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    _kube()
-    metrics = CONFIG.metrics
-    if CONFIG.metrics_port >= 0 and CONFIG.telemetry is not None and CONFIG.telemetry.endpoint is None:
+    state.connect(config)
+    if config.metrics_port >= 0 and state.telemetry.endpoint is None:
         tls = None
-        if CONFIG.metrics_tls:
+        if config.metrics_tls:
             files = TlsFiles.from_env()
             tls = ServerTls(files.cert_file, files.key_file)
-        port = await CONFIG.telemetry.serve(CONFIG.metrics_host, CONFIG.metrics_port, tls=tls)
-        log.info("operator metrics on %s://%s:%d/metrics", "https" if tls else "http", CONFIG.metrics_host, port)
-    del metrics
+        port = await state.telemetry.serve(config.metrics_host, config.metrics_port, tls=tls)
+        log.info("operator metrics on %s://%s:%d/metrics", "https" if tls else "http", config.metrics_host, port)
 
 
-async def cleanup(**_: Any) -> None:
-    if CONFIG.telemetry is not None and CONFIG.telemetry.endpoint is not None:
-        await CONFIG.telemetry.endpoint.stop()
-        CONFIG.telemetry.endpoint = None
+async def cleanup(state: OperatorState) -> None:
+    if state.telemetry.endpoint is not None:
+        await state.telemetry.endpoint.stop()
+        state.telemetry.endpoint = None
 
 
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+def login(config: OperatorConfig, **kwargs: Any) -> kopf.ConnectionInfo | None:
     """A pod's service account, else the kubeconfig (`--kubeconfig`, $KUBECONFIG, ~/.kube/config)."""
     info = kopf.login_with_service_account(**kwargs)
     if info is not None:
         return info
-    if CONFIG.kubeconfig:
-        import os
-        os.environ["KUBECONFIG"] = CONFIG.kubeconfig
+    if config.kubeconfig:
+        os.environ["KUBECONFIG"] = config.kubeconfig
     return kopf.login_with_kubeconfig(**kwargs)
 
 
-def liveness(**_: Any) -> dict[str, Any]:
-    return {"lastPoll": datetime.fromtimestamp(CONFIG.last_poll_unix_s, UTC).isoformat()
-            if CONFIG.last_poll_unix_s else None}
+def liveness(state: OperatorState) -> dict[str, Any]:
+    return {"lastPoll": datetime.fromtimestamp(state.last_poll_unix_s, UTC).isoformat()
+            if state.last_poll_unix_s else None}
 
 
 # -- BookieCluster ---------------------------------------------------------------------------------------------
@@ -313,28 +227,20 @@ async def apply_owned(kube: Kube, owner: Mapping[str, Any], objects: list[dict[s
     return Applied(changed, current)
 
 
-@dataclass
-class Observation:
-    spec: ClusterSpec | None
-    policy: PolicySpec | None
-    spec_error: str
-    statefulset: dict[str, Any] | None
-
-
-async def reconcile(name: str, namespace: str, body: Mapping[str, Any], status: Mapping[str, Any],
-                    patch: kopf.Patch, poll: bool) -> None:
-    with CONFIG.metrics.reconciling("poll" if poll else "change") as outcome:
-        if not await _reconcile(name, namespace, body, status, patch, poll):
+async def reconcile(config: OperatorConfig, state: OperatorState, name: str, namespace: str,
+                    body: Mapping[str, Any], status: Mapping[str, Any], patch: kopf.Patch, poll: bool) -> None:
+    with state.metrics.reconciling("poll" if poll else "change") as outcome:
+        if not await _reconcile(config, state, name, namespace, body, status, patch, poll):
             outcome["result"] = "spec_error"
 
 
-async def _reconcile(name: str, namespace: str, body: Mapping[str, Any], status: Mapping[str, Any],
-                     patch: kopf.Patch, poll: bool) -> bool:
+async def _reconcile(config: OperatorConfig, state: OperatorState, name: str, namespace: str,
+                     body: Mapping[str, Any], status: Mapping[str, Any], patch: kopf.Patch, poll: bool) -> bool:
     """One reconcile; False when the spec could not be applied (the cluster then runs on the last one that
     could: it is still polled, forced read-only and compacted in its windows)."""
-    kube = _kube()
-    async with _lock(namespace, name):
-        now = CONFIG.now()
+    kube = state.kube
+    async with state.lock((namespace, name)):
+        now = state.now()
         raw = dict(body.get("spec") or {})
         try:
             spec, policy = await _parse(kube, name, namespace, raw)
@@ -357,9 +263,9 @@ async def _reconcile(name: str, namespace: str, body: Mapping[str, Any], status:
             spec, policy = fallback
             statefulset = await kube.get("apps/v1", "statefulsets", namespace, name)
             running = int(((statefulset or {}).get("spec") or {}).get("replicas") or spec.replicas)
-            await _poll(kube, name, namespace, body, status, patch, spec, policy, statefulset,
+            await _poll(config, state, name, namespace, body, status, patch, spec, policy, statefulset,
                         max(spec.replicas, running), now, spec_error=error)
-            CONFIG.last_poll_unix_s = now.timestamp()
+            state.last_poll_unix_s = now.timestamp()
             return False
         patch.status[APPLIED_SPEC_FIELD] = raw
         # The StatefulSet is read once per reconcile: here, and apply_owned answers it as it is after its patch.
@@ -375,13 +281,13 @@ async def _reconcile(name: str, namespace: str, body: Mapping[str, Any], status:
             log.info("cluster %s/%s: applied %s", namespace, name, what,
                      extra={"event": "applied", "namespace": namespace, "cluster": name})
         if applied.changed:
-            CONFIG.metrics.objects_applied.add(len(applied.changed))
+            state.metrics.objects_applied.add(len(applied.changed))
         if not poll and existing is not None:
             return True
-        await _poll(kube, name, namespace, body, status, patch, spec, policy,
+        await _poll(config, state, name, namespace, body, status, patch, spec, policy,
                     applied.current.get(f"StatefulSet/{name}"), target, now)
-        CONFIG.last_poll_unix_s = now.timestamp()
-        CONFIG.metrics.scale_downs = sum(1 for task in CONFIG.scale_downs.values() if not task.done())
+        state.last_poll_unix_s = now.timestamp()
+        state.metrics.scale_downs = sum(1 for task in state.scale_downs.values() if not task.done())
         return True
 
 
@@ -425,21 +331,22 @@ def cluster_reach(name: str, namespace: str, spec: ClusterSpec, ids: Sequence[st
     return Reach(tls, names), ""
 
 
-async def _poll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], status: Mapping[str, Any],
-                patch: kopf.Patch, spec: ClusterSpec, policy: PolicySpec | None,
+async def _poll(config: OperatorConfig, state: OperatorState, name: str, namespace: str, body: Mapping[str, Any],
+                status: Mapping[str, Any], patch: kopf.Patch, spec: ClusterSpec, policy: PolicySpec | None,
                 statefulset: Mapping[str, Any] | None, target: int, now: datetime, spec_error: str = "") -> None:
+    kube = state.kube
     pods = {p["metadata"]["name"]: p for p in await kube.list("v1", "pods", namespace, builders.selector_string(name))}
     ids = builders.bookie_ids(name, target)
     addresses = {b: (f"{pods[b]['status']['podIP']}:{builders.BOOKIE_PORT}"
                      if b in pods and (pods[b].get("status") or {}).get("podIP") else "") for b in ids}
     reach, reach_problem = cluster_reach(name, namespace, spec, ids)
-    observed = await observe(addresses, CONFIG.admin_timeout_s, reach)
+    observed = await observe(addresses, config.admin_timeout_s, reach)
     decision = decide(now, policy.policy if policy else Policy(), Shape(target, spec.min_writable), observed,
                       memory_from_status(status))
-    results = await apply(decision.actions, addresses, CONFIG.admin_timeout_s, reach)
+    results = await apply(decision.actions, addresses, config.admin_timeout_s, reach)
     observed = after(observed, results)
     for action, error in results:
-        CONFIG.metrics.actions.add(1, {"kind": action.kind, "result": "failed" if error else "ok"})
+        state.metrics.actions.add(1, {"kind": action.kind, "result": "failed" if error else "ok"})
         log.info("cluster %s/%s: %s bookie %s (%s)%s", namespace, name, action.kind, action.bookie_id, action.reason,
                  f": failed: {error}" if error else "", extra={
                      "event": action.kind, "namespace": namespace, "cluster": name, "bookie_id": action.bookie_id})
@@ -448,8 +355,8 @@ async def _poll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], 
         else:
             kopf.info(dict(body), reason=action.kind,  # type: ignore[arg-type]
                       message=f"bookie {action.bookie_id}: {action.reason}")
-    scale_message = await _scale_down(kube, name, namespace, body, status, spec, target)
-    etcd = await observe_etcd(kube, namespace, spec, CONFIG.admin_timeout_s)
+    scale_message = await _scale_down(config, state, name, namespace, body, status, spec, target)
+    etcd = await observe_etcd(kube, namespace, spec, config.admin_timeout_s)
     ready = int(((statefulset or {}).get("status") or {}).get("readyReplicas") or 0)
     generation = int(body.get("metadata", {}).get("generation") or 0)
     new = cluster_status(now, generation=generation, replicas=spec.replicas, ready_replicas=ready,
@@ -460,14 +367,15 @@ async def _poll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], 
     _warn_etcd(body, status, new)
     if not scale_message:
         new = await _roll(kube, name, namespace, body, status, new, statefulset, pods, observed, target,
-                          etcd.underreplicated, generation, now, spec_valid=not spec_error)
+                          etcd.underreplicated, generation, now, config.roll_ready_timeout_s,
+                          spec_valid=not spec_error)
     _write_status(patch, status, new)
 
 
 async def _roll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], status: Mapping[str, Any],
                 new: dict[str, Any], statefulset: Mapping[str, Any] | None, pods: Mapping[str, Mapping[str, Any]],
                 observed: Sequence[Any], target: int, underreplicated: int | None, generation: int,
-                now: datetime, spec_valid: bool = True) -> dict[str, Any]:
+                now: datetime, ready_timeout_s: float, spec_valid: bool = True) -> dict[str, Any]:
     """One step of a roll (rolling.py): the pods it deletes, one Event per step, and the status it shows."""
     if statefulset is None:
         return new
@@ -475,7 +383,7 @@ async def _roll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], 
     update_revision = str(sts_status.get("updateRevision") or "")
     template = (statefulset.get("spec") or {}).get("template") or {}
     answers = {b.bookie_id: b.reachable for b in observed}
-    states = [_pod_state(pod, template, update_revision, answers.get(pod_name, False))
+    states = [pod_state(pod, template, update_revision, answers.get(pod_name, False))
               for pod_name, pod in sorted(pods.items()) if pod_name in set(builders.bookie_ids(name, target))]
     sts_meta = statefulset.get("metadata") or {}
     current = int(sts_status.get("observedGeneration") or 0) >= int(sts_meta.get("generation") or 0) and bool(
@@ -486,7 +394,7 @@ async def _roll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], 
     step = decide_roll(now.timestamp(), generation=generation, template_current=current, replicas=target,
                        pods=states, underreplicated=underreplicated,
                        memory=RollMemory.from_status(status.get(ROLL_FIELD)),
-                       ready_timeout_s=CONFIG.roll_ready_timeout_s)
+                       ready_timeout_s=ready_timeout_s)
     for pod_name in step.delete:
         await kube.delete("v1", "pods", namespace, pod_name)
     for event in step.events:
@@ -501,31 +409,6 @@ async def _roll(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], 
     return with_roll(new, status, progress=step.progress, waiting_for=step.waiting_for,
                      halted=memory.halted if memory else "", restarting=memory.restarting if memory else "",
                      roll=memory.to_status() if memory else None, now=now)
-
-
-def _pod_state(pod: Mapping[str, Any], template: Mapping[str, Any], update_revision: str,
-               answers: bool) -> PodState:
-    meta = pod.get("metadata") or {}
-    pod_status = pod.get("status") or {}
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in pod_status.get("conditions") or [])
-    return PodState(meta["name"], int(meta["name"].rsplit("-", 1)[1]), str(
-        (meta.get("labels") or {}).get("controller-revision-hash") or ""), ready, answers,
-        bool(meta.get("deletionTimestamp")), restart_reason(pod, template, update_revision), _not_ready_cause(pod))
-
-
-def _not_ready_cause(pod: Mapping[str, Any]) -> str:
-    """Why a pod's container does not serve, from its container status (the last exit, a waiting reason)."""
-    for c in (pod.get("status") or {}).get("containerStatuses") or []:
-        state = c.get("state") or {}
-        last = (c.get("lastState") or {}).get("terminated") or {}
-        waiting = state.get("waiting") or {}
-        if last:
-            return (f"its container exited with code {last.get('exitCode')} ({last.get('reason') or 'Error'})"
-                    f"{': ' + str(last.get('message'))[-300:] if last.get('message') else ''}, "
-                    f"restarted {c.get('restartCount', 0)} times")
-        if waiting:
-            return f"its container is waiting: {waiting.get('reason')} {waiting.get('message') or ''}".strip()
-    return ""
 
 
 def _warn_etcd(body: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
@@ -547,16 +430,16 @@ def _write_status(patch: kopf.Patch, old: Mapping[str, Any], new: dict[str, Any]
         patch.status[key] = value
 
 
-async def _scale_down(kube: Kube, name: str, namespace: str, body: Mapping[str, Any], status: Mapping[str, Any],
-                      spec: ClusterSpec, target: int) -> str:
+async def _scale_down(config: OperatorConfig, state: OperatorState, name: str, namespace: str,
+                      body: Mapping[str, Any], status: Mapping[str, Any], spec: ClusterSpec, target: int) -> str:
     """One step of a scale-down (started, or finished and applied); what it is doing, in words ("" if none)."""
-    key = (namespace, name)
-    task = CONFIG.scale_downs.get(key)
+    kube, key = state.kube, (namespace, name)
+    task = state.scale_downs.get(key)
     if target <= spec.replicas:
         if task is not None and not task.done():
             task.cancel()
-        CONFIG.scale_downs.pop(key, None)
-        CONFIG.scale_down_refusals.pop(key, None)
+        state.scale_downs.pop(key, None)
+        state.scale_down_refusals.pop(key, None)
         return ""
     victim = f"{name}-{target - 1}"
     if task is None or (task.done() and task.cancelled()):
@@ -564,13 +447,13 @@ async def _scale_down(kube: Kube, name: str, namespace: str, body: Mapping[str, 
         if not status.get(SCALE_DOWN_FIELD):  # once per scale-down step, not per attempt
             kopf.info(dict(body), reason="ScaleDown",  # type: ignore[arg-type]
                       message=f"decommissioning {victim} before its pod is removed ({target} -> {spec.replicas})")
-        CONFIG.scale_downs[key] = asyncio.create_task(decommission_step(
-            etcd, spec.cluster_name, victim, CONFIG.decommission_rate_bytes_per_s, DECOMMISSION_WAIT_S,
-            CONFIG.admin_timeout_s, tls=TlsFiles.from_env() if spec.tls is not None else None))
+        state.scale_downs[key] = asyncio.create_task(decommission_step(
+            etcd, spec.cluster_name, victim, config.decommission_rate_bytes_per_s, DECOMMISSION_WAIT_S,
+            config.admin_timeout_s, tls=TlsFiles.from_env() if spec.tls is not None else None))
         return f"decommissioning {victim} ({target} -> {spec.replicas} bookies)"
     if not task.done():
         return f"decommissioning {victim} ({target} -> {spec.replicas} bookies)"
-    CONFIG.scale_downs.pop(key, None)
+    state.scale_downs.pop(key, None)
     try:
         step = task.result()
     except Exception as e:  # a fault of ours: reported, and the step is tried again at the next poll
@@ -578,11 +461,11 @@ async def _scale_down(kube: Kube, name: str, namespace: str, body: Mapping[str, 
         kopf.warn(dict(body), reason="ScaleDownFailed", message=f"{victim}: {e!r}")  # type: ignore[arg-type]
         return f"decommission of {victim} failed: {e!r}; retrying"
     if not step.retired:
-        if step.refused and CONFIG.scale_down_refusals.get(key) != step.message:  # once per change of reason
-            CONFIG.scale_down_refusals[key] = step.message
+        if step.refused and state.scale_down_refusals.get(key) != step.message:  # once per change of reason
+            state.scale_down_refusals[key] = step.message
             kopf.warn(dict(body), reason="ScaleDownRefused", message=step.message)  # type: ignore[arg-type]
         return step.message
-    CONFIG.scale_down_refusals.pop(key, None)
+    state.scale_down_refusals.pop(key, None)
     # The volumes go first (Kubernetes keeps a claim in use until its pod is gone), so that no crash between
     # the two steps can leave a retired data directory for a later scale-up to bring back.
     for claim in ("data", "logs"):
@@ -594,11 +477,11 @@ async def _scale_down(kube: Kube, name: str, namespace: str, body: Mapping[str, 
 
 # -- CompactionPolicy ------------------------------------------------------------------------------------------
 
-async def policy_status(name: str, namespace: str, body: Mapping[str, Any], status: Mapping[str, Any],
-                        patch: kopf.Patch) -> None:
+async def policy_status(state: OperatorState, name: str, namespace: str, body: Mapping[str, Any],
+                        status: Mapping[str, Any], patch: kopf.Patch) -> None:
     """The policy's status: valid or why not, the window open now or the next one, and per cluster using it
     each bookie's last compaction run."""
-    now = CONFIG.now()
+    now = state.now()
     old_conditions = status.get("conditions") or []
     generation = int(body.get("metadata", {}).get("generation") or 0)
     try:
@@ -612,10 +495,10 @@ async def policy_status(name: str, namespace: str, body: Mapping[str, Any], stat
         return
     windows = parsed.policy.windows
     stretch = open_until(windows, now) if windows else None
-    CONFIG.metrics.windows[(namespace, name)] = stretch is not None
+    state.metrics.windows[(namespace, name)] = stretch is not None
     upcoming = next_window(windows, now) if windows else None
     clusters = []
-    for cluster in await _kube().list(API_VERSION, "bookieclusters", namespace):
+    for cluster in await state.kube.list(API_VERSION, "bookieclusters", namespace):
         if ((cluster.get("spec") or {}).get("compactionPolicyRef") or {}).get("name") != name:
             continue
         runs = [{"bookie": b["id"], "finished": b["compaction"]["lastRun"]}
@@ -634,10 +517,6 @@ async def policy_status(name: str, namespace: str, body: Mapping[str, Any], stat
                                  f"next window {timestamp(upcoming[0])}" if upcoming else "no windows", now)]})
 
 
-async def policy_deleted(*, name: str, namespace: str | None, **_: Any) -> None:
-    CONFIG.metrics.windows.pop((namespace or "", name), None)
-
-
 def _write_policy_status(patch: kopf.Patch, old: Mapping[str, Any], new: dict[str, Any]) -> None:
     """None in `new`: the field is removed."""
     for key, value in merge_patch(dict(old), {k: v for k, v in new.items() if v is not None}).items():
@@ -646,32 +525,47 @@ def _write_policy_status(patch: kopf.Patch, old: Mapping[str, Any], new: dict[st
 
 # -- registration ----------------------------------------------------------------------------------------------
 
-def register(registry: kopf.OperatorRegistry, poll_interval_s: float) -> None:
-    """Every handler, into `registry`; the timers at `poll_interval_s`."""
+def register(registry: kopf.OperatorRegistry, config: OperatorConfig, state: OperatorState) -> None:
+    """Every handler, into `registry`, each given `config` and `state` (nothing else carries them); the timers at
+    `config.poll_interval_s`."""
+
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        await configure(config, state, settings)
+
+    async def shutdown(**_: Any) -> None:
+        await cleanup(state)
+
+    def credentials(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        return login(config, **kwargs)
+
+    def probe(**_: Any) -> dict[str, Any]:
+        return liveness(state)
 
     async def cluster_changed(*, name: str, namespace: str | None, body: kopf.Body, status: kopf.Status,
                               patch: kopf.Patch, **_: Any) -> None:
-        await reconcile(name, namespace or "", body, status, patch, poll=False)
+        await reconcile(config, state, name, namespace or "", body, status, patch, poll=False)
 
     async def cluster_poll(*, name: str, namespace: str | None, body: kopf.Body, status: kopf.Status,
-                              patch: kopf.Patch, **_: Any) -> None:
-        await reconcile(name, namespace or "", body, status, patch, poll=True)
+                           patch: kopf.Patch, **_: Any) -> None:
+        await reconcile(config, state, name, namespace or "", body, status, patch, poll=True)
 
     async def policy_poll(*, name: str, namespace: str | None, body: kopf.Body, status: kopf.Status,
-                              patch: kopf.Patch, **_: Any) -> None:
-        await policy_status(name, namespace or "", body, status, patch)
+                          patch: kopf.Patch, **_: Any) -> None:
+        await policy_status(state, name, namespace or "", body, status, patch)
 
-    kopf.on.startup(registry=registry)(configure)
-    kopf.on.cleanup(registry=registry)(cleanup)
-    kopf.on.login(registry=registry)(login)
-    kopf.on.probe(registry=registry, id="poll")(liveness)
+    async def policy_deleted(*, name: str, namespace: str | None, **_: Any) -> None:
+        state.metrics.windows.pop((namespace or "", name), None)
+
+    kopf.on.startup(registry=registry)(startup)
+    kopf.on.cleanup(registry=registry)(shutdown)
+    kopf.on.login(registry=registry)(credentials)
+    kopf.on.probe(registry=registry, id="poll")(probe)
     for decorator in (kopf.on.create, kopf.on.update, kopf.on.resume):
         decorator(GROUP, VERSION, "bookieclusters", registry=registry, field="spec",
                   id=f"cluster-{decorator.__name__}")(cluster_changed)
-    kopf.timer(GROUP, VERSION, "bookieclusters", registry=registry, interval=poll_interval_s, initial_delay=0.2,
-               id="cluster-poll")(cluster_poll)
+    kopf.timer(GROUP, VERSION, "bookieclusters", registry=registry, interval=config.poll_interval_s,
+               initial_delay=0.2, id="cluster-poll")(cluster_poll)
     kopf.on.delete(GROUP, VERSION, "compactionpolicies", registry=registry, optional=True,
                    id="policy-deleted")(policy_deleted)
-    kopf.timer(GROUP, VERSION, "compactionpolicies", registry=registry, interval=poll_interval_s,
+    kopf.timer(GROUP, VERSION, "compactionpolicies", registry=registry, interval=config.poll_interval_s,
                initial_delay=0.2, id="policy-poll")(policy_poll)
-

@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import kubernetes
@@ -53,10 +54,11 @@ def path_of(api_version: str, plural: str, namespace: str | None, name: str | No
 
 
 # The plural of each kind the operator creates (a kind's object carries its kind, not its resource name).
-PLURALS = {"ConfigMap": "configmaps", "Service": "services", "PodDisruptionBudget": "poddisruptionbudgets",
-           "StatefulSet": "statefulsets", "Pod": "pods", "PersistentVolumeClaim": "persistentvolumeclaims",
-           "Secret": "secrets", "Event": "events", "BookieCluster": "bookieclusters",
-           "CompactionPolicy": "compactionpolicies"}
+PLURALS: Mapping[str, str] = MappingProxyType({
+    "ConfigMap": "configmaps", "Service": "services", "PodDisruptionBudget": "poddisruptionbudgets",
+    "StatefulSet": "statefulsets", "Pod": "pods", "PersistentVolumeClaim": "persistentvolumeclaims",
+    "Secret": "secrets", "Event": "events", "BookieCluster": "bookieclusters",
+    "CompactionPolicy": "compactionpolicies"})
 
 
 class Kube:

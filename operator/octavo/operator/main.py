@@ -78,16 +78,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"octavo operator: the operator extra is not installed ({e.name}): pip install 'octavo[operator]'",
               file=sys.stderr)
         return EXIT_FAILED
-    config = handlers.CONFIG
-    config.poll_interval_s = args.poll_interval_s
-    config.admin_timeout_s = args.admin_timeout_s
-    config.roll_ready_timeout_s = args.roll_ready_timeout_s
-    config.decommission_rate_bytes_per_s = args.decommission_rate_bytes_per_s
-    config.kubeconfig = args.kubeconfig
-    config.metrics_port = args.metrics_port
-    config.metrics_host = args.metrics_host
-    config.metrics_tls = args.metrics_tls
-    config.otlp_endpoint = args.otlp_endpoint
+    from octavo.operator.config import OperatorConfig, OperatorState
+    config = OperatorConfig(
+        poll_interval_s=args.poll_interval_s, admin_timeout_s=args.admin_timeout_s,
+        roll_ready_timeout_s=args.roll_ready_timeout_s,
+        decommission_rate_bytes_per_s=args.decommission_rate_bytes_per_s, kubeconfig=args.kubeconfig,
+        metrics_port=args.metrics_port, metrics_host=args.metrics_host, metrics_tls=args.metrics_tls,
+        otlp_endpoint=args.otlp_endpoint)
     try:
         config.validate()
         liveness = _liveness_url(args.liveness)
@@ -101,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"octavo operator run: {e} (from --log-format or $OCTAVO_LOG_FORMAT)", file=sys.stderr)
         return EXIT_USAGE
     registry = kopf.OperatorRegistry()
-    handlers.register(registry, config.poll_interval_s)
+    handlers.register(registry, config, OperatorState.start(config))
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(kopf.operator(
             registry=registry, clusterwide=not args.namespace, namespaces=args.namespace,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, TypeVar
 
@@ -89,15 +90,15 @@ def _integer(spec: Mapping[str, Any], name: str, default: int, where: str, minim
     return value
 
 
-def _refuse_unknown(spec: Mapping[str, Any], known: set[str], where: str) -> None:
+def _refuse_unknown(spec: Mapping[str, Any], known: AbstractSet[str], where: str) -> None:
     unknown = sorted(set(spec) - known)
     if unknown:
         raise SpecError(f"{where}unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
                         f"(known: {', '.join(sorted(known))})")
 
 
-POLICY_FIELDS = {"windows", "maxConcurrentBookies", "minor", "major", "rateBytesPerSecond", "warnRatio",
-                 "readOnlyRatio", "writableRatio", "outsideWindow"}
+POLICY_FIELDS = frozenset({"windows", "maxConcurrentBookies", "minor", "major", "rateBytesPerSecond",
+                           "warnRatio", "readOnlyRatio", "writableRatio", "outsideWindow"})
 
 
 def parse_policy(spec: Mapping[str, Any]) -> PolicySpec:
@@ -194,12 +195,13 @@ class ClusterSpec:
     tls: TlsSpec | None = None
 
 
-CLUSTER_FIELDS = {"replicas", "minWritableBookies", "image", "imagePullPolicy", "resources", "storage", "etcd",
-                  "clusterName", "bookie", "podTemplate", "podDisruptionBudget", "compactionPolicyRef", "tls"}
+CLUSTER_FIELDS = frozenset({"replicas", "minWritableBookies", "image", "imagePullPolicy", "resources", "storage",
+                            "etcd", "clusterName", "bookie", "podTemplate", "podDisruptionBudget",
+                            "compactionPolicyRef", "tls"})
 SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 IDENTITY = re.compile(r"^[^,\s]+$")
-POD_TEMPLATE_FIELDS = {"annotations", "labels", "nodeSelector", "priorityClassName", "affinity", "tolerations",
-                       "topologySpreadConstraints"}
+POD_TEMPLATE_FIELDS = frozenset({"annotations", "labels", "nodeSelector", "priorityClassName", "affinity",
+                                 "tolerations", "topologySpreadConstraints"})
 
 
 def _quantity(value: Any, where: str) -> str:

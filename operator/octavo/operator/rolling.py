@@ -189,3 +189,28 @@ def restart_reason(pod: Mapping[str, Any], template: Mapping[str, Any], update_r
             ((template.get("metadata") or {}).get("annotations") or {}).get(hash_key):
         reasons.append("bookie settings changed")
     return " and ".join(reasons) or "pod template changed"
+
+
+def pod_state(pod: Mapping[str, Any], template: Mapping[str, Any], update_revision: str, answers: bool) -> PodState:
+    """A pod of the StatefulSet as the roll sees it; `answers`: whether its bookie answered the operator."""
+    meta = pod.get("metadata") or {}
+    pod_status = pod.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in pod_status.get("conditions") or [])
+    return PodState(meta["name"], int(meta["name"].rsplit("-", 1)[1]), str(
+        (meta.get("labels") or {}).get("controller-revision-hash") or ""), ready, answers,
+        bool(meta.get("deletionTimestamp")), restart_reason(pod, template, update_revision), not_ready_cause(pod))
+
+
+def not_ready_cause(pod: Mapping[str, Any]) -> str:
+    """Why a pod's container does not serve, from its container status (the last exit, a waiting reason)."""
+    for c in (pod.get("status") or {}).get("containerStatuses") or []:
+        state = c.get("state") or {}
+        last = (c.get("lastState") or {}).get("terminated") or {}
+        waiting = state.get("waiting") or {}
+        if last:
+            return (f"its container exited with code {last.get('exitCode')} ({last.get('reason') or 'Error'})"
+                    f"{': ' + str(last.get('message'))[-300:] if last.get('message') else ''}, "
+                    f"restarted {c.get('restartCount', 0)} times")
+        if waiting:
+            return f"its container is waiting: {waiting.get('reason')} {waiting.get('message') or ''}".strip()
+    return ""
