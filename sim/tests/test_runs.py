@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from octavo.sim.run import WORKLOAD_S, keep_arg, run_seed
+from octavo.sim.run import WORKLOAD_S, Outcome, keep_arg, run_seed
 from octavo.sim.seeds import base_dir
-from octavo.sim.shrink import shrink, signature
+from octavo.sim.shrink import shrink
 
 # Seeds the CI smoke run checks, with a shorter workload than `make sim` (3 virtual seconds of faults and
 # writes instead of 10) so that many fit in its budget.
@@ -52,12 +52,18 @@ def test_known_finding_still_reproduces(seed: int) -> None:
 
 
 def test_shrinking_keeps_the_violation_with_fewer_faults() -> None:
-    """The pinned finding's seed shrinks to a strict subset of its faults that still violates the same way, and
-    the printed replay (the seed and the faults kept) gives that run again, event for event."""
-    seed = min(KNOWN_FINDINGS)
-    shrunk = shrink(seed, KNOWN_FINDINGS[seed][0], base_dir(), runs_max=8)  # the first faults dropped do
-    assert len(shrunk.last.kept) < len(shrunk.first.schedule), shrunk.report()
-    assert {signature(v) for v in shrunk.last.violations} & {signature(v) for v in shrunk.first.violations}
+    """Seed 1004 (5 faults) with one more check: a crash of bookie-1 counts as a violation. Shrinking keeps
+    exactly the fault that crashes it, drops the other four, and the printed replay (the seed and the faults
+    kept) gives that run again, event for event."""
+    def runner(seed: int, workload_s: float, base: str | None, keep: frozenset[int] | None) -> Outcome:
+        outcome = run_seed(seed, workload_s, base, keep=keep)
+        outcome.violations += [f"bookie-1 crashed at {h.split()[0]}" for h in outcome.history
+                               if h.endswith("process crash bookie-1")]
+        return outcome
+
+    shrunk = shrink(1004, SMOKE_WORKLOAD_S, base_dir(), runner=runner)
+    assert len(shrunk.first.schedule) == 5
+    assert [shrunk.first.schedule[i] for i in shrunk.last.kept] == ["at 2.285s process_crash bookie-1 for 1.82s"]
     assert f"--keep {keep_arg(shrunk.last.kept)}" in shrunk.report()
-    again = run_seed(seed, KNOWN_FINDINGS[seed][0], base_dir(), keep=frozenset(shrunk.last.kept))
+    again = runner(1004, SMOKE_WORKLOAD_S, base_dir(), frozenset(shrunk.last.kept))
     assert again.digest == shrunk.last.digest and again.violations == shrunk.last.violations

@@ -26,15 +26,17 @@ CHECKER = "checker"
 # Attempts at a recovery open before the checker reports the ledger as not recoverable (the cluster is healed:
 # one should succeed at once; a few allow for a bookie still starting).
 OPEN_ATTEMPTS_MAX = 10
-# Virtual seconds between the checker's recovery opens and its replica checks: two rounds of the replicas check
-# (bookie.py sets it to every 2 s) to copy entries onto the bookies that lack them.
-REPLICATION_SETTLE_S = 8.0
+# After the checker's recovery opens, re-replication copies what the ledgers closed just now lack (the replicas
+# check, every 2 s in bookie.py, looks at sealed segments only; a bookie lost for good is re-replicated after
+# lost_bookie_delay_s): the replicas are compared every REPLICAS_POLL_S until they are whole, for at most
+# REPLICATION_SETTLE_S_MAX virtual seconds (then what is still missing is a violation).
+REPLICAS_POLL_S = 1.0
+REPLICATION_SETTLE_S_MAX = 30.0
 
 
 async def check(cluster: Cluster, workload: Workload) -> list[str]:
-    """Recover and read every ledger (checks 1, 2, 5), then give re-replication REPLICATION_SETTLE_S to copy
-    what the ledgers closed just now lack (the replicas check looks at sealed segments only), then compare the
-    replicas (checks 3, 4)."""
+    """Recover and read every ledger (checks 1, 2, 5), then compare the replicas (checks 3, 4) until they are
+    whole or REPLICATION_SETTLE_S_MAX has passed."""
     violations: list[str] = []
     client = cluster.client(CHECKER)
     read: list[tuple[int, LedgerMetadata, dict[int, bytes]]] = []
@@ -44,7 +46,19 @@ async def check(cluster: Cluster, workload: Workload) -> list[str]:
         violations.extend(found)
         if opened is not None:
             read.append((lid, *opened))
-    await asyncio.sleep(REPLICATION_SETTLE_S)
+    deadline = asyncio.get_running_loop().time() + REPLICATION_SETTLE_S_MAX
+    while True:
+        found = await _check_all_replicas(cluster, client, read)
+        if not found or asyncio.get_running_loop().time() >= deadline:
+            break
+        await asyncio.sleep(REPLICAS_POLL_S)
+    violations.extend(found)
+    return violations
+
+
+async def _check_all_replicas(cluster: Cluster, client: Client,
+                              read: list[tuple[int, LedgerMetadata, dict[int, bytes]]]) -> list[str]:
+    violations: list[str] = []
     for lid, meta, data in read:
         try:  # re-replication may have swapped bookies in its ensembles meanwhile
             meta = await client.ledger_metadata(lid)

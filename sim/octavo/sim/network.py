@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 
 from octavo.meta.tls import TlsFiles
+from octavo.sim.crashpoints import CrashPoint
 
 NODE: contextvars.ContextVar[str] = contextvars.ContextVar("octavo_sim_node", default="sim")
 # How often a call that waits for its target to be ready looks again.
@@ -97,6 +98,7 @@ class Network:
         self.links: dict[tuple[str, str], Link] = {}
         self.default_link = Link()
         self.messages = 0
+        self.crash_point: CrashPoint | None = None  # a client's named crash point (crashpoints.py), when armed
 
     # -- the cluster's shape -------------------------------------------------------------------------
     def serve(self, node: str, address: str, generic_handlers: Sequence[Any]) -> Host:
@@ -229,10 +231,17 @@ class SimChannel:
 
     async def _unary(self, method: str, request: bytes, response_deserializer: Any, timeout: float | None,
                      wait_for_ready: bool, metadata: Any) -> Any:
+        point = self.network.crash_point
+        if point is not None and not point.matches(self.src, method, request):
+            point = None
         try:
             async with asyncio.timeout(timeout):
                 host = await self._ready_host(wait_for_ready)
+                if point is not None and point.before:
+                    point.fire(self.src)  # the process dies as it sends this
                 response = await self._deliver(host, method, request, metadata)
+                if point is not None:
+                    point.fire(self.src)  # the server did it; the process dies before it hears so
         except TimeoutError:
             raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
         return _deserialize(response_deserializer, response)

@@ -17,6 +17,7 @@ from pathlib import Path
 from octavo.client import faults as client_faults
 from octavo.sim.checks import check
 from octavo.sim.cluster import Cluster
+from octavo.sim.crashpoints import POINTS, CrashPoint
 from octavo.sim.faults import Injector, draw_schedule
 from octavo.sim.network import NODE
 from octavo.sim.workload import Workload
@@ -28,8 +29,11 @@ WORKLOAD_S = 10.0
 SETTLE_S = 6.0
 RUN_S_MAX = 300.0
 FAULTS_MAX = 6
-# Share of runs in which a writer dies at the client's named fault point (mid ensemble change).
+# Share of runs in which a client dies at a named point: the client's own (mid ensemble change) or one the
+# simulated network recognises (crashpoints.py: mid close, mid recovery).
 CRASH_POINT_RATIO = 0.3
+CRASH_POINTS = (client_faults.ENSEMBLE_CHANGE_AFTER_SEGMENT_CAS, *sorted(POINTS))
+CRASH_POINT_SALT = 0x5EED
 # Lines of history printed around a violation.
 HISTORY_TAIL_LINES = 60
 
@@ -96,6 +100,13 @@ def crash_at_point(cluster: Cluster, name: str) -> None:
     raise NodeCrashed(f"{node} died at {name}")
 
 
+def crash_node_at(cluster: Cluster, node: str, name: str) -> None:
+    """A crash point of crashpoints.py fired on `node`'s message: that client's process dies there."""
+    cluster.world.record(f"{node} dies at crash point {name}")
+    cluster.crash_client(node)
+    raise NodeCrashed(f"{node} died at {name}")
+
+
 def git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -123,8 +134,9 @@ def run_seed(seed: int, workload_s: float = WORKLOAD_S, base_dir: str | None = N
         schedule = draw_schedule(random.Random(rng.getrandbits(64)), sorted(cluster.bookies), writers,
                                  FAULTS_MAX, workload_s * 0.9, quorums[0])
         spec = ""
-        if rng.random() < CRASH_POINT_RATIO:  # a writer dies at a named point of the client (client/faults.py)
-            spec = f"{client_faults.ENSEMBLE_CHANGE_AFTER_SEGMENT_CAS}@{rng.randrange(1, 3)}"
+        if rng.random() < CRASH_POINT_RATIO:  # a client dies at a named point (client/faults.py, crashpoints.py)
+            # Which point: from a generator of its own, so that the world's draws stay as they were.
+            spec = f"{random.Random(seed ^ CRASH_POINT_SALT).choice(CRASH_POINTS)}@{rng.randrange(1, 3)}"
         outcome.schedule = [f"at {f.at_s:.3f}s {f}" for f in schedule] + ([f"client fault point {spec}"] if spec
                                                                            else [])
         outcome.kept = sorted(keep if keep is not None else range(len(outcome.schedule)))
@@ -135,9 +147,12 @@ def run_seed(seed: int, workload_s: float = WORKLOAD_S, base_dir: str | None = N
                      f"{len(schedule)} faults" + ("" if keep is None else f" (kept {keep_arg(outcome.kept)})"))
         outcome.faults = len(schedule) + bool(spec)
         injector = Injector(cluster)
-        if spec:
+        if spec.startswith(f"{client_faults.ENSEMBLE_CHANGE_AFTER_SEGMENT_CAS}@"):
             client_faults.arm(spec, lambda name: crash_at_point(cluster, name))
             world.record(f"armed client fault point {spec}")
+        elif spec:
+            world.network.crash_point = CrashPoint(spec, lambda node, name: crash_node_at(cluster, node, name))
+            world.record(f"armed crash point {spec}")
 
         async def main() -> list[str]:
             await cluster.start_all()
