@@ -118,8 +118,8 @@ class CompactionStopped(Exception):
     """Raised inside a copy when the pass must stop at the next safe point."""
 
 
-def _path(storage: Engine, log_id: int, suffix: str = "") -> str:
-    return os.path.join(storage.logs_dir, log_file_name(log_id, suffix))
+def _path(engine: Engine, log_id: int, suffix: str = "") -> str:
+    return os.path.join(engine.logs_dir, log_file_name(log_id, suffix))
 
 
 _HEADER = RECORD_HEADER.unpack_from
@@ -154,12 +154,12 @@ def _walk_live(buf: bytes, base: int, live: Container[int]) -> tuple[
     return found, base + pos, None, False
 
 
-def recover_interrupted(storage: Engine) -> InterruptedReport:
+def recover_interrupted(engine: Engine) -> InterruptedReport:
     """Roll back or finish every compaction a crash (or a failed pass) left behind. Runs at startup, before
     the entry logs are scanned, and at the start of every GC and compaction pass."""
     report = InterruptedReport()
-    io = storage.io
-    for name in sorted(io.listdir(storage.logs_dir)):
+    io = engine.io
+    for name in sorted(io.listdir(engine.logs_dir)):
         kind = Kind.COMPACTING
         log_id = parse_log_file_name(name, COMPACTING_SUFFIX)
         if log_id is None:
@@ -170,38 +170,38 @@ def recover_interrupted(storage: Engine) -> InterruptedReport:
         error: RecordFormatError | None = None
         if kind is Kind.COMPACTED:
             try:
-                described = _describe(storage, log_id)
+                described = _describe(engine, log_id)
             except RecordFormatError as e:
                 error = e
         # The recovery point does not matter to compaction logs (startup_cases.decide).
         action = decide(LogFacts(kind, log_id, readable=error is None), recovery_point=0)
         if action is Action.ROLL_BACK:
             log.warning("compaction log %d was interrupted while copying: rolling it back", log_id)
-            storage.read_fds.unpin(log_id, keep=False)
-            io.unlink(os.path.join(storage.logs_dir, name))
-            io.fsync_dir(storage.logs_dir)
+            engine.read_fds.unpin(log_id, keep=False)
+            io.unlink(os.path.join(engine.logs_dir, name))
+            io.fsync_dir(engine.logs_dir)
             report.rolled_back.append(log_id)
         elif action is Action.QUARANTINE:
             # Synced before its rename, so this is damage on disk: keep every original, set the file aside.
             log.error("compaction log %d is unreadable (%s): setting it aside; the logs it replaced stay", log_id,
                       error)
-            io.rename(_path(storage, log_id, COMPACTED_SUFFIX),
-                      _path(storage, log_id, COMPACTED_SUFFIX + CORRUPT_SUFFIX))
-            io.fsync_dir(storage.logs_dir)
+            io.rename(_path(engine, log_id, COMPACTED_SUFFIX),
+                      _path(engine, log_id, COMPACTED_SUFFIX + CORRUPT_SUFFIX))
+            io.fsync_dir(engine.logs_dir)
             report.quarantined.append(log_id)
         else:
             if action is not Action.FINISH or described is None:
                 raise RuntimeError(f"compaction log {log_id}: no way to carry out {action}")
             log.warning("compaction log %d was complete but not switched over: finishing it", log_id)
-            _switch_and_delete(storage, log_id, *described)
+            _switch_and_delete(engine, log_id, *described)
             report.finished.append(log_id)
     return report
 
 
-def _describe(storage: Engine, log_id: int) -> tuple[list[int], list[IndexEntry], LogMeta]:
+def _describe(engine: Engine, log_id: int) -> tuple[list[int], list[IndexEntry], LogMeta]:
     """Read a complete compaction log back: the logs it replaces (its trailer), its copies and accounting."""
-    io = storage.io
-    path = _path(storage, log_id, COMPACTED_SUFFIX)
+    io = engine.io
+    path = _path(engine, log_id, COMPACTED_SUFFIX)
     fd = io.open_read(path)
     try:
         size = io.file_size(path)
@@ -227,33 +227,33 @@ def _describe(storage: Engine, log_id: int) -> tuple[list[int], list[IndexEntry]
     return sources, moved, LogMeta(size, ledger_bytes)
 
 
-def _switch_and_delete(storage: Engine, log_id: int, sources: list[int], moved: list[IndexEntry],
+def _switch_and_delete(engine: Engine, log_id: int, sources: list[int], moved: list[IndexEntry],
                        meta: LogMeta) -> list[int]:
     """Phases 3 and 4 of a complete compaction log. Returns the sizes of the old logs deleted."""
-    io = storage.io
-    storage.index.move_entries(set(sources), log_id, moved, meta)
+    io = engine.io
+    engine.index.move_entries(set(sources), log_id, moved, meta)
     faults.hit(faults.COMPACTION_AFTER_INDEX_UPDATE)
     sizes = []
     for src in sources:
-        sizes.append(storage.delete_log_file(src, sync_dir=False))
-    io.fsync_dir(storage.logs_dir)
+        sizes.append(engine.delete_log_file(src, sync_dir=False))
+    io.fsync_dir(engine.logs_dir)
     for src in sources:
-        storage.index.forget_log(src)
+        engine.index.forget_log(src)
     faults.hit(faults.COMPACTION_AFTER_DELETE_SOURCES)
-    io.rename(_path(storage, log_id, COMPACTED_SUFFIX), _path(storage, log_id))
-    io.fsync_dir(storage.logs_dir)
-    storage.read_fds.unpin(log_id, keep=True)
+    io.rename(_path(engine, log_id, COMPACTED_SUFFIX), _path(engine, log_id))
+    io.fsync_dir(engine.logs_dir)
+    engine.read_fds.unpin(log_id, keep=True)
     return sizes
 
 
 class Compactor:
-    """Runs compaction passes for one Engine. Thread-safe: passes take storage.space_lock."""
+    """Runs compaction passes for one Engine. Thread-safe: passes take engine.space_lock."""
 
-    def __init__(self, storage: Engine) -> None:
-        self.storage = storage
-        cfg = storage.config
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        cfg = engine.config
         self.enabled = cfg.compaction_enabled
-        extra = storage.node_state.extra if storage.node_state else {}
+        extra = engine.node_state.extra if engine.node_state else {}
         self.suspended = bool(extra.get(STATE_SUSPENDED, False))
         self.window_until_ms = int(extra.get(STATE_WINDOW_UNTIL_MS, 0))
         self.progress: CompactionProgress | None = None
@@ -297,11 +297,11 @@ class Compactor:
         return opened
 
     def _persist(self, key: str, value: object) -> None:
-        state = self.storage.node_state
+        state = self.engine.node_state
         if state is None:
             return
         state.extra[key] = value
-        write_node_state(self.storage.io, self.storage.data_dir, state)
+        write_node_state(self.engine.io, self.engine.data_dir, state)
 
     def stop(self) -> None:
         self._stop.set()
@@ -313,7 +313,7 @@ class Compactor:
 
     def due(self) -> str | None:
         """The kind of scheduled pass that is due now, if any (major first)."""
-        cfg = self.storage.config
+        cfg = self.engine.config
         return compaction_plan.due(time.monotonic(), self.last_major_monotonic, self.last_minor_monotonic,
                                    cfg.compaction_major_interval_ms, cfg.compaction_minor_interval_ms)
 
@@ -324,8 +324,8 @@ class Compactor:
         """One pass: compact every flushed log whose live share is below the kind's threshold, most garbage
         first, within the run-time limit and (unless started by hand) the window. `cancel` stops it at the
         next safe point. Never raises for one bad log: errors are in the report."""
-        storage = self.storage
-        cfg = storage.config
+        engine = self.engine
+        cfg = engine.config
         threshold = cfg.compaction_major_threshold if kind == MAJOR else cfg.compaction_minor_threshold
         report = CompactionReport(kind=kind, started_unix_ms=int(time.time() * 1000))
         t0 = time.monotonic()
@@ -334,10 +334,10 @@ class Compactor:
             self.last_major_monotonic = t0
             self.major_skipped = False
         self.last_minor_monotonic = t0
-        with storage.space_lock:
+        with engine.space_lock:
             self._manual, self._cancel = manual, cancel
             try:
-                recover_interrupted(storage)
+                recover_interrupted(engine)
                 groups = self._plan(threshold)
                 total = sum(live for group in groups for _, live, _ in group)
                 self.progress = CompactionProgress(kind, sum(map(len, groups)), total)
@@ -374,25 +374,25 @@ class Compactor:
             stopping=self._stop.is_set(), cancelled=self._cancel is not None and self._cancel.is_set(),
             suspended=self.suspended, manual=self._manual, now_s=time.monotonic(), deadline_s=deadline,
             now_unix_ms=int(time.time() * 1000), window_until_ms=self.window_until_ms,
-            run_time_ms_max=self.storage.config.compaction_run_time_ms_max))
+            run_time_ms_max=self.engine.config.compaction_run_time_ms_max))
 
     def _plan(self, threshold: float) -> list[list[tuple[int, int, int]]]:
         """The groups of logs a pass rewrites (compaction_plan.plan), from the logs' accounting."""
-        storage = self.storage
-        live = storage.ledger_ids()
+        engine = self.engine
+        live = engine.ledger_ids()
         usages = [compaction_plan.LogUsage(log_id, meta.live_bytes(live), meta.total_bytes,
                                            any(lid in live for lid in meta.ledger_bytes))
-                  for log_id, meta in storage.log_accounting().items()]
-        return compaction_plan.plan(usages, threshold, storage.config.log_size_bytes_max, COMPACTION_SOURCES_MAX)
+                  for log_id, meta in engine.log_accounting().items()]
+        return compaction_plan.plan(usages, threshold, engine.config.log_size_bytes_max, COMPACTION_SOURCES_MAX)
 
     def _compact_group(self, group: list[tuple[int, int, int]], report: CompactionReport, deadline: float,
                        on_progress: Callable[[CompactionProgress], None] | None) -> None:
-        storage = self.storage
-        io = storage.io
-        log_id = storage.allocate_log_id()
-        path = _path(storage, log_id, COMPACTING_SUFFIX)
+        engine = self.engine
+        io = engine.io
+        log_id = engine.allocate_log_id()
+        path = _path(engine, log_id, COMPACTING_SUFFIX)
         fd = io.open_append(path, create=True)
-        out = _Output(storage, log_id, fd, self, deadline, on_progress)
+        out = _Output(engine, log_id, fd, self, deadline, on_progress)
         copied: list[int] = []
         self.rewriting = frozenset(src for src, _, _ in group)
         try:
@@ -428,8 +428,8 @@ class Compactor:
             io.fsync(fd)
             faults.hit(faults.COMPACTION_AFTER_COPY)
             # Phase 2: marked complete. From here a crash finishes the job instead of rolling it back.
-            io.rename(path, _path(storage, log_id, COMPACTED_SUFFIX))
-            io.fsync_dir(storage.logs_dir)
+            io.rename(path, _path(engine, log_id, COMPACTED_SUFFIX))
+            io.fsync_dir(engine.logs_dir)
             faults.hit(faults.COMPACTION_AFTER_MARK_COMPLETE)
         except BaseException:
             io.close(fd)
@@ -440,10 +440,10 @@ class Compactor:
             self.rewriting = frozenset()
         io.close(fd)
         # Readers follow the switched index into the file before it has its log name: keep a fd for them.
-        read_fd = io.open_read(_path(storage, log_id, COMPACTED_SUFFIX))
-        storage.read_fds.pin(log_id, read_fd)
+        read_fd = io.open_read(_path(engine, log_id, COMPACTED_SUFFIX))
+        engine.read_fds.pin(log_id, read_fd)
         meta = LogMeta(out.size, out.ledger_bytes)
-        sizes = _switch_and_delete(storage, log_id, copied, out.moved, meta)
+        sizes = _switch_and_delete(engine, log_id, copied, out.moved, meta)
         report.compaction_logs += 1
         report.logs_compacted += len(copied)
         report.bytes_reclaimed += sum(sizes) - out.size
@@ -452,9 +452,9 @@ class Compactor:
 class _Output:
     """The compaction log being written: buffered copies, the index entries they will replace, accounting."""
 
-    def __init__(self, storage: Engine, log_id: int, fd: int, compactor: Compactor, deadline: float,
+    def __init__(self, engine: Engine, log_id: int, fd: int, compactor: Compactor, deadline: float,
                  on_progress: Callable[[CompactionProgress], None] | None) -> None:
-        self.storage = storage
+        self.engine = engine
         self.log_id = log_id
         self.fd = fd
         self.compactor = compactor
@@ -465,7 +465,7 @@ class _Output:
         self.buffered = 0
         self.moved: list[IndexEntry] = []
         self.ledger_bytes: dict[int, int] = {}
-        self.rate = storage.config.compaction_rate_bytes_per_s
+        self.rate = engine.config.compaction_rate_bytes_per_s
         self.t0 = time.monotonic()
         self.paced_bytes = 0
         self.damaged_sources: set[int] = set()  # sources with a damaged record the index still points at
@@ -477,14 +477,14 @@ class _Output:
     def rewind(self, mark: tuple[int, int, dict[int, int]]) -> None:
         self.buffer, self.buffered = [], 0
         size, moved, ledger_bytes = mark
-        self.storage.io.truncate(self.fd, size)
+        self.engine.io.truncate(self.fd, size)
         self.size = size
         del self.moved[moved:]
         self.ledger_bytes = ledger_bytes
 
     def _open_ledger(self, ledger_id: int) -> None:
         """A ledger's first record in the compaction log is its key record (logs replay on their own)."""
-        state = self.storage.ledger_state(ledger_id)
+        state = self.engine.ledger_state(ledger_id)
         key = state.master_key if state is not None else b"-"
         header, _ = encode_record(ledger_id, ENTRY_ID_LEDGER_KEY, key)
         self._put(header + key)
@@ -508,7 +508,7 @@ class _Output:
     def flush(self) -> None:
         if not self.buffer:
             return
-        self.storage.io.write_parts(self.fd, self.buffer, self.buffered)
+        self.engine.io.write_parts(self.fd, self.buffer, self.buffered)
         self.size += self.buffered
         self.buffer, self.buffered = [], 0
 
@@ -535,9 +535,9 @@ class _Output:
         """Copy the live records of one flushed log: the records of live ledgers the index still points at,
         and their fence records. A corrupt record is reported; the rest of the log is still read through the
         index (the scan cannot find the next record boundary after damage)."""
-        storage = self.storage
-        io = storage.io
-        path = _path(storage, src)
+        engine = self.engine
+        io = engine.io
+        path = _path(engine, src)
         fd = io.open_read(path)
         try:
             size = io.file_size(path)
@@ -546,7 +546,7 @@ class _Output:
             while offset < size:
                 # Each read starts at a record boundary (a record cut by the last chunk is read again whole).
                 buf = io.pread(fd, min(chunk, size - offset), offset)
-                found, end, error, incomplete = _walk_live(buf, offset, storage.ledgers)
+                found, end, error, incomplete = _walk_live(buf, offset, engine.ledgers)
                 self._copy_found(src, buf, offset, found, report)
                 eof = offset + len(buf) >= size
                 if error is not None or (incomplete and (eof or (end == offset and chunk > RECORD_BODY_BYTES_MAX))):
@@ -566,8 +566,8 @@ class _Output:
         """Copy the live records `found` in `buf` (log offset `base`): runs of adjacent records as one slice."""
         if not found:
             return
-        storage = self.storage
-        locations = storage.index.get_many([(lid, eid) for _, _, lid, eid in found if eid >= 0])
+        engine = self.engine
+        locations = engine.index.get_many([(lid, eid) for _, _, lid, eid in found if eid >= 0])
         it = iter(locations)
         view = memoryview(buf)
         run_start = run_end = -1  # the current run of adjacent records to copy, as log offsets
@@ -603,13 +603,13 @@ class _Output:
         self._put(view[start - base:end - base])  # no copy: written out with writev
 
     def _copy_rest_via_index(self, src: int, fd: int, after: int, report: CompactionReport) -> None:
-        storage = self.storage
-        meta = storage.index.log_metas().get(src)
-        ledgers = [lid for lid in (meta.ledger_bytes if meta else storage.ledger_ids()) if lid in storage.ledgers]
-        for lid, eid, offset, length in sorted(storage.index.entries_in(src, ledgers, after),
+        engine = self.engine
+        meta = engine.index.log_metas().get(src)
+        ledgers = [lid for lid in (meta.ledger_bytes if meta else engine.ledger_ids()) if lid in engine.ledgers]
+        for lid, eid, offset, length in sorted(engine.index.entries_in(src, ledgers, after),
                                                key=lambda e: e[2]):
             try:
-                raw = storage.io.pread(fd, length, offset)
+                raw = engine.io.pread(fd, length, offset)
                 decode_record(raw, lid, eid)
             except (RecordFormatError, OSError) as e:
                 if offset != after:  # the record the scan stopped at is counted already

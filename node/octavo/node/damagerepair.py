@@ -69,9 +69,9 @@ class RepairStats:
 
 
 class DamageRepair:
-    def __init__(self, storage: Engine, bookie_id: str, findings: DamageFindings, interval_s: float,
+    def __init__(self, engine: Engine, bookie_id: str, findings: DamageFindings, interval_s: float,
                  make_client: Callable[[], Client]) -> None:
-        self.storage = storage
+        self.engine = engine
         self.bookie_id = bookie_id
         self.findings = findings
         self.interval_s = interval_s
@@ -154,11 +154,11 @@ class DamageRepair:
     def _nearby(self, ledger_id: int, entries: list[int]) -> dict[int, str]:
         """The ledger's entries indexed in the logs that hold `entries`, checked (the first NEARBY_BYTES_MAX of
         them by entry id): "" if good, why if damaged."""
-        logs = {loc[0] for loc in (self.storage.locate(ledger_id, e) for e in entries) if loc is not None}
+        logs = {loc[0] for loc in (self.engine.locate(ledger_id, e) for e in entries) if loc is not None}
         near: list[int] = []
         size = 0
         for eid, length in sorted({(eid, length) for log_id in logs
-                                   for _, eid, _, length in self.storage.index.entries_in(log_id, [ledger_id])}):
+                                   for _, eid, _, length in self.engine.index.entries_in(log_id, [ledger_id])}):
             size += length
             if size > NEARBY_BYTES_MAX:
                 break
@@ -169,13 +169,13 @@ class DamageRepair:
         """Each entry held here: "" if good, why if damaged (entries not held are left out)."""
         out: dict[int, str] = {}
         for e in entries:
-            why = self.storage.verify_entry(ledger_id, e)
+            why = self.engine.verify_entry(ledger_id, e)
             if why is not None:
                 out[e] = why
         return out
 
     async def _repair(self, client: Client, ledger_id: int, meta: LedgerMetadata, entries: list[int]) -> None:
-        state = self.storage.ledger_state(ledger_id)
+        state = self.engine.ledger_state(ledger_id)
         if state is None:
             return
         reader = ReadHandle(client, meta, max(entries))
@@ -195,10 +195,10 @@ class DamageRepair:
     async def _write(self, ledger_id: int, key: bytes, ids: list[int], payloads: list[bytes]) -> tuple[list[int], str]:
         loop = asyncio.get_running_loop()
         try:
-            codes, message = self.storage.repair_entries(ledger_id, key, ids, payloads)
+            codes, message = self.engine.repair_entries(ledger_id, key, ids, payloads)
         except WriteCacheFull:
-            await loop.run_in_executor(None, self.storage.wait_for_room, len(ids), REPAIR_ROOM_WAIT_S)
-            codes, message = self.storage.repair_entries(ledger_id, key, ids, payloads)
+            await loop.run_in_executor(None, self.engine.wait_for_room, len(ids), REPAIR_ROOM_WAIT_S)
+            codes, message = self.engine.repair_entries(ledger_id, key, ids, payloads)
         return list(codes), message
 
     async def _move_share(self, client: Client, ledger_id: int, why: str) -> None:
@@ -214,19 +214,19 @@ class DamageControl:
     """The bookie's defences against bit rot, started and stopped with it: the scrub (every scrub_interval_s, or
     when asked), compaction's findings, and (in a cluster) the repair of the damage marks naming this bookie."""
 
-    def __init__(self, storage: Engine, compactor: Compactor, bookie_id: str) -> None:
-        cfg = storage.config
+    def __init__(self, engine: Engine, compactor: Compactor, bookie_id: str) -> None:
+        cfg = engine.config
         self.config = cfg
-        self.storage = storage
+        self.engine = engine
         self.findings = DamageFindings()
         finder = f"bookie {bookie_id}"
-        self.scrubber = Scrubber(storage, self.findings, cfg.scrub_rate_bytes_per_s, f"scrub on {finder}",
+        self.scrubber = Scrubber(engine, self.findings, cfg.scrub_rate_bytes_per_s, f"scrub on {finder}",
                                  lambda: compactor.rewriting)
         compactor.on_damage = lambda lid, eid, why: self.findings.note(lid, eid, why, f"compaction on {finder}")
-        storage.on_corrupt_read(lambda lid, eid, why: self.findings.note(lid, eid, why, f"a read on {finder}"))
+        engine.on_corrupt_read(lambda lid, eid, why: self.findings.note(lid, eid, why, f"a read on {finder}"))
         self.repair: DamageRepair | None = None
         if cfg.etcd:
-            self.repair = DamageRepair(storage, bookie_id, self.findings, cfg.damage_check_interval_s,
+            self.repair = DamageRepair(engine, bookie_id, self.findings, cfg.damage_check_interval_s,
                                        lambda: peer_client(cfg))
         self._tasks: list[asyncio.Task[None]] = []
         self._pass: asyncio.Future[ScrubPass] | None = None  # the pass running in its thread, if any
@@ -242,7 +242,7 @@ class DamageControl:
         loop = asyncio.get_running_loop()
         interval_s = self.config.scrub_interval_s
         while True:
-            due_ms = await loop.run_in_executor(None, scrub_due_unix_ms, self.storage, interval_s,
+            due_ms = await loop.run_in_executor(None, scrub_due_unix_ms, self.engine, interval_s,
                                                 int(time.time() * 1000))
             await asyncio.sleep(max(0.0, due_ms / 1000 - time.time()))
             try:
@@ -251,7 +251,7 @@ class DamageControl:
                 await asyncio.sleep(SCRUB_BUSY_RETRY_S)
                 continue
             if not report.stopped:
-                await loop.run_in_executor(None, set_scrub_due, self.storage,
+                await loop.run_in_executor(None, set_scrub_due, self.engine,
                                            report.finished_unix_ms + interval_s * 1000)
 
     async def scrub_now(self) -> ScrubPass:

@@ -72,11 +72,11 @@ def tree_bytes(path: str) -> int:
 
 
 class DiskMonitor:
-    def __init__(self, storage: Engine) -> None:
-        self.storage = storage
-        self.config = storage.config
-        self.directories = [storage.data_dir]
-        extra = storage.node_state.extra if storage.node_state else {}
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.config = engine.config
+        self.directories = [engine.data_dir]
+        extra = engine.node_state.extra if engine.node_state else {}
         self.forced = bool(extra.get(STATE_FORCED_READ_ONLY, False))
         # Node states written before the reason and threshold were kept have neither: "an administrator", none.
         self.forced_reason = str(extra.get(STATE_FORCED_REASON, ""))
@@ -127,7 +127,7 @@ class DiskMonitor:
                             100 * u.ratio, 100 * cfg.disk_warn_ratio, 100 * cfg.disk_readonly_ratio)
             elif due is False:
                 self._warned.discard(u.path)
-        enospc = self.storage.take_disk_full_seen()
+        enospc = self.engine.take_disk_full_seen()
         full = disk_full_next(self.disk_full, worst.ratio, enospc, marks)
         if full and not self.disk_full:
             self.full_path, self.full_by_enospc = worst.path, enospc
@@ -148,14 +148,14 @@ class DiskMonitor:
         was = self.read_only
         self.forced = forced
         self.forced_reason, self.forced_threshold_ratio = (reason, threshold_ratio) if forced else ("", 0.0)
-        state = self.storage.node_state
+        state = self.engine.node_state
         if state is not None:
             state.extra[STATE_FORCED_READ_ONLY] = forced
             state.extra[STATE_FORCED_REASON] = self.forced_reason
             state.extra[STATE_FORCED_THRESHOLD] = self.forced_threshold_ratio
-            write_node_state(self.storage.io, self.storage.data_dir, state)
+            write_node_state(self.engine.io, self.engine.data_dir, state)
         self._apply()
         return was != self.read_only
 
     def _apply(self) -> None:
-        self.storage.set_read_only_reason(self.reason() if self.read_only else "")
+        self.engine.set_read_only_reason(self.reason() if self.read_only else "")

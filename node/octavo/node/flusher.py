@@ -20,8 +20,8 @@ FLUSH_RETRY_DELAY_MS_MAX = 5_000
 
 
 class Flusher:
-    def __init__(self, storage: Engine) -> None:
-        self._storage = storage
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="octavo-flusher", daemon=True)
@@ -43,26 +43,26 @@ class Flusher:
         is older than the roll interval (by the engine's clock), then flush rolled logs, oldest first (all of
         them, or at most `logs_max`). Returns the logs flushed. Raises what a flush raises. The thread runs
         this; tests that must replay exactly run it themselves instead (Storage.open(start_flusher=False))."""
-        storage = self._storage
-        storage.roll_if_older_than(storage.config.log_roll_interval_ms / 1000)
+        engine = self._engine
+        engine.roll_if_older_than(engine.config.log_roll_interval_ms / 1000)
         flushed = 0
-        while (logs_max is None or flushed < logs_max) and not self._stop.is_set() and storage.flush_one():
+        while (logs_max is None or flushed < logs_max) and not self._stop.is_set() and engine.flush_one():
             flushed += 1
         return flushed
 
     def _run(self) -> None:
-        storage = self._storage
-        tick_s = min(1.0, storage.config.log_roll_interval_ms / 1000 / 4)
+        engine = self._engine
+        tick_s = min(1.0, engine.config.log_roll_interval_ms / 1000 / 4)
         delay_ms = FLUSH_RETRY_DELAY_MS_MIN
         while not self._stop.is_set():
             self._wake.wait(tick_s)
             self._wake.clear()
             try:
                 self.step()
-                storage.set_flush_error("")
+                engine.set_flush_error("")
                 delay_ms = FLUSH_RETRY_DELAY_MS_MIN
             except Exception as e:  # keep flushing: a stuck flusher would stall every add (seed 000)
-                storage.set_flush_error(f"{type(e).__name__}: {e}")
+                engine.set_flush_error(f"{type(e).__name__}: {e}")
                 log.exception("background flush failed; retrying in %d ms", delay_ms)
                 self._stop.wait(delay_ms / 1000)
                 delay_ms = min(delay_ms * 2, FLUSH_RETRY_DELAY_MS_MAX)

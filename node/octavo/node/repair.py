@@ -45,13 +45,13 @@ def peer_client(cfg: NodeConfig) -> Client:
 
 
 class TailRepair:
-    def __init__(self, storage: Engine, bookie_id: str) -> None:
-        self.storage = storage
+    def __init__(self, engine: Engine, bookie_id: str) -> None:
+        self.engine = engine
         self.bookie_id = bookie_id
         self.entries_restored = 0
         self.ledgers_checked = 0
         # Highest durable entry per ledger when the bookie started: everything up to it survived.
-        self._durable = {lid: st.durable_last_entry_id for lid, st in storage.ledgers.items()}
+        self._durable = {lid: st.durable_last_entry_id for lid, st in engine.ledgers.items()}
 
     async def run(self) -> None:
         delay = 1.0
@@ -65,7 +65,7 @@ class TailRepair:
                 delay = min(delay * 2, REPAIR_RETRY_DELAY_S_MAX)
 
     async def _run_once(self) -> None:
-        async with peer_client(self.storage.config) as client:
+        async with peer_client(self.engine.config) as client:
             await client.bookies(refresh=True)
             for ledger_id in await client.list_ledgers():
                 try:
@@ -75,7 +75,7 @@ class TailRepair:
                 if any(self.bookie_id in bookies for _, bookies in meta.ensembles):
                     await self._repair_ledger(client, meta)
                     self.ledgers_checked += 1
-        self.storage.tail_repaired()
+        self.engine.tail_repaired()
         log.info("tail repair done: %d ledgers checked, %d entries copied back from peers; this bookie is sure "
                  "of its contents again", self.ledgers_checked, self.entries_restored)
 
@@ -101,8 +101,8 @@ class TailRepair:
             return
         payloads = await reader.read_entries(missing)
         key = bytes.fromhex(meta.master_key_hex)
-        for start in range(0, len(missing), self.storage.config.batch_entries_max):
-            ids = missing[start:start + self.storage.config.batch_entries_max]
+        for start in range(0, len(missing), self.engine.config.batch_entries_max):
+            ids = missing[start:start + self.engine.config.batch_entries_max]
             codes, message = await self._add(meta.ledger_id, key, ids, [payloads[e] for e in ids])
             if any(codes):
                 raise StorageError(pb.INTERNAL, f"restoring ledger {meta.ledger_id}: {message}")
@@ -112,10 +112,10 @@ class TailRepair:
     async def _add(self, ledger_id: int, key: bytes, ids: list[int], payloads: list[bytes]) -> tuple[list[int], str]:
         while True:
             try:
-                codes, message = self.storage.add_entries(ledger_id, key, ids, payloads, recovery=True)
+                codes, message = self.engine.add_entries(ledger_id, key, ids, payloads, recovery=True)
                 return list(codes), message
             except WriteCacheFull:
-                await asyncio.get_running_loop().run_in_executor(None, self.storage.wait_for_room, len(ids), 30.0)
+                await asyncio.get_running_loop().run_in_executor(None, self.engine.wait_for_room, len(ids), 30.0)
 
     async def _peers_last_entry(self, client: Client, meta: LedgerMetadata) -> int:
         """For an open ledger: the highest entry any other bookie of the last ensemble holds (the LAC they
@@ -132,4 +132,4 @@ class TailRepair:
         return max([-1, *await asyncio.gather(*(one(b) for b in peers))])
 
     def _has(self, ledger_id: int, entry_id: int) -> bool:
-        return self.storage.has_entry(ledger_id, entry_id)
+        return self.engine.has_entry(ledger_id, entry_id)

@@ -94,29 +94,29 @@ def check_run(data: bytes, base: int, run: list[tuple[int, int, int, int]]) -> l
     return bad
 
 
-def scrub_due_unix_ms(storage: Engine, interval_s: int, now_unix_ms: int) -> int:
+def scrub_due_unix_ms(engine: Engine, interval_s: int, now_unix_ms: int) -> int:
     """When the next scheduled pass is due: as kept in the node state, else one interval from now (kept)."""
-    state = storage.node_state
+    state = engine.node_state
     due = int(state.extra.get(STATE_SCRUB_DUE_UNIX_MS, 0)) if state is not None else 0
     if not due:
         due = now_unix_ms + interval_s * 1000
-        set_scrub_due(storage, due)
+        set_scrub_due(engine, due)
     return due
 
 
-def set_scrub_due(storage: Engine, due_unix_ms: int) -> None:
-    state = storage.node_state
+def set_scrub_due(engine: Engine, due_unix_ms: int) -> None:
+    state = engine.node_state
     if state is not None:
         state.extra[STATE_SCRUB_DUE_UNIX_MS] = due_unix_ms
-        write_node_state(storage.io, storage.data_dir, state)
+        write_node_state(engine.io, engine.data_dir, state)
 
 
 class Scrubber:
     """Scrub passes over one engine's flushed logs. run_pass blocks: run it in an executor thread."""
 
-    def __init__(self, storage: Engine, findings: DamageFindings, rate_bytes_per_s: int, finder: str,
+    def __init__(self, engine: Engine, findings: DamageFindings, rate_bytes_per_s: int, finder: str,
                  rewriting: Callable[[], Container[int]] = frozenset) -> None:
-        self.storage = storage
+        self.engine = engine
         self.findings = findings
         self.rate_bytes_per_s = rate_bytes_per_s
         self.finder = finder
@@ -140,7 +140,7 @@ class Scrubber:
         report = self.current = ScrubPass(started_unix_ms=int(time.time() * 1000))
         t0 = time.monotonic()
         try:
-            for log_id in sorted(self.storage.index.log_metas()):
+            for log_id in sorted(self.engine.index.log_metas()):
                 if log_id in self._rewriting():
                     report.logs_skipped += 1
                     continue
@@ -164,17 +164,17 @@ class Scrubber:
         return report
 
     def _scrub_log(self, log_id: int, report: ScrubPass, t0: float) -> None:
-        storage = self.storage
-        meta = storage.index.log_metas().get(log_id)
+        engine = self.engine
+        meta = engine.index.log_metas().get(log_id)
         if meta is None:
             return  # deleted meanwhile (GC, compaction)
-        ledgers = [lid for lid in meta.ledger_bytes if lid in storage.ledgers]
-        entries = sorted(storage.index.entries_in(log_id, ledgers), key=lambda e: e[2])
+        ledgers = [lid for lid in meta.ledger_bytes if lid in engine.ledgers]
+        entries = sorted(engine.index.entries_in(log_id, ledgers), key=lambda e: e[2])
         if not entries:
             return
-        path = os.path.join(storage.logs_dir, log_file_name(log_id))
+        path = os.path.join(engine.logs_dir, log_file_name(log_id))
         try:
-            fd = storage.io.open_read(path)
+            fd = engine.io.open_read(path)
         except FileNotFoundError:
             for lid, eid, offset, _ in entries:
                 self._damaged(lid, eid, log_id, offset, f"entry log {log_id} is missing", report)
@@ -189,7 +189,7 @@ class Scrubber:
                     j += 1
                 run = entries[i:j]
                 try:
-                    data = storage.io.pread(fd, end - start, start)
+                    data = engine.io.pread(fd, end - start, start)
                 except OSError as e:
                     data = b""
                     log.error("scrub: reading entry log %d at %d failed: %s", log_id, start, e)
@@ -202,13 +202,13 @@ class Scrubber:
                 self._pace(report.bytes, t0)
                 i = j
         finally:
-            storage.io.close(fd)
+            engine.io.close(fd)
 
     def _damaged(self, ledger_id: int, entry_id: int, log_id: int, offset: int, why: str, report: ScrubPass) -> None:
         """A record failed: count it only if the entry, looked up again, still fails (compaction or a repair
         may have given it a new copy since the index was read)."""
         try:
-            now = self.storage.verify_entry(ledger_id, entry_id)
+            now = self.engine.verify_entry(ledger_id, entry_id)
         except Exception as e:  # a ledger dropped meanwhile, the engine closing: not damage
             log.info("scrub: entry %d of ledger %d not checked again (%s)", entry_id, ledger_id, e)
             return
