@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import shutil
@@ -58,7 +59,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,7 +73,7 @@ from cluster_bench import NatsCluster, drive, inflight, percentile  # noqa: E402
 from common import machine_line, median, table, write_section  # noqa: E402
 
 from octavo.cli.localcluster import LocalCluster, free_port  # noqa: E402
-from octavo.client import Client  # noqa: E402
+from octavo.client import BufferFullError, Client, WriteHandle  # noqa: E402
 from octavo.v1 import bookie_pb2 as pb  # noqa: E402
 from octavo.v1 import bookie_pb2_grpc as pb_grpc  # noqa: E402
 
@@ -235,7 +236,7 @@ class Bench:
             client = self.clients[self._octavo_policy(s)]
             writer = await client.create_ledger(3, 3, s.ack_quorum, password=b"bench")
             payload = os.urandom(LATENCY_ENTRY_BYTES)
-            latencies = await open_loop(lambda: writer.append(payload), rate, seconds)
+            latencies = await open_loop_nowait(writer, lambda i: payload, rate, seconds)
             await writer.close()
             await client.delete_ledger(writer.ledger_id)
             return latencies
@@ -321,16 +322,10 @@ async def octavo_tail(client: Client, rate: int, seconds: float, ack_quorum: int
 
     following = asyncio.ensure_future(follow())
     body = os.urandom(LATENCY_ENTRY_BYTES - 8)
-    sent = [0]
-
-    def send() -> Awaitable[object]:
-        # Each entry carries its index in its first 8 bytes: the reader finds its schedule by it.
-        i = sent[0]
-        sent[0] += 1
-        return writer.append(i.to_bytes(8, "big") + body)
 
     try:
-        add_us = await open_loop(send, rate, seconds, scheduled_at)
+        # Each entry carries its index in its first 8 bytes: the reader finds its schedule by it.
+        add_us = await open_loop_nowait(writer, lambda i: i.to_bytes(8, "big") + body, rate, seconds, scheduled_at)
         await asyncio.wait_for(following, 120)
     finally:
         following.cancel()
@@ -341,31 +336,48 @@ async def octavo_tail(client: Client, rate: int, seconds: float, ack_quorum: int
     return tail_us, add_us
 
 
-async def open_loop(send: Callable[[], Awaitable[object]], rate: int, seconds: float,
-                    schedule: list[float] | None = None) -> list[int]:
-    """Latencies (us) of sends issued at `rate` per second, measured from their scheduled time (as
-    bench/cluster_bench.py's fixed_rate, with the rate as a parameter and microseconds)."""
+async def open_loop_nowait(writer: WriteHandle, make: Callable[[int], bytes], rate: int, seconds: float,
+                           schedule: list[float] | None = None) -> list[int]:
+    """Latencies (us) of entries `make(i)` appended one per call at `rate` per second, from their scheduled time
+    to their acknowledgement: `append_nowait` and a callback on its future, no task per record (as the peers'
+    drivers send and take a callback). When the in-flight budget is full the record waits for room with
+    `append`, as the peers' clients block, and that wait is in its latency. Records issued while the loop runs
+    behind its schedule go out in one request, as Kafka's producer does with the records that accumulate."""
     loop = asyncio.get_running_loop()
-    latencies: list[int] = []
-    running: set[asyncio.Future[None]] = set()
+    n = int(rate * seconds)
+    latencies = [0] * n
+    left = [n]
+    failure: list[BaseException] = []
+    all_done: asyncio.Future[None] = loop.create_future()
+
+    def finished(i: int, scheduled: float, future: asyncio.Future[int]) -> None:
+        latencies[i] = int((loop.time() - scheduled) * 1e6)
+        if not future.cancelled() and future.exception() is not None:
+            failure.append(future.exception())  # type: ignore[arg-type]
+        left[0] -= 1
+        if left[0] == 0 and not all_done.done():
+            all_done.set_result(None)
+
     t0 = loop.time()
-
-    async def timed(scheduled: float) -> None:
-        await send()
-        latencies.append(int((loop.time() - scheduled) * 1e6))
-
-    for i in range(int(rate * seconds)):
+    for i in range(n):
         scheduled = t0 + i / rate
         delay = scheduled - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
         if schedule is not None:
             schedule[i] = scheduled
-        task = asyncio.ensure_future(timed(scheduled))
-        running.add(task)
-        task.add_done_callback(running.discard)
-    while running:
-        await asyncio.gather(*running)
+        data = make(i)
+        try:
+            future: asyncio.Future[int] = writer.append_nowait(data)
+        except BufferFullError:
+            future = asyncio.ensure_future(writer.append(data))
+        future.add_done_callback(functools.partial(finished, i, scheduled))
+        if failure:
+            break
+    if n and not failure:
+        await asyncio.wait_for(all_done, 120)
+    if failure:
+        raise failure[0]
     return latencies
 
 
