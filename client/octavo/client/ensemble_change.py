@@ -13,9 +13,10 @@ copy on the replacement. Changes and the close are ordered by one lock (`Ensembl
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import grpc
@@ -41,6 +42,29 @@ ENSEMBLE_CHANGE_ATTEMPTS_MAX = 10
 ENSEMBLE_CHANGE_METADATA_WAIT_S = 30.0
 # How often an ensemble change that waits for a usable bookie reads the registrations again.
 ENSEMBLE_CHANGE_POLL_S = 0.2
+
+
+def connection_state(client: ClientContext, bookie_id: str) -> str:
+    """The connection's state as placement.py names it; asking starts a connection attempt on an idle channel."""
+    try:
+        bookie = client.bookie_client(bookie_id)
+    except BookieUnavailableError:
+        return UNREGISTERED
+    state = bookie.connectivity(True)
+    if state == grpc.ChannelConnectivity.READY:
+        return READY
+    if state == grpc.ChannelConnectivity.IDLE:
+        return IDLE
+    return CONNECTING
+
+
+async def replacement_now(client: ClientContext, ensemble: Sequence[str], failed: str, largest_entry: int
+                          ) -> Replacement:
+    """A replacement for `failed` from the registrations read again, with no quarantine and no wait (a recovery
+    open replacing a bookie it cannot reach)."""
+    registered = await client.bookies(refresh=True)
+    return choose_replacement(failed, ensemble, registered, {}, 0.0, 0.0, largest_entry,
+                              functools.partial(connection_state, client), random.choice)
 
 
 class ChangingHandle(Protocol):
@@ -124,7 +148,7 @@ class EnsembleChanges:
     def _choose(self, failed: str, registered: Mapping[str, BookieInfo], now: float) -> Replacement:
         return choose_replacement(failed, self._handle.metadata.last_ensemble, registered, self._quarantine, now,
                                   self._options.bookie_quarantine_s, self._handle.largest_pending_entry(),
-                                  self._connection_state, random.choice)
+                                  functools.partial(connection_state, self._client), random.choice)
 
     async def _change(self, failed: str) -> None:
         """The background task of one change. A change that finds the close done (or not needed any more) stops
@@ -253,17 +277,3 @@ class EnsembleChanges:
                 log.info("ledger %d: no bookie can replace %s now; waiting up to %gs: %s", handle.ledger_id, failed,
                          wait_s, choice.reason)
             await asyncio.sleep(min(ENSEMBLE_CHANGE_POLL_S, wait_s - waited))
-
-    def _connection_state(self, bookie_id: str) -> str:
-        """The connection's state as placement.py names it; asking starts a connection attempt on an idle
-        channel."""
-        try:
-            bookie = self._client.bookie_client(bookie_id)
-        except BookieUnavailableError:
-            return UNREGISTERED
-        state = bookie.connectivity(True)
-        if state == grpc.ChannelConnectivity.READY:
-            return READY
-        if state == grpc.ChannelConnectivity.IDLE:
-            return IDLE
-        return CONNECTING

@@ -8,7 +8,11 @@ alive, find its true last entry, and close it.
    (Qw - Qa) + 1 fenced bookies: then no ack quorum of the old writer can complete any more.
 3. LAC = the highest LAC answered; every entry up to it is acknowledged.
 4. Read forward from LAC + 1: an entry found on any bookie of its write set is re-replicated to the whole
-   write set with recovery adds (they pass the fence) and needs Qa of them to succeed.
+   write set with recovery adds (they pass the fence) and needs Qa of them to succeed. A bookie of the last
+   ensemble that cannot be reached when an entry falls short of Qa (with Qw = Qa, one lost bookie is enough) is
+   replaced, as BookKeeper's recovery changes the ensemble: a registered bookie outside the ensemble
+   (placement.choose_replacement) gets the recovered entries whose write set now holds it, and the close in 6
+   writes a new last segment from LAC + 1 with it. Reads and their verdicts keep the fenced ensemble.
 5. Stop at the first entry that (Qw - Qa) + 1 bookies of its write set say they do not have. A bookie whose
    unclean restart may have lost its tail (it answers UNKNOWN, or tail_maybe_lost) never counts as a "do not
    have": one bookie's lost tail can never make recovery close short of an acknowledged entry. If the
@@ -19,10 +23,12 @@ alive, find its true last entry, and close it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Any
 
 from octavo.client.context import ClientContext
+from octavo.client.ensemble_change import replacement_now
 from octavo.client.quorums import Answer, EntryAnswers, Verdict, fence_coverage_ok, recovery_verdict
 from octavo.meta.errors import BookieUnavailableError, PermissionDeniedError, RecoveryError, WrongPasswordError
 from octavo.meta.ledger_metadata import CLOSED, IN_RECOVERY, LENGTH_UNKNOWN, OPEN, LedgerMetadata
@@ -49,8 +55,9 @@ async def recover_ledger(client: ClientContext, ledger_id: int, master_key: byte
     if meta.state == CLOSED:
         return meta
 
+    fenced_meta = meta
     lac, suspect = await _fence(client, meta, master_key)
-    last, found_bytes = await _read_forward(client, meta, master_key, lac, suspect)
+    last, found_bytes, meta = await _read_forward(client, meta, master_key, lac, suspect)
     # Recovery reads only the entries past the LAC: it knows the length only when that was all of them.
     length = found_bytes if lac < 0 else LENGTH_UNKNOWN
     retry = CasRetry(f"ledger {ledger_id}: closing it after recovery", RECOVERY_CAS_ATTEMPTS_MAX,
@@ -61,12 +68,19 @@ async def recover_ledger(client: ClientContext, ledger_id: int, master_key: byte
             log.info("ledger %d recovered and closed at entry %d", ledger_id, last,
                      extra={"event": "ledger_recovered", "ledger_id": ledger_id})
             return closed
-        meta, revision = await store.read_ledger(ledger_id)
-        if meta.state == CLOSED:
-            if meta.last_entry_id != last:
+        current, revision = await store.read_ledger(ledger_id)
+        if current.state == CLOSED:
+            if current.last_entry_id != last:
                 log.error("ledger %d: another recovery closed it at %d, this one found %d", ledger_id,
-                          meta.last_entry_id, last)
-            return meta
+                          current.last_entry_id, last)
+            return current
+        if meta.ensembles == fenced_meta.ensembles:
+            meta = current
+        elif current.ensembles == fenced_meta.ensembles:  # keep the segment with the replacement
+            meta = dataclasses.replace(current, ensembles=meta.ensembles)
+        else:
+            raise RecoveryError(f"ledger {ledger_id}: its ensembles changed in etcd while this recovery replaced "
+                                "a bookie: recover it again")
         await retry.lost(f"revision {revision} ({meta.state}, {len(meta.ensembles)} segments)")
 
 
@@ -120,12 +134,14 @@ RECOVERY_WINDOW_ENTRIES = 1000
 
 
 async def _read_forward(client: ClientContext, meta: LedgerMetadata, master_key: bytes, lac: int,
-                        suspect: set[str]) -> tuple[int, int]:
+                        suspect: set[str]) -> tuple[int, int, LedgerMetadata]:
     """Find and re-replicate the entries after the LAC, a window of entries at a time (one read request and
-    one recovery add per bookie per window); returns the last entry id and the payload bytes found."""
+    one recovery add per bookie per window); returns the last entry id, the payload bytes found, and the
+    metadata to close with (`meta`, or with a new last segment from LAC + 1 if a bookie was replaced)."""
     need_negative = meta.write_quorum - meta.ack_quorum + 1
     entry = lac + 1
     found_bytes = 0
+    written = meta  # the ensembles the recovered entries are written to
     while True:
         ids = list(range(entry, entry + RECOVERY_WINDOW_ENTRIES))
         answers = await _read_window(client, meta, ids)
@@ -149,10 +165,10 @@ async def _read_forward(client: ClientContext, meta: LedgerMetadata, master_key:
                 f"ledger {meta.ledger_id}: cannot tell whether entry {e} exists: {denials} bookies of {bookies} "
                 f"said it does not, {need_negative} must (others were unreachable or may have lost their tail)")
         if found:
-            await _replicate(client, meta, master_key, found, lac)
+            written = await _replicate(client, written, master_key, found, lac)
             found_bytes += sum(len(payload) for _, payload in found)
         if decided_last is not None:
-            return decided_last, found_bytes
+            return decided_last, found_bytes, written
         entry = found[-1][0] + 1 if found else entry
 
 
@@ -198,26 +214,74 @@ async def _read_window(client: ClientContext, meta: LedgerMetadata, ids: list[in
 
 
 async def _replicate(client: ClientContext, meta: LedgerMetadata, master_key: bytes, found: list[tuple[int, bytes]],
-                     lac: int) -> None:
-    """Recovery adds of the found entries to their whole write set; each entry needs Qa of them to succeed."""
+                     lac: int) -> LedgerMetadata:
+    """Recovery adds of the found entries to their whole write set; each entry needs Qa of them to succeed. A
+    bookie that cannot be reached is replaced while an entry falls short; returns the ensembles written to."""
+    stored, unreachable = await _recovery_adds(client, meta, master_key, found, lac)
+    replacements = 0  # at most one per bookie of the ensemble, and one more (a replacement may be lost too)
+    while True:
+        short = [e for e, _ in found if len(stored.get(e, set()) & set(meta.write_set_bookies(e))) < meta.ack_quorum]
+        if not short:
+            return meta
+        lost = [b for b in meta.last_ensemble if b in unreachable and b in meta.write_set_bookies(short[0])]
+        if not lost or replacements > len(meta.last_ensemble):
+            raise RecoveryError(f"ledger {meta.ledger_id}: entry {short[0]} could be re-replicated to fewer than "
+                                f"{meta.ack_quorum} bookies of {meta.write_set_bookies(short[0])}")
+        replacements += 1
+        meta, replacement = await _replaced(client, meta, lost[0], lac, max(len(p) for _, p in found))
+        more, gone = await _recovery_adds(client, meta, master_key,
+                                          [(e, p) for e, p in found if replacement in meta.write_set_bookies(e)],
+                                          lac, only=replacement)
+        for e, bookies in more.items():
+            stored.setdefault(e, set()).update(bookies)
+        unreachable |= gone
+
+
+async def _recovery_adds(client: ClientContext, meta: LedgerMetadata, master_key: bytes,
+                         found: list[tuple[int, bytes]], lac: int, only: str | None = None
+                         ) -> tuple[dict[int, set[str]], set[str]]:
+    """Recovery adds of `found` to their write sets (or to bookie `only` of them): which bookies stored each
+    entry, and which bookies could not be reached."""
     per_bookie: dict[str, list[tuple[int, bytes]]] = {}
     for e, payload in found:
         for bookie in meta.write_set_bookies(e):
-            per_bookie.setdefault(bookie, []).append((e, payload))
+            if only is None or bookie == only:
+                per_bookie.setdefault(bookie, []).append((e, payload))
 
-    async def one(bookie: str, entries: list[tuple[int, bytes]]) -> list[int]:
+    async def one(bookie: str, entries: list[tuple[int, bytes]]) -> list[int] | None:
         try:
             codes = await _with_moved_retry(client, bookie, lambda c: c.add(
                 meta.ledger_id, master_key, [e for e, _ in entries], [p for _, p in entries], lac, recovery=True))
         except BookieUnavailableError:
-            return []
+            return None
         return [e for (e, _), code in zip(entries, codes, strict=True) if code == pb.OK]
 
-    oks: dict[int, int] = {}
-    for done in await asyncio.gather(*(one(b, es) for b, es in per_bookie.items())):
+    stored: dict[int, set[str]] = {}
+    unreachable: set[str] = set()
+    bookies = list(per_bookie)
+    for bookie, done in zip(bookies, await asyncio.gather(*(one(b, per_bookie[b]) for b in bookies)), strict=True):
+        if done is None:
+            unreachable.add(bookie)
+            continue
         for e in done:
-            oks[e] = oks.get(e, 0) + 1
-    short = [e for e, _ in found if oks.get(e, 0) < meta.ack_quorum]
-    if short:
-        raise RecoveryError(f"ledger {meta.ledger_id}: entry {short[0]} could be re-replicated to fewer than "
-                            f"{meta.ack_quorum} bookies of {meta.write_set_bookies(short[0])}")
+            stored.setdefault(e, set()).add(bookie)
+    return stored, unreachable
+
+
+async def _replaced(client: ClientContext, meta: LedgerMetadata, lost: str, lac: int, largest_entry: int
+                    ) -> tuple[LedgerMetadata, str]:
+    """`meta` with a last segment from LAC + 1 in which a registered bookie takes unreachable `lost`'s place (not
+    written to etcd: the close writes it, after the replacement got its entries)."""
+    choice = await replacement_now(client, meta.last_ensemble, lost, largest_entry)
+    if choice.bookie is None:
+        raise RecoveryError(f"ledger {meta.ledger_id}: bookie {lost} cannot be reached and no bookie can replace "
+                            f"it: {choice.reason}")
+    bookies = tuple(choice.bookie if b == lost else b for b in meta.last_ensemble)
+    first = lac + 1  # never before the last segment's first entry: the fenced LAC is at least the one before it
+    kept = meta.ensembles[:-1] if first == meta.ensembles[-1][0] else meta.ensembles
+    log.info("ledger %d: recovery replaces unreachable bookie %s by %s from entry %d", meta.ledger_id, lost,
+             choice.bookie, first, extra={"event": "ensemble_change", "ledger_id": meta.ledger_id,
+                                          "from_bookie": lost, "to_bookie": choice.bookie})
+    # Not LedgerMetadata.with_segment, which refuses a ledger that is not OPEN: only a recovery that fenced the
+    # last ensemble may change the ensemble of a ledger IN_RECOVERY, and it writes this in its closing CAS.
+    return dataclasses.replace(meta, ensembles=(*kept, (first, bookies))), choice.bookie
