@@ -5,18 +5,26 @@ processes, SIGKILL, deleted data directories; the delays are shrunk by bookie fl
 from __future__ import annotations
 
 import asyncio
-import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from octavo.cli.clustertesting import (
+    PASSWORD,
+    destroy,
+    entry_data,
+    most_named,
+    naming,
+    quiet,
+    read_all,
+    wait_for,
+    write_closed,
+)
 from octavo.cli.localcluster import LocalCluster
 from octavo.client import Client, ClientOptions, LedgerFencedError
 from octavo.meta.underreplication import UnderReplication
 
-PW = b"pw"
 FAST = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, speculative_read_delay_s=0.1, bookie_list_ttl_s=0.2,
                      metadata_timeout_s=2.0, ensemble_change_wait_s=2.0)
 HEALING = ["--lost-bookie-delay-s", "3", "--audit-interval-s", "5", "--open-ledger-grace-s", "4",
@@ -29,55 +37,11 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
         yield c
 
 
-async def quiet(writer: object, timeout_s: float = 10) -> None:
-    """Wait until every bookie answered the writer: a bookie killed with a request in flight would make the
-    writer replace it by itself, and the test would no longer be about the lost bookie's open segment."""
-    deadline = time.monotonic() + timeout_s
-    while writer.outstanding_requests:  # type: ignore[attr-defined]
-        assert time.monotonic() < deadline, "the writer's requests were never all answered"
-        await asyncio.sleep(0.01)
-
-
-def data(ledger: int, entry: int) -> bytes:
-    return f"ledger {ledger} entry {entry} ".encode() * 6
-
-
-def destroy(cluster: LocalCluster, bookie_id: str) -> None:
-    cluster.bookies[bookie_id].kill()
-    shutil.rmtree(cluster.bookies[bookie_id].data_dir)
-
-
-async def naming(client: Client, bookie_id: str) -> list[int]:
-    return [m.ledger_id async for m in client.iter_ledger_metadata()
-            if any(bookie_id in bookies for _, bookies in m.ensembles)]
-
-
-async def wait_for(what: str, check: object, timeout_s: float) -> float:
-    started = time.monotonic()
-    while True:
-        if await check():  # type: ignore[operator]
-            return time.monotonic() - started
-        assert time.monotonic() - started < timeout_s, f"{what}: not within {timeout_s}s"
-        await asyncio.sleep(0.25)
-
-
-async def read_all(client: Client, ledger: int) -> list[bytes]:
-    reader = await client.open_ledger(ledger, password=PW)
-    return [e.data async for e in reader.read(0, reader.last_entry_id)] if reader.last_entry_id >= 0 else []
-
-
 async def test_a_lost_bookie_heals_by_itself_and_a_second_loss_loses_nothing(cluster: LocalCluster) -> None:
     async with Client(cluster.etcd_endpoint, options=FAST) as client:
-        written: dict[int, list[bytes]] = {}
-        for _ in range(6):
-            writer = await client.create_ledger(2, 2, 2, password=PW)
-            entries = [data(writer.ledger_id, i) for i in range(200)]
-            await writer.append_many(entries)
-            await writer.close()
-            written[writer.ledger_id] = entries
-        counts = {b: len(await naming(client, b)) for b in sorted(cluster.bookies)}
-        victim = max(counts, key=lambda b: counts[b])  # placement is random: the bookie most ledgers name
-        assert counts[victim], "no ledger on the victim: the test would prove nothing"
+        written = await write_closed(client, 6, 200)
+        victim, named = await most_named(client, cluster.bookies)
+        assert named, "no ledger on the victim: the test would prove nothing"
         destroy(cluster, victim)
 
         async def healed() -> bool:
@@ -103,8 +67,8 @@ async def test_a_lost_bookie_heals_by_itself_and_a_second_loss_loses_nothing(clu
 
 async def test_a_bookie_back_within_the_delay_is_not_re_replicated(cluster: LocalCluster) -> None:
     async with Client(cluster.etcd_endpoint, options=FAST) as client:
-        writer = await client.create_ledger(2, 2, 2, password=PW)
-        await writer.append_many([data(writer.ledger_id, i) for i in range(50)])
+        writer = await client.create_ledger(2, 2, 2, password=PASSWORD)
+        await writer.append_many([entry_data(writer.ledger_id, i) for i in range(50)])
         await writer.close()
         victim = writer.metadata.last_ensemble[0]
         cluster.bookies[victim].kill()
@@ -125,8 +89,8 @@ async def test_an_open_ledger_with_a_dead_writer_is_closed_after_the_grace_then_
     segment is lost: after open_ledger_grace_s the ledger is fenced, closed and re-replicated, and the old
     writer could not append any more."""
     old = Client(cluster.etcd_endpoint, options=FAST)
-    writer = await old.create_ledger(3, 3, 2, password=PW)
-    await writer.append_many([data(writer.ledger_id, i) for i in range(100)])
+    writer = await old.create_ledger(3, 3, 2, password=PASSWORD)
+    await writer.append_many([entry_data(writer.ledger_id, i) for i in range(100)])
     await quiet(writer)
     victim = writer.metadata.last_ensemble[1]
     async with Client(cluster.etcd_endpoint, options=FAST) as client:
@@ -141,8 +105,8 @@ async def test_an_open_ledger_with_a_dead_writer_is_closed_after_the_grace_then_
         assert meta.last_entry_id == 99
         with pytest.raises(LedgerFencedError):
             for i in range(100, 200):
-                await asyncio.wait_for(writer.append(data(writer.ledger_id, i)), timeout=20)
-        assert await read_all(client, writer.ledger_id) == [data(writer.ledger_id, i) for i in range(100)]
+                await asyncio.wait_for(writer.append(entry_data(writer.ledger_id, i)), timeout=20)
+        assert await read_all(client, writer.ledger_id) == [entry_data(writer.ledger_id, i) for i in range(100)]
     await old.close()
 
 
@@ -182,8 +146,8 @@ async def test_cluster_status_shows_bookies_the_auditor_and_the_marks(cluster: L
 
     async with Client(cluster.etcd_endpoint, options=FAST) as client:
         for _ in range(3):
-            w = await client.create_ledger(2, 2, 2, password=PW)
-            await w.append_many([data(w.ledger_id, i) for i in range(100)])
+            w = await client.create_ledger(2, 2, 2, password=PASSWORD)
+            await w.append_many([entry_data(w.ledger_id, i) for i in range(100)])
             await w.close()
 
         async def elected() -> bool:
@@ -219,15 +183,8 @@ async def test_cluster_recover_beside_the_workers_waits_for_them_and_succeeds(cl
     import sys
 
     async with Client(cluster.etcd_endpoint, options=FAST) as client:
-        written: dict[int, list[bytes]] = {}
-        for _ in range(12):
-            writer = await client.create_ledger(2, 2, 2, password=PW)
-            entries = [data(writer.ledger_id, i) for i in range(300)]
-            await writer.append_many(entries)
-            await writer.close()
-            written[writer.ledger_id] = entries
-        counts = {b: len(await naming(client, b)) for b in sorted(cluster.bookies)}
-        victim = max(counts, key=lambda b: counts[b])
+        written = await write_closed(client, 12, 300)
+        victim, named = await most_named(client, cluster.bookies)
         destroy(cluster, victim)
 
         async def unregistered() -> bool:
@@ -239,7 +196,7 @@ async def test_cluster_recover_beside_the_workers_waits_for_them_and_succeeds(cl
              cluster.etcd_endpoint], capture_output=True, text=True, timeout=120))
         assert run.returncode == 0, run.stdout + run.stderr
         out = json.loads(run.stdout)
-        assert out["busy"] == [] and out["lost"] == [] and len(out["replicated"]) == counts[victim]
+        assert out["busy"] == [] and out["lost"] == [] and len(out["replicated"]) == named
         assert await naming(client, victim) == []
         for lid, entries in written.items():
             assert await read_all(client, lid) == entries

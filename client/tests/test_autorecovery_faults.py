@@ -9,16 +9,15 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from octavo.cli.clustertesting import PASSWORD, naming, read_all, sized, wait_for
 from octavo.cli.localcluster import LocalCluster
 from octavo.client import Client, ClientOptions
 from octavo.meta.underreplication import UnderReplication
 from octavo.node.faults import AUDITOR_AFTER_MARK, FAULT_POINTS_ENV
 from octavo.node.files import LOG_FILE_SUFFIX
 
-PW = b"pw"
 FAST = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, speculative_read_delay_s=0.1, bookie_list_ttl_s=0.2,
                      metadata_timeout_s=2.0, ensemble_change_wait_s=2.0)
 HEALING = ["--lost-bookie-delay-s", "3", "--audit-interval-s", "5", "--open-ledger-grace-s", "4"]
@@ -28,25 +27,7 @@ SLOW = ["--replication-rate-bytes-per-s", str(256 << 10), "--replication-batch-b
 
 
 def data(ledger: int, entry: int, size: int = 120) -> bytes:
-    unit = f"ledger {ledger} entry {entry} ".encode()
-    return (unit * (size // len(unit) + 1))[:size]
-
-
-async def wait_for(what: str, check: Callable[[], Awaitable[bool]], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s}s"
-        await asyncio.sleep(0.1)
-
-
-async def naming(client: Client, bookie_id: str) -> list[int]:
-    return [m.ledger_id async for m in client.iter_ledger_metadata()
-            if any(bookie_id in bookies for _, bookies in m.ensembles)]
-
-
-async def read_all(client: Client, ledger: int) -> list[bytes]:
-    reader = await client.open_ledger(ledger, password=PW)
-    return [e.data async for e in reader.read(0, reader.last_entry_id)] if reader.last_entry_id >= 0 else []
+    return sized(f"ledger {ledger} entry {entry} ", size)
 
 
 async def no_ensemble_names_a_bookie_twice(client: Client) -> None:
@@ -89,10 +70,10 @@ async def test_an_auditor_killed_while_marking_is_followed_by_one_that_finishes(
             written: dict[int, list[bytes]] = {}
             while len(set(written) & set(await naming(client, victim))) < k + 3:
                 assert len(written) < 200, "placement never chose the victim"
-                w = await client.create_ledger(2, 2, 2, password=PW)
+                w = await client.create_ledger(2, 2, 2, password=PASSWORD)
                 if auditor in w.metadata.last_ensemble:
                     await w.close()
-                    await client.delete_ledger(w.ledger_id, password=PW)
+                    await client.delete_ledger(w.ledger_id, password=PASSWORD)
                     continue
                 entries = [data(w.ledger_id, i) for i in range(50)]
                 await w.append_many(entries)
@@ -130,7 +111,7 @@ async def test_an_auditor_killed_while_marking_is_followed_by_one_that_finishes(
 async def test_a_worker_killed_mid_copy_is_finished_by_another_without_a_second_copy(tmp_path: Path) -> None:
     with LocalCluster(str(tmp_path / "c"), bookies=4, bookie_args=HEALING + SLOW) as cluster:
         async with Client(cluster.etcd_endpoint, options=FAST) as client:
-            w = await client.create_ledger(2, 2, 2, password=PW)
+            w = await client.create_ledger(2, 2, 2, password=PASSWORD)
             entries = [data(w.ledger_id, i, 4096) for i in range(512)]  # 2 MiB: about 8 s to copy
             await w.append_many(entries)
             await w.close()
@@ -178,7 +159,7 @@ async def test_a_bookie_back_during_re_replication_does_no_harm(tmp_path: Path) 
             victim = "bookie-0"
             while len(set(written) & set(await naming(client, victim))) < 2:
                 assert len(written) < 40, "placement never chose the victim"
-                w = await client.create_ledger(2, 2, 2, password=PW)
+                w = await client.create_ledger(2, 2, 2, password=PASSWORD)
                 entries = [data(w.ledger_id, i, 4096) for i in range(256)]  # 1 MiB each
                 await w.append_many(entries)
                 await w.close()

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
+from octavo.cli.clustertesting import octavo
 from octavo.cli.localcluster import LocalCluster
 from octavo.client import Client, ClientOptions
 from octavo.client import damage as read_repair
@@ -143,12 +142,6 @@ async def wait_repaired(client: Client, bookie_id: str, ledger: int, entries: li
             raise AssertionError(f"{bookie_id}: entries {bad} still damaged after {REPAIR_WAIT_S}s; mark "
                                  f"{await damage.get(ledger, bookie_id)}")
         await asyncio.sleep(0.2)
-
-
-def octavo(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OCTAVO_ETCD": cluster.etcd_endpoint}
-    return subprocess.run([sys.executable, "-m", "octavo.cli.main", *args], capture_output=True, text=True,
-                          env=env, timeout=120)
 
 
 def status(cluster: LocalCluster, bookie_id: str) -> dict[str, Any]:

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
 
+from octavo.cli.clustertesting import octavo
 from octavo.cli.localcluster import LocalCluster
 from octavo.client import Client
 from octavo.client.colstats import STATS_KEY, ColumnStats, LedgerStats
@@ -231,23 +230,18 @@ async def test_appends_committed_during_a_merge_stay_after_it(cluster: LocalClus
         assert r.merged[0].ledger.ledger_id in {x.ledger_id for x in m.ledgers}
 
 
-def _cli(cluster: LocalCluster, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "octavo.cli.main", "dataset", *argv, "--etcd",
-                           cluster.etcd_endpoint], capture_output=True, text=True, timeout=120)
-
-
 async def test_the_cli_merges_a_dataset_without_a_key_column(cluster: LocalCluster) -> None:
     async with Client(cluster.etcd_endpoint) as client:
         name = "merge-cli"
         end = await _commit_batches(client, name, 3)
-    done = await asyncio.to_thread(_cli, cluster, "compact", name, "--target-bytes", str(TARGET), "--json")
+    done = await asyncio.to_thread(octavo, cluster, "dataset", "compact", name, "--target-bytes", str(TARGET), "--json")
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert (out["operation"], out["ledgers_before"], out["ledgers_after"], out["ledgers_merged"]) == ("merge", 9, 1, 9)
     assert out["bytes_merged"] > 0 and out["duration_s"] >= 0
-    text = await asyncio.to_thread(_cli, cluster, "compact", name, "--target-bytes", str(TARGET))
+    text = await asyncio.to_thread(octavo, cluster, "dataset", "compact", name, "--target-bytes", str(TARGET))
     assert text.returncode == 0 and "nothing to merge (1 ledgers" in text.stdout, text.stdout + text.stderr
-    listed = await asyncio.to_thread(_cli, cluster, "ls", "--json")
+    listed = await asyncio.to_thread(octavo, cluster, "dataset", "ls", "--json")
     row = next(d for d in json.loads(listed.stdout)["datasets"] if d["name"] == name)
     assert (row["ledgers"], row["rows"]) == (1, end)
     async with Client(cluster.etcd_endpoint) as client:

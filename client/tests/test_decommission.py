@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from octavo.cli.clustertesting import PASSWORD, entry_data, naming, octavo, read_all
 from octavo.cli.localcluster import LocalCluster
 from octavo.client import Client, ClientOptions
 from octavo.client.replication import Replicator, decommission_bookie
@@ -22,7 +23,6 @@ from octavo.client.replication import Replicator, decommission_bookie
 OCTAVO_WITH_CTRL_C = [sys.executable, "-c", "import runpy, signal, sys; "
                       "signal.signal(signal.SIGINT, signal.default_int_handler); sys.argv[0] = 'octavo'; "
                       "runpy.run_module('octavo.cli.main', run_name='__main__')"]
-PW = b"pw"
 FAST = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, speculative_read_delay_s=0.1, bookie_list_ttl_s=0.2,
                      metadata_timeout_s=2.0, ensemble_change_wait_s=5.0)
 
@@ -33,18 +33,8 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
         yield c
 
 
-def data(ledger: int, entry: int) -> bytes:
-    return f"ledger {ledger} entry {entry} ".encode() * 6
-
-
 def decommission(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "octavo.cli.main", "bookie", "decommission", *args, "--etcd",
-                           cluster.etcd_endpoint], capture_output=True, text=True, timeout=180)
-
-
-async def naming(client: Client, bookie_id: str) -> list[int]:
-    return [m.ledger_id async for m in client.iter_ledger_metadata()
-            if any(bookie_id in bookies for _, bookies in m.ensembles)]
+    return octavo(cluster, "bookie", "decommission", *args)
 
 
 async def fill_closed(client: Client, victim: str, times: int, *, naming_victim: int) -> dict[int, list[bytes]]:
@@ -53,34 +43,29 @@ async def fill_closed(client: Client, victim: str, times: int, *, naming_victim:
     closed: dict[int, list[bytes]] = {}
     while len(set(closed) & set(await naming(client, victim))) < naming_victim:
         assert len(closed) < 40, "placement never chose the victim"
-        w = await client.create_ledger(2, 2, 2, password=PW)
-        entries = [data(w.ledger_id, i) * times for i in range(300 if times == 1 else 1000)]
+        w = await client.create_ledger(2, 2, 2, password=PASSWORD)
+        entries = [entry_data(w.ledger_id, i) * times for i in range(300 if times == 1 else 1000)]
         await w.append_many(entries)
         await w.close()
         closed[w.ledger_id] = entries
     return closed
 
 
-async def read_all(client: Client, ledger: int) -> list[bytes]:
-    reader = await client.open_ledger(ledger, password=PW)
-    return [e.data async for e in reader.read(0, reader.last_entry_id)] if reader.last_entry_id >= 0 else []
-
-
 async def test_decommission_under_write_load_loses_nothing_and_fails_no_write(cluster: LocalCluster) -> None:
     victim = "bookie-1"
     async with Client(cluster.etcd_endpoint, options=FAST) as client:
         closed = await fill_closed(client, victim, 1, naming_victim=3)
-        writers = [await client.create_ledger(2, 2, 2, password=PW) for _ in range(3)]
+        writers = [await client.create_ledger(2, 2, 2, password=PASSWORD) for _ in range(3)]
         while not any(victim in w.metadata.last_ensemble for w in writers):
             assert len(writers) < 20, "placement never chose the victim"
-            writers.append(await client.create_ledger(2, 2, 2, password=PW))
+            writers.append(await client.create_ledger(2, 2, 2, password=PASSWORD))
         written: dict[int, int] = {w.ledger_id: 0 for w in writers}
         stop = False
 
         async def write(w: object) -> None:
             while not stop:
                 n = written[w.ledger_id]  # type: ignore[attr-defined]
-                await w.append_many([data(w.ledger_id, i) for i in range(n, n + 50)])  # type: ignore[attr-defined]
+                await w.append_many([entry_data(w.ledger_id, i) for i in range(n, n + 50)])  # type: ignore[attr-defined]
                 written[w.ledger_id] = n + 50  # type: ignore[attr-defined]
                 await asyncio.sleep(0.01)
 
@@ -105,7 +90,8 @@ async def test_decommission_under_write_load_loses_nothing_and_fails_no_write(cl
             assert await read_all(client, lid) == entries
         for w in writers:
             await w.close()
-            assert await read_all(client, w.ledger_id) == [data(w.ledger_id, i) for i in range(written[w.ledger_id])]
+            expected = [entry_data(w.ledger_id, i) for i in range(written[w.ledger_id])]
+            assert await read_all(client, w.ledger_id) == expected
 
         # Its process drops out of the cluster for good, and its data directory cannot rejoin.
         deadline = time.monotonic() + 15
@@ -139,8 +125,8 @@ async def test_an_interrupted_decommission_resumes(cluster: LocalCluster) -> Non
 
 async def test_decommission_refusals_say_why(cluster: LocalCluster) -> None:
     async with Client(cluster.etcd_endpoint, options=FAST) as client:
-        w = await client.create_ledger(3, 3, 2, password=PW)
-        await w.append_many([data(w.ledger_id, i) for i in range(10)])
+        w = await client.create_ledger(3, 3, 2, password=PASSWORD)
+        await w.append_many([entry_data(w.ledger_id, i) for i in range(10)])
         await w.close()
         unknown = decommission(cluster, "no-such-bookie")
         assert unknown.returncode == 1 and "unknown bookie 'no-such-bookie'" in unknown.stderr
@@ -159,11 +145,6 @@ async def test_decommission_refusals_say_why(cluster: LocalCluster) -> None:
         assert other in await client.writable_bookies(), "a refused decommission changed the bookie's mode"
 
 
-def octavo(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "octavo.cli.main", *args, "--etcd", cluster.etcd_endpoint],
-                          capture_output=True, text=True, timeout=180)
-
-
 async def test_an_interrupted_decommission_says_how_to_go_on_and_cancel_undoes_it(cluster: LocalCluster) -> None:
     """Issue 29, item 8. While it waits on open ledgers it says which ones and how long their writers have;
     Ctrl-C says how to resume or cancel; --cancel removes its marks and releases the forced read-only mode
@@ -175,8 +156,8 @@ async def test_an_interrupted_decommission_says_how_to_go_on_and_cancel_undoes_i
         writers = []
         while not any(victim in w.metadata.last_ensemble for w in writers):
             assert len(writers) < 20, "placement never chose the victim"
-            w = await client.create_ledger(3, 3, 2, password=PW)
-            await w.append_many([data(w.ledger_id, i) for i in range(10)])
+            w = await client.create_ledger(3, 3, 2, password=PASSWORD)
+            await w.append_many([entry_data(w.ledger_id, i) for i in range(10)])
             writers.append(w)
         waiting_on = sorted(w.ledger_id for w in writers if victim in w.metadata.last_ensemble)
         # The --bookie form, as every other bookie command (the positional form stays: the other tests use it).

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from octavo.cli.clustertesting import wait_until
 from octavo.cli.localcluster import EtcdProcess
 from octavo.client import ClientOptions, SyncClient
 from octavo.node.testing import BookieConnection, BookieProcess
@@ -86,13 +87,6 @@ def status(address: str) -> pb.BookieStatus:
         return conn.status()
 
 
-def wait_for(predicate, what: str, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 def read_back(client: SyncClient, ledger: int, count: int) -> None:
     reader = client.open_ledger(ledger, password=PW, recovery=False)
     got = [(e.entry_id, e.data) for e in reader.read(0, count - 1)]
@@ -131,7 +125,7 @@ def test_a_filling_disk_turns_the_bookie_read_only_and_compaction_brings_it_back
             keep.close()
             for handle in (big, keep):
                 assert "small" not in handle.metadata.ensembles[-1][1], handle.metadata.ensembles
-            wait_for(lambda: client.bookies()["small"].readonly, "the read-only registration")
+            wait_until("the read-only registration", lambda: client.bookies()["small"].readonly)
             for lid, n in counts.items():
                 read_back(client, lid, n)  # every acknowledged entry, byte-identical
             log = Path(small.log_path).read_text(errors="replace")
@@ -145,8 +139,8 @@ def test_a_filling_disk_turns_the_bookie_read_only_and_compaction_brings_it_back
                 for update in conn.admin.RunCompaction(pb.RunCompactionRequest(major=True), timeout=120):
                     report = update.report if update.done else None
                 assert report is not None and report.logs_compacted > 0 and not report.error
-            wait_for(lambda: status(address).mode == pb.MODE_WRITABLE, "writable again below the low mark")
-            wait_for(lambda: not client.bookies()["small"].readonly, "the writable registration")
+            wait_until("writable again below the low mark", lambda: status(address).mode == pb.MODE_WRITABLE)
+            wait_until("the writable registration", lambda: not client.bookies()["small"].readonly)
             read_back(client, keep.ledger_id, counts[keep.ledger_id])
     finally:
         small.stop()

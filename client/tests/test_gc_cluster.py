@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from octavo.cli.clustertesting import wait_until
 from octavo.cli.localcluster import LocalCluster
 from octavo.client import Client, ClientOptions
 from octavo.node.files import LOGS_DIR
@@ -38,13 +38,6 @@ async def write_ledger(client: Client, mb: int) -> tuple[int, int]:
     return writer.ledger_id, writer.last_add_confirmed + 1
 
 
-def wait_until(predicate, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.2)
-
-
 async def test_deleting_a_ledger_gives_its_space_back(cluster: LocalCluster) -> None:
     async with Client(cluster.etcd_endpoint, options=FAST) as client:
         doomed, _ = await write_ledger(client, 24)
@@ -52,7 +45,8 @@ async def test_deleting_a_ledger_gives_its_space_back(cluster: LocalCluster) -> 
         before = {b: log_bytes(p.data_dir) for b, p in cluster.bookies.items()}
         await client.delete_ledger(doomed)
         for bookie_id, bookie in cluster.bookies.items():
-            wait_until(lambda b=bookie, was=before[bookie_id]: log_bytes(b.data_dir) < was - 8 * 1024 * 1024)
+            wait_until(f"{bookie_id} gives 8 MiB back",
+                       lambda b=bookie, was=before[bookie_id]: log_bytes(b.data_dir) < was - 8 * 1024 * 1024)
             with BookieConnection(bookie.address) as conn:  # a pass ran (its figures may be a later, empty one)
                 assert conn.status().gc_last_run_unix_ms > 0
         reader = await client.open_ledger(kept, password=PW)
@@ -74,7 +68,7 @@ async def test_a_ledger_deleted_while_a_bookie_is_down_is_collected_when_it_retu
         await asyncio.sleep(1.0)
         assert log_bytes(down.data_dir) == was  # nothing happens to a stopped bookie's disk
         down.start()
-        wait_until(lambda: log_bytes(down.data_dir) < was - 8 * 1024 * 1024)
+        wait_until("the returned bookie gives 8 MiB back", lambda: log_bytes(down.data_dir) < was - 8 * 1024 * 1024)
 
 
 def test_octavo_bookie_gc_runs_a_pass_now(cluster: LocalCluster, tmp_path: Path) -> None:

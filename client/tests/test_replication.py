@@ -5,22 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from octavo.cli.clustertesting import PASSWORD, destroy, entry_data, octavo, quiet, read_all, write_closed
 from octavo.cli.localcluster import LocalCluster
 from octavo.client import Client, ClientOptions, LedgerFencedError
 from octavo.client.replication import LOST, OPEN_SEGMENT_LEFT, REPLICATED, Replicator, recover_bookie
 from octavo.meta.errors import NotEnoughBookiesError
 from octavo.meta.underreplication import UnderReplication
 
-PW = b"pw"
 FAST = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, speculative_read_delay_s=0.1, bookie_list_ttl_s=0.2,
                      metadata_timeout_s=2.0, ensemble_change_wait_s=2.0)
 
@@ -33,25 +30,6 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
         yield c
 
 
-async def quiet(writer: object, timeout_s: float = 10) -> None:
-    """Wait until every bookie answered the writer: a bookie killed with a request in flight would make the
-    writer replace it by itself, and the test would no longer be about the lost bookie's open segment."""
-    deadline = time.monotonic() + timeout_s
-    while writer.outstanding_requests:  # type: ignore[attr-defined]
-        assert time.monotonic() < deadline, "the writer's requests were never all answered"
-        await asyncio.sleep(0.01)
-
-
-def data(ledger: int, entry: int) -> bytes:
-    return f"ledger {ledger} entry {entry} ".encode() * 6
-
-
-def destroy(cluster: LocalCluster, bookie_id: str) -> None:
-    """The bookie is gone for good: killed, its disk lost."""
-    cluster.bookies[bookie_id].kill()
-    shutil.rmtree(cluster.bookies[bookie_id].data_dir)
-
-
 async def wait_unregistered(client: Client, bookie_id: str, timeout_s: float = 15) -> None:
     deadline = time.monotonic() + timeout_s
     while bookie_id in await client.bookies(refresh=True):
@@ -59,18 +37,8 @@ async def wait_unregistered(client: Client, bookie_id: str, timeout_s: float = 1
         await asyncio.sleep(0.1)
 
 
-async def read_all(client: Client, ledger: int) -> list[bytes]:
-    reader = await client.open_ledger(ledger, password=PW)
-    return [e.data async for e in reader.read(0, reader.last_entry_id)] if reader.last_entry_id >= 0 else []
-
-
 def naming(metas: list, bookie_id: str) -> list[int]:  # type: ignore[type-arg]
     return [m.ledger_id for m in metas if any(bookie_id in b for _, b in m.ensembles)]
-
-
-def cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "octavo.cli.main", "cluster", *args, "--etcd",
-                           cluster.etcd_endpoint], capture_output=True, text=True, timeout=120)
 
 
 async def test_a_lost_bookie_is_re_replicated_and_a_second_loss_loses_nothing(cluster: LocalCluster) -> None:
@@ -78,20 +46,14 @@ async def test_a_lost_bookie_is_re_replicated_and_a_second_loss_loses_nothing(cl
     recover` no ensemble names it, and a second original bookie can be lost too: every acknowledged entry
     still reads back byte-identical (without re-replication the entries of ledgers on both would be gone)."""
     async with Client(cluster.etcd_endpoint, options=FAST) as client:
-        written: dict[int, list[bytes]] = {}
-        for _ in range(8):
-            writer = await client.create_ledger(2, 2, 2, password=PW)
-            entries = [data(writer.ledger_id, i) for i in range(300)]
-            await writer.append_many(entries)
-            await writer.close()
-            written[writer.ledger_id] = entries
+        written = await write_closed(client, 8, 300)
         metas = [await client.ledger_metadata(lid) for lid in written]
         victim = max(sorted(cluster.bookies), key=lambda b: len(naming(metas, b)))  # placement is random
         assert naming(metas, victim), "no ledger on the victim: the test would prove nothing"
         destroy(cluster, victim)
         await wait_unregistered(client, victim)
 
-        run = cli(cluster, "recover", victim, "--json")
+        run = octavo(cluster, "cluster", "recover", victim, "--json")
         assert run.returncode == 0, run.stderr
         out = json.loads(run.stdout)
         assert sorted(out["replicated"]) == sorted(naming(metas, victim)) and out["lost"] == []
@@ -111,15 +73,15 @@ async def test_a_lost_bookie_is_re_replicated_and_a_second_loss_loses_nothing(cl
 
 async def test_entries_on_no_surviving_replica_are_reported_lost_and_the_mark_stays(cluster: LocalCluster) -> None:
     async with Client(cluster.etcd_endpoint, options=FAST) as client:
-        writer = await client.create_ledger(2, 2, 2, password=PW)
-        await writer.append_many([data(writer.ledger_id, i) for i in range(50)])
+        writer = await client.create_ledger(2, 2, 2, password=PASSWORD)
+        await writer.append_many([entry_data(writer.ledger_id, i) for i in range(50)])
         await writer.close()
         a, b = writer.metadata.last_ensemble
         destroy(cluster, a)
         destroy(cluster, b)
         await wait_unregistered(client, a)
         await wait_unregistered(client, b)
-        run = cli(cluster, "recover", a, "--json")
+        run = octavo(cluster, "cluster", "recover", a, "--json")
         assert run.returncode == 1
         out = json.loads(run.stdout)
         assert out["lost"] == [{"ledger_id": writer.ledger_id, "bookie": a, "first": 0, "last": 49}]
@@ -129,7 +91,7 @@ async def test_entries_on_no_surviving_replica_are_reported_lost_and_the_mark_st
         assert a in meta.last_ensemble, "a segment with lost entries was papered over"
         mark = await UnderReplication(client.etcd, client.metadata_store.layout).get(writer.ledger_id)
         assert mark is not None and a in mark.missing
-        listed = json.loads(cli(cluster, "underreplicated", "--json").stdout)["underreplicated"]
+        listed = json.loads(octavo(cluster, "cluster", "underreplicated", "--json").stdout)["underreplicated"]
         assert [(m["ledger_id"], m["missing"]) for m in listed] == [(writer.ledger_id, [a])]
 
 
@@ -137,8 +99,8 @@ async def test_open_ledgers_are_left_to_their_writer_unless_recover_open(cluster
     """An open ledger whose last segment names the lost bookie: without --recover-open it is left to its
     writer; with it, it is fenced, closed and re-replicated, and the old writer can no longer append."""
     async with Client(cluster.etcd_endpoint, options=FAST) as client:
-        writer = await client.create_ledger(3, 3, 2, password=PW)
-        await writer.append_many([data(writer.ledger_id, i) for i in range(100)])
+        writer = await client.create_ledger(3, 3, 2, password=PASSWORD)
+        await writer.append_many([entry_data(writer.ledger_id, i) for i in range(100)])
         await quiet(writer)
         victim = writer.metadata.last_ensemble[0]
         destroy(cluster, victim)
@@ -155,8 +117,8 @@ async def test_open_ledgers_are_left_to_their_writer_unless_recover_open(cluster
         assert meta.closed and meta.last_entry_id == 99 and victim not in meta.last_ensemble
         with pytest.raises(LedgerFencedError):
             for i in range(100, 200):
-                await asyncio.wait_for(writer.append(data(writer.ledger_id, i)), timeout=20)
-        assert await read_all(client, writer.ledger_id) == [data(writer.ledger_id, i) for i in range(100)]
+                await asyncio.wait_for(writer.append(entry_data(writer.ledger_id, i)), timeout=20)
+        assert await read_all(client, writer.ledger_id) == [entry_data(writer.ledger_id, i) for i in range(100)]
         assert report.outcome != OPEN_SEGMENT_LEFT and report.outcome != LOST
 
 
@@ -164,33 +126,34 @@ async def test_recovery_races_a_live_writer_without_overwriting_it(cluster: Loca
     """A writer replaced the lost bookie in a new segment and keeps writing while its older segment is
     re-replicated: the two CAS on one ledger; neither change is lost and every entry reads back."""
     async with Client(cluster.etcd_endpoint, options=FAST) as client:
-        writer = await client.create_ledger(2, 2, 2, password=PW)
-        await writer.append_many([data(writer.ledger_id, i) for i in range(500)])
+        writer = await client.create_ledger(2, 2, 2, password=PASSWORD)
+        await writer.append_many([entry_data(writer.ledger_id, i) for i in range(500)])
         victim = writer.metadata.last_ensemble[0]
         destroy(cluster, victim)
-        await writer.append_many([data(writer.ledger_id, i) for i in range(500, 600)])  # the writer replaces it
+        await writer.append_many([entry_data(writer.ledger_id, i) for i in range(500, 600)])  # the writer replaces it
         assert victim not in writer.metadata.last_ensemble
         await wait_unregistered(client, victim)
-        appends = asyncio.ensure_future(writer.append_many([data(writer.ledger_id, i) for i in range(600, 3000)]))
+        appends = asyncio.ensure_future(writer.append_many([entry_data(writer.ledger_id, i) for i in range(600, 3000)]))
         result = await recover_bookie(client, victim, Replicator(client))
         await appends
         assert result.replicated == [writer.ledger_id] and result.done
         await writer.close()
         meta = await client.ledger_metadata(writer.ledger_id)
         assert naming([meta], victim) == [] and meta.last_entry_id == 2999
-        assert await read_all(client, writer.ledger_id) == [data(writer.ledger_id, i) for i in range(3000)]
+        assert await read_all(client, writer.ledger_id) == [entry_data(writer.ledger_id, i) for i in range(3000)]
 
 
 async def test_bad_input_is_refused_with_a_reason(cluster: LocalCluster) -> None:
     async with Client(cluster.etcd_endpoint, options=FAST) as client:
-        writer = await client.create_ledger(3, 3, 2, password=PW)
-        await writer.append_many([data(writer.ledger_id, i) for i in range(10)])
+        writer = await client.create_ledger(3, 3, 2, password=PASSWORD)
+        await writer.append_many([entry_data(writer.ledger_id, i) for i in range(10)])
         await writer.close()
-        alive = cli(cluster, "recover", "bookie-0")
+        alive = octavo(cluster, "cluster", "recover", "bookie-0")
         assert alive.returncode == 1 and "is registered (alive" in alive.stderr
-        unknown = cli(cluster, "recover", "no-such-bookie")
+        unknown = octavo(cluster, "cluster", "recover", "no-such-bookie")
         assert unknown.returncode == 1 and "unknown bookie 'no-such-bookie'" in unknown.stderr
-        dry = cli(cluster, "recover", writer.metadata.last_ensemble[0], "--dry-run")  # alive: refused first
+        alive_bookie = writer.metadata.last_ensemble[0]
+        dry = octavo(cluster, "cluster", "recover", alive_bookie, "--dry-run")  # alive: refused first
         assert dry.returncode == 1
         # Two bookies lost: an E3 ledger cannot get a full ensemble from the two left.
         a, b = writer.metadata.last_ensemble[:2]
@@ -198,11 +161,11 @@ async def test_bad_input_is_refused_with_a_reason(cluster: LocalCluster) -> None
         destroy(cluster, b)
         await wait_unregistered(client, a)
         await wait_unregistered(client, b)
-        dry = cli(cluster, "recover", a, "--dry-run", "--json")
+        dry = octavo(cluster, "cluster", "recover", a, "--dry-run", "--json")
         assert dry.returncode == 0 and json.loads(dry.stdout)["segments_to_move"] == 1
         with pytest.raises(NotEnoughBookiesError, match=r"needs an ensemble of 3 bookies \(E3/Qw3/Qa2\)"):
             await recover_bookie(client, a, Replicator(client))
-        refused = cli(cluster, "recover", a)
+        refused = octavo(cluster, "cluster", "recover", a)
         assert refused.returncode == 1 and "needs an ensemble of 3 bookies" in refused.stderr
 
 
@@ -211,8 +174,8 @@ async def test_an_interrupted_copy_resumes_on_the_same_bookie(cluster: LocalClus
     on one bookie and the mark; the next run picks that same bookie, finishes, and no other bookie ever got a
     copy: at most one partial copy, never two."""
     async with Client(cluster.etcd_endpoint, options=FAST) as client:
-        writer = await client.create_ledger(2, 2, 2, password=PW)
-        entries = [data(writer.ledger_id, i) * 10 for i in range(2000)]  # about 2 MB
+        writer = await client.create_ledger(2, 2, 2, password=PASSWORD)
+        entries = [entry_data(writer.ledger_id, i) * 10 for i in range(2000)]  # about 2 MB
         await writer.append_many(entries)
         await writer.close()
         victim, survivor = writer.metadata.last_ensemble

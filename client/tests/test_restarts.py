@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from octavo.cli.clustertesting import PASSWORD, read_all, revive
 from octavo.cli.localcluster import LocalCluster, free_port
 from octavo.client import Client, ClientOptions, NotEnoughBookiesError
 
-PW = b"pw"
 FAST = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, speculative_read_delay_s=0.1, bookie_list_ttl_s=0.2,
                      metadata_timeout_s=2.0)
 
@@ -32,11 +32,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 @pytest.fixture(autouse=True)
 def all_bookies_up(cluster: LocalCluster) -> Iterator[None]:
     yield
-    for bookie in cluster.bookies.values():
-        if bookie.alive() and bookie.proc is not None:
-            os.kill(bookie.proc.pid, signal.SIGCONT)
-        else:
-            bookie.start()
+    revive(cluster)
 
 
 @pytest.fixture
@@ -54,11 +50,6 @@ async def task_errors() -> AsyncIterator[list[dict[str, Any]]]:
 
 def data(ledger: int, entry: int) -> bytes:
     return f"ledger {ledger} entry {entry} ".encode() * 8
-
-
-async def read_back(client: Client, ledger: int) -> list[bytes]:
-    reader = await client.open_ledger(ledger, password=PW)
-    return [e.data async for e in reader.read(0, reader.last_entry_id)] if reader.last_entry_id >= 0 else []
 
 
 async def wait_registered_again(client: Client, bookie_id: str, started_before: int, timeout_s: float = 20) -> float:
@@ -80,7 +71,7 @@ async def test_a_close_racing_an_ensemble_change_is_ordered_and_leaves_no_task_e
     the close and stops), the ledger is right, and no background task ends with an exception."""
     async with Client(cluster.etcd_endpoint, options=FAST) as client:
         for _ in range(3):
-            writer = await client.create_ledger(3, 3, 2, password=PW)
+            writer = await client.create_ledger(3, 3, 2, password=PASSWORD)
             ledger = writer.ledger_id
             assert await writer.append_many([data(ledger, i) for i in range(10)]) == list(range(10))
             victim = writer.metadata.last_ensemble[0]
@@ -96,7 +87,7 @@ async def test_a_close_racing_an_ensemble_change_is_ordered_and_leaves_no_task_e
             await writer.close()
             meta = await client.ledger_metadata(ledger)
             assert meta.state == "CLOSED" and meta.last_entry_id == 19
-            assert await read_back(client, ledger) == [data(ledger, i) for i in range(20)]
+            assert await read_all(client, ledger) == [data(ledger, i) for i in range(20)]
             await asyncio.sleep(0.3)  # let a change that saw the close finish
             assert not writer.changing_ensemble
             cluster.bookies[victim].start()
@@ -110,7 +101,7 @@ async def test_a_bookie_restarted_on_its_port_is_used_again_at_once(cluster: Loc
     appends, made the moment etcd shows the bookie back, are acknowledged by it within a second, and the
     restart causes no ensemble change."""
     async with Client(cluster.etcd_endpoint, options=FAST) as client:
-        writer = await client.create_ledger(3, 3, 3, password=PW)  # Qa = Qw: every bookie must answer
+        writer = await client.create_ledger(3, 3, 3, password=PASSWORD)  # Qa = Qw: every bookie must answer
         ledger = writer.ledger_id
         assert await writer.append_many([data(ledger, i) for i in range(10)]) == list(range(10))
         victim = writer.metadata.last_ensemble[1]
@@ -126,7 +117,7 @@ async def test_a_bookie_restarted_on_its_port_is_used_again_at_once(cluster: Loc
         assert victim in writer.metadata.last_ensemble
         assert took < 1.0, f"the restarted bookie acknowledged only {took:.2f}s after it registered"
         await writer.close()
-        assert await read_back(client, ledger) == [data(ledger, i) for i in range(20)]
+        assert await read_all(client, ledger) == [data(ledger, i) for i in range(20)]
 
 
 async def test_a_long_lived_handle_survives_more_failures_than_there_are_spare_bookies(cluster: LocalCluster) -> None:
@@ -135,7 +126,7 @@ async def test_a_long_lived_handle_survives_more_failures_than_there_are_spare_b
     (before, it never reused a bookie that failed it and died at the second failure)."""
     options = replace(FAST, bookie_quarantine_s=1.0)
     async with Client(cluster.etcd_endpoint, options=options) as client:
-        writer = await client.create_ledger(3, 3, 2, password=PW)
+        writer = await client.create_ledger(3, 3, 2, password=PASSWORD)
         ledger = writer.ledger_id
         next_id = 0
         victims = []
@@ -156,7 +147,7 @@ async def test_a_long_lived_handle_survives_more_failures_than_there_are_spare_b
         # Three failures with one spare: bookies that failed this handle are back in its ensemble.
         assert any(v in writer.metadata.last_ensemble for v in victims)
         await writer.close()
-        assert await read_back(client, ledger) == [data(ledger, i) for i in range(next_id)]
+        assert await read_all(client, ledger) == [data(ledger, i) for i in range(next_id)]
 
 
 async def test_a_whole_ensemble_gone_and_back_within_the_wait_loses_no_append(cluster: LocalCluster) -> None:
@@ -164,7 +155,7 @@ async def test_a_whole_ensemble_gone_and_back_within_the_wait_loses_no_append(cl
     wait for them (ensemble_change_wait_s) instead of failing the ledger, take them back even though they
     failed it (no other bookie is usable), and every append is acknowledged."""
     async with Client(cluster.etcd_endpoint, options=replace(FAST, ensemble_change_wait_s=15.0)) as client:
-        writer = await client.create_ledger(3, 3, 2, password=PW)
+        writer = await client.create_ledger(3, 3, 2, password=PASSWORD)
         ledger = writer.ledger_id
         assert await writer.append_many([data(ledger, i) for i in range(50)]) == list(range(50))
         victims = list(writer.metadata.last_ensemble)
@@ -177,14 +168,14 @@ async def test_a_whole_ensemble_gone_and_back_within_the_wait_loses_no_append(cl
         assert await asyncio.wait_for(pending, timeout=40) == list(range(50, 300))
         assert writer.ensemble_changes == 3
         await writer.close()
-        assert await read_back(client, ledger) == [data(ledger, i) for i in range(300)]
+        assert await read_all(client, ledger) == [data(ledger, i) for i in range(300)]
 
 
 async def test_without_the_wait_a_gone_ensemble_fails_at_once_and_says_why(cluster: LocalCluster) -> None:
     """ensemble_change_wait_s = 0 keeps the old behaviour for those who want it: no usable bookie, the handle
     fails at once, and the message names the failed bookie's error and every other bookie's reason."""
     async with Client(cluster.etcd_endpoint, options=replace(FAST, ensemble_change_wait_s=0.0)) as client:
-        writer = await client.create_ledger(3, 3, 2, password=PW)
+        writer = await client.create_ledger(3, 3, 2, password=PASSWORD)
         ledger = writer.ledger_id
         await writer.append(data(ledger, 0))
         victims = list(writer.metadata.last_ensemble)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from octavo.cli.clustertesting import revive, sized
 from octavo.cli.localcluster import LocalCluster
 from octavo.client import Client, ClientOptions, NoSuchLedgerError, ReadError, SyncClient
 from octavo.client.reader import ReadHandle
@@ -31,16 +32,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 @pytest.fixture(autouse=True)
 def all_bookies_up(cluster: LocalCluster) -> Iterator[None]:
     yield
-    for bookie in cluster.bookies.values():
-        if bookie.proc is not None:
-            os.kill(bookie.proc.pid, signal.SIGCONT)
-        if not bookie.alive():
-            bookie.start()
+    revive(cluster)
 
 
 def data(ledger: int, i: int, size: int = 300) -> bytes:
-    seed = f"{ledger}:{i}:".encode()
-    return (seed * (size // len(seed) + 1))[:size]
+    return sized(f"{ledger}:{i}:", size)
 
 
 async def collect(reader: ReadHandle, from_entry: int, out: list[tuple[int, bytes]]) -> None:

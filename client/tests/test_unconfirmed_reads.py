@@ -18,12 +18,12 @@ import re
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from octavo.cli.clustertesting import wait_until
 from octavo.cli.localcluster import LocalCluster, free_port
 from octavo.client import Client, ClientOptions, ReadError
 from octavo.client.faults import CLIENT_FAULT_POINTS_ENV, ENSEMBLE_CHANGE_AFTER_SEGMENT_CAS, parse
@@ -135,14 +135,6 @@ def bookie(cluster: LocalCluster, bookie_id: str, extra: list[str] | None = None
     return process
 
 
-def wait_for(what: str, check: object, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 async def test_fault_points_parse() -> None:
     assert parse("") == {}
     assert parse(f"{ENSEMBLE_CHANGE_AFTER_SEGMENT_CAS}@3") == {ENSEMBLE_CHANGE_AFTER_SEGMENT_CAS: 3}
@@ -167,14 +159,14 @@ async def test_default_read_never_returns_an_entry_recovery_drops(cluster: Local
         ledger_id = int(await asyncio.wait_for(writer.stdout.readline(), WAIT_S))
         with BookieConnection(f"127.0.0.1:{bookie_port}") as direct:  # past the proxy
             # The writer is idle: its LAC-only add tells the bookie every entry so far is acknowledged.
-            wait_for("the bookie's LAC", lambda: direct.read_lac(ledger_id).last_add_confirmed == CONFIRMED - 1)
+            wait_until("the bookie's LAC", lambda: direct.read_lac(ledger_id).last_add_confirmed == CONFIRMED - 1)
             assert proxy.drop_answers() >= 1  # the writer's connection: the bookie is lost to it alone
             writer.stdin.write(b"go\n")
             await writer.stdin.drain()
             assert await asyncio.wait_for(writer.stdout.readline(), WAIT_S) == b"sent\n"
             last_sent = CONFIRMED + IN_FLIGHT - 1
-            wait_for("the unacknowledged adds on the bookie",
-                     lambda: direct.read_lac(ledger_id).last_entry_id == last_sent)
+            wait_until("the unacknowledged adds on the bookie",
+                       lambda: direct.read_lac(ledger_id).last_entry_id == last_sent)
             assert direct.read_lac(ledger_id).last_add_confirmed == CONFIRMED - 1
 
         # A reader without recovery, while the writer's adds time out and its ensemble change waits for a
