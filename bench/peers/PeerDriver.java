@@ -112,7 +112,9 @@ public final class PeerDriver {
         public void prepare(int ledgers, int ackQuorum, boolean latency) throws Exception {
             topic = "bench-" + ProcessHandle.current().pid() + "-" + (run++);
             NewTopic t = new NewTopic(topic, ledgers, (short) 3).configs(Map.of("min.insync.replicas", "2"));
-            admin.createTopics(List.of(t)).all().get(60, TimeUnit.SECONDS);
+            // A topic of 1,000 partitions (workload 4) takes its controller far longer than one of 100.
+            long waitS = 60 + ledgers / 5;
+            admin.createTopics(List.of(t)).all().get(waitS, TimeUnit.SECONDS);
             Properties p = new Properties();
             p.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
             p.put(ProducerConfig.ACKS_CONFIG, "all");
@@ -130,7 +132,7 @@ public final class PeerDriver {
             p.put(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, "false");
             producer = new KafkaProducer<>(p, new ByteArraySerializer(), new ByteArraySerializer());
             // Every partition has a leader before the clock starts.
-            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(waitS);
             while (true) {
                 List<PartitionInfo> parts = producer.partitionsFor(topic);
                 if (parts.size() == ledgers && parts.stream().allMatch(x -> x.leader() != null
@@ -138,7 +140,7 @@ public final class PeerDriver {
                     break;
                 }
                 if (System.nanoTime() > deadline) {
-                    throw new Exception("topic " + topic + " has no leaders after 60 s");
+                    throw new Exception("topic " + topic + " has no leaders after " + waitS + " s");
                 }
                 Thread.sleep(100);
             }
@@ -217,7 +219,7 @@ public final class PeerDriver {
         public void cleanup() throws Exception {
             following = false;
             producer.close(java.time.Duration.ofSeconds(30));
-            admin.deleteTopics(List.of(topic)).all().get(60, TimeUnit.SECONDS);
+            admin.deleteTopics(List.of(topic)).all().get(300, TimeUnit.SECONDS);
         }
 
         public void close() {
