@@ -80,6 +80,8 @@ class OperatorState:
     scale_downs: dict[ClusterKey, asyncio.Task[ScaleDownStep]] = field(default_factory=dict)
     # The last refusal of each cluster's scale-down: its Warning event is posted once per change of reason.
     scale_down_refusals: dict[ClusterKey, str] = field(default_factory=dict)
+    # The last refused spec of each cluster reported in an InvalidSpec event (until a spec is applied).
+    spec_errors: dict[ClusterKey, str] = field(default_factory=dict)
     last_poll_unix_s: float = 0.0
     _kube: Kube | None = None
 

@@ -246,7 +246,10 @@ async def _reconcile(config: OperatorConfig, state: OperatorState, name: str, na
             spec, policy = await _parse(kube, name, namespace, raw)
         except SpecError as e:
             error = str(e)
-            if (status.get(SPEC_ERROR_FIELD) or "") != error:
+            # Once per refusal: the status says it was reported (across restarts), and so does the state, for a
+            # reconcile that queued behind the one that reported it and holds the status from before its patch.
+            if (status.get(SPEC_ERROR_FIELD) or "") != error and state.spec_errors.get((namespace, name)) != error:
+                state.spec_errors[(namespace, name)] = error
                 kopf.warn(dict(body), reason="InvalidSpec",  # type: ignore[arg-type]
                           message=f"the new spec is refused, the cluster keeps running on the last valid one: "
                                   f"{error}" if status.get(APPLIED_SPEC_FIELD) else error)
@@ -268,6 +271,7 @@ async def _reconcile(config: OperatorConfig, state: OperatorState, name: str, na
             state.last_poll_unix_s = now.timestamp()
             return False
         patch.status[APPLIED_SPEC_FIELD] = raw
+        state.spec_errors.pop((namespace, name), None)
         # The StatefulSet is read once per reconcile: here, and apply_owned answers it as it is after its patch.
         existing = await kube.get("apps/v1", "statefulsets", namespace, name)
         current_replicas = int((existing or {}).get("spec", {}).get("replicas") or 0) if existing else spec.replicas
