@@ -13,8 +13,9 @@ from octavo.node.config import ConfigError, NodeConfig
 from octavo.node.dataplane import BookieService, bookie_handler
 from octavo.node.disk import DiskMonitor, tree_bytes
 from octavo.node.fileio import FileIO
+from octavo.node.ratelimitedlog import RateLimit
 from octavo.node.rpc import disk_failures
-from octavo.node.storage import Storage
+from octavo.node.storage import Storage, write_failures
 from octavo.node.testing import payload_for, small_config
 from octavo.v1 import bookie_pb2 as pb
 from octavo.v1 import bookie_pb2_grpc as pb_grpc
@@ -144,10 +145,12 @@ class FullDiskIO(FileIO):
 
 
 async def test_a_fence_on_a_full_disk_answers_resource_exhausted_naming_the_disk(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """Seed 20024: the log roll after a fence hit ENOSPC and the OSError reached gRPC, which answered UNKNOWN
     and logged a traceback per fence. Now: RESOURCE_EXHAUSTED naming the data directory, and the lines a flood
     of such fences costs are bounded by the rate limit."""
+    for limited in (disk_failures, write_failures):  # a fresh window: earlier tests may have used this one's
+        monkeypatch.setattr(limited, "limit", RateLimit())
     io = FullDiskIO()
     s = Storage.open(small_config(tmp_path / "b"), io=io)
     server = grpc.aio.server()
@@ -159,7 +162,7 @@ async def test_a_fence_on_a_full_disk_answers_resource_exhausted_naming_the_disk
         assert add(s, 1, 0)[0] == [pb.OK]  # ledgers 1 and 2 in the active log: a fence or close rolls the log
         assert add(s, 2, 0)[0] == [pb.OK]
         io.full = True
-        caplog.set_level(logging.WARNING, logger="octavo.node.rpc")
+        caplog.set_level(logging.WARNING)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = pb_grpc.BookieStub(channel)
             for _ in range(fences):
@@ -173,6 +176,9 @@ async def test_a_fence_on_a_full_disk_answers_resource_exhausted_naming_the_disk
         assert state is not None and state.fenced  # the fence itself was synced before the roll failed
         lines = [r for r in caplog.records if r.name == "octavo.node.rpc" and "fence of ledger 1" in r.getMessage()]
         assert 1 <= len(lines) <= disk_failures.limit.lines_max < fences
+        # The engine's own lines (the fence record and the append it could not write) are bounded too.
+        engine_lines = [r for r in caplog.records if r.name == "octavo.node.storage"]
+        assert 1 <= len(engine_lines) <= 2 * write_failures.limit.lines_max < 2 * fences
     finally:
         await server.stop(None)
         io.full = False

@@ -74,6 +74,14 @@ class RateLimitedLog:
     def warning(self, kind: str, message: str, **fields: Any) -> bool:
         """Log `message` (cut to MESSAGE_CHARS_MAX) unless this kind is over its limit; `fields` go into the record
         (the JSON log format writes them out). True when the line went out."""
+        return self.log(logging.WARNING, kind, message, **fields)
+
+    def error(self, kind: str, message: str, **fields: Any) -> bool:
+        """As warning(), at ERROR level."""
+        return self.log(logging.ERROR, kind, message, **fields)
+
+    def log(self, level: int, kind: str, message: str, **fields: Any) -> bool:
+        """Log `message` at `level` unless this kind is over its limit (warning() says the rest)."""
         dropped = self.limit.admit(kind, self.clock())
         if dropped is None:
             return False
@@ -83,5 +91,5 @@ class RateLimitedLog:
             message += f" ({dropped} more like this dropped before this line: at most {self.limit.lines_max} per " \
                        f"{self.limit.window_s:g} s)"
             fields["dropped_lines"] = dropped
-        self.logger.warning("%s", message, extra=fields)
+        self.logger.log(level, "%s", message, extra=fields)
         return True

@@ -55,6 +55,7 @@ from octavo.node.gc import GcReport
 from octavo.node.index import Index, LogMeta
 from octavo.node.ledgerrow import MASTER_KEY_BYTES_MAX
 from octavo.node.ledgers import LedgerState, LedgerTable
+from octavo.node.ratelimitedlog import RateLimitedLog
 from octavo.node.readfds import ReadFds
 from octavo.node.reads import Reader, ReadItem
 from octavo.node.record import (
@@ -74,6 +75,8 @@ from octavo.v1 import bookie_pb2 as pb
 __all__ = ["GcReport", "LacInfo", "LedgerBatch", "Storage"]
 
 log = logging.getLogger(__name__)
+# A full or failing disk fails every write alike (each fence, each add): its lines are bounded (ratelimitedlog.py).
+write_failures = RateLimitedLog(log)
 
 
 @dataclass(frozen=True)
@@ -371,7 +374,7 @@ class Storage(EngineFlags):
     def _undo_partial_write_locked(self, active: EntryLog, error: OSError) -> None:
         """A failed write may have left part of a batch in the log: cut it off so the log stays a clean
         sequence of acknowledged records. If even that fails the log cannot be trusted for appends: roll."""
-        log.error("append to entry log %d failed: %s", active.log_id, error)
+        write_failures.error("append failed", f"append to entry log {active.log_id} failed: {error}")
         try:
             self.io.truncate(active.fd, active.size)
         except OSError as e:
@@ -542,7 +545,8 @@ class Storage(EngineFlags):
         try:
             self.io.write_at_end(active.fd, data)
         except OSError as e:
-            log.error("could not record the fence of ledger %d in entry log %d: %s", ledger_id, active.log_id, e)
+            write_failures.error("fence record failed", f"could not record the fence of ledger {ledger_id} in entry "
+                                 f"log {active.log_id}: {e}")
             self._undo_partial_write_locked(active, e)
             return
         active.cache.setdefault(ledger_id, {})
