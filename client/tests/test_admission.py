@@ -96,3 +96,20 @@ def test_ensemble_entry_limit_names_who_sets_it() -> None:
     assert ensemble_entry_limit(4000, ["b1", "b2", "b3"], regs) == (3000, "bookie b2")
     assert ensemble_entry_limit(2000, ["b1", "b2", "b3"], regs) == (2000, "the client")
     assert ensemble_entry_limit(4000, ["b3", "gone"], regs) == (4000, "the client")
+
+
+@given(st.integers(0, 3000), st.lists(st.integers(0, 120), min_size=1, max_size=12), st.booleans(), st.booleans())
+def test_admit_applies_refusal_and_has_room(used: int, sizes: list[int], failed: bool, closing: bool) -> None:
+    """admit writes the two rules out (it runs once per record): it must agree with refusal and has_room."""
+    error = LedgerFencedError("fenced") if failed else None
+    expected = refusal(error, closing, 7)
+    entries: list[Any] = [b"x" * n for n in sizes]
+    if expected is not None:
+        with pytest.raises(type(expected), match=str(expected)):
+            run(entries, error=error, closing=closing, used=used)
+        return
+    if max(sizes) > LIMIT:
+        with pytest.raises(EntryTooLargeError):
+            run(entries, used=used)
+        return
+    assert run(entries, used=used) == (sum(sizes), has_room(used, sum(sizes), BUDGET, len(sizes)))

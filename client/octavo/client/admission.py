@@ -32,13 +32,18 @@ def ensemble_entry_limit(client_limit: int, ensemble: Sequence[str], registratio
     return limit, by
 
 
+def closed_error(ledger_id: int) -> LedgerClosedError:
+    """The refusal of a handle that is closing."""
+    return LedgerClosedError(f"ledger {ledger_id} is closed to appends")
+
+
 def refusal(error: OctavoError | None, closing: bool, ledger_id: int) -> OctavoError | None:
-    """The handle's own refusal, whatever the entries: its error if it failed, LedgerClosedError if it is
-    closing; None if it takes appends."""
+    """The handle's own refusal, whatever the entries (as `admit` checks it first): its error if it failed,
+    LedgerClosedError if it is closing; None if it takes appends."""
     if error is not None:
         return error
     if closing:
-        return LedgerClosedError(f"ledger {ledger_id} is closed to appends")
+        return closed_error(ledger_id)
     return None
 
 
@@ -54,9 +59,10 @@ def admit(entries: list[Any], single: bool, error: OctavoError | None, closing: 
     refusal, else returns (their total size in bytes, whether the budget has room for them now). `single`: the
     one entry of an append (named `data` in errors), else `entries[k]`. `entry_limit_by` says who sets
     `entry_limit` ("the client", or "bookie b1"); `used_bytes` is what is in flight (and queued) already."""
-    refused = refusal(error, closing, ledger_id)
-    if refused is not None:
-        raise refused
+    if error is not None:  # refusal's rule, written out (as has_room's below)
+        raise error
+    if closing:
+        raise closed_error(ledger_id)
     if len(entries) == 1:
         if type(entries[0]) is not bytes:
             entries[0] = check_bytes("data" if single else "entries[0]", entries[0])
@@ -71,4 +77,5 @@ def admit(entries: list[Any], single: bool, error: OctavoError | None, closing: 
     if largest > entry_limit:
         raise EntryTooLargeError(f"entry of {largest} bytes is over {entry_limit_by}'s "
                                  f"entry_size_bytes_max={entry_limit}")
-    return size, has_room(used_bytes, size, inflight_bytes_max, len(entries))
+    # has_room's rule, written out: admit runs once per record of append_nowait (test_admission checks they agree)
+    return size, used_bytes + size <= inflight_bytes_max or (not used_bytes and len(entries) == 1)

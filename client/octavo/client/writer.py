@@ -145,10 +145,9 @@ class WriteHandle:
         return await self._enqueue_future(datas, size)
 
     def admit(self, entries: list[Any], single: bool = False, queued_bytes: int = 0) -> tuple[int, bool]:
-        """The admission of entries on every way in (admission.admit, with this handle's state): raises the
-        refusal, else returns (their size, whether the in-flight budget has room for them beside `queued_bytes`
-        more). Converts `entries` to bytes in place. SyncWriteHandle's producer threads call it too (it only
-        reads the handle)."""
+        """The admission of entries on every way in (admission.admit, with this handle's state; append_nowait
+        calls that directly, once per record): raises the refusal, else returns (their size, whether the budget
+        has room for them beside `queued_bytes` more), with `entries` made bytes. SyncWriteHandle's threads too."""
         return admit(entries, single, self._error, self._closing, self.ledger_id, self._entry_limit,
                      self._entry_limit_by, self._inflight_bytes + queued_bytes, self._options.inflight_bytes_max)
 
@@ -232,7 +231,8 @@ class WriteHandle:
         `flush()`. Raises at once (nothing appended) for an entry that is too large, not bytes, or a handle that
         failed or is closing."""
         datas = [data]
-        size, room = self.admit(datas, single=True)
+        size, room = admit(datas, True, self._error, self._closing, self.ledger_id, self._entry_limit,
+                           self._entry_limit_by, self._inflight_bytes, self._options.inflight_bytes_max)
         if not room:
             raise BufferFullError(f"ledger {self.ledger_id}: {self._inflight_bytes} bytes in flight, the budget is "
                                   f"inflight_bytes_max={self._options.inflight_bytes_max}")
