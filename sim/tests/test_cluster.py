@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from octavo.sim.cluster import Cluster
@@ -37,3 +38,42 @@ def test_write_close_and_read_back(tmp_path: Path) -> None:
     _, got = world.run(main)
     assert got == [b"entry %d" % i for i in range(50)]
     assert world.clock.now_s < 5.0  # virtual seconds
+
+
+def test_a_full_disk_turns_the_bookie_read_only_until_it_is_over(tmp_path: Path) -> None:
+    """The disk monitor on the simulated disk: a full disk makes the bookie read-only (its registration moves to
+    the read-only set, writers go elsewhere), and writable again once the disk is no longer full."""
+    world = World(8)
+    cluster = Cluster(world, str(tmp_path), bookies=4)
+
+    async def main() -> list[tuple[bool, bool]]:
+        await cluster.start_all()
+        client = cluster.client("client-0")
+        bookie = cluster.bookies["bookie-0"]
+        seen = []
+
+        async def state() -> tuple[bool, bool]:
+            storage = bookie.storage
+            assert storage is not None
+            return bool(storage.read_only_reason), "bookie-0" in await client.writable_bookies()
+
+        seen.append(await cluster.on_node("client-0", state()))
+        bookie.io.full = True
+        await asyncio.sleep(2.5)  # the monitor checks every second; the registration follows
+        seen.append(await cluster.on_node("client-0", state()))
+
+        async def write() -> list[str]:
+            writer = await client.create_ledger(3, 3, 2)
+            for i in range(5):
+                await writer.append(b"entry %d" % i)
+            await writer.close()
+            return list(writer.metadata.last_ensemble)
+
+        assert "bookie-0" not in await cluster.on_node("client-0", write())
+        bookie.io.full = False
+        await asyncio.sleep(2.5)
+        seen.append(await cluster.on_node("client-0", state()))
+        await cluster.close()
+        return seen
+
+    assert world.run(main) == [(False, True), (True, False), (False, True)]

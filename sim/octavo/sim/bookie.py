@@ -3,7 +3,8 @@ simulated network, the real registration, deletion watch, GC and compaction loop
 repair after an unclean restart, and the flusher's rounds driven on the loop instead of its thread.
 
 What BookieServer.start does besides, and this leaves out: the gRPC server (the network serves the data
-plane's handlers instead), health and reflection, the admin plane, TLS, telemetry, the disk monitor.
+plane's handlers instead), health and reflection, the admin plane, TLS, telemetry. The disk monitor runs on the
+simulated disk (SimDiskMonitor).
 
 A process crash cancels every task of the bookie's node and drops its files without a sync (the page cache
 survives: the next start replays the unsynced tail). A machine crash also rewrites the data directory to what
@@ -24,6 +25,7 @@ from octavo.node.autorecovery import AutoRecovery
 from octavo.node.compaction import Compactor
 from octavo.node.config import NodeConfig
 from octavo.node.dataplane import BookieService, bookie_handler
+from octavo.node.disk import DirUsage, DiskMonitor
 from octavo.node.files import INDEX_DIR
 from octavo.node.flusher import Flusher
 from octavo.node.registration import Registration
@@ -56,6 +58,10 @@ SIM_SETTINGS: dict[str, Any] = {
     "compaction_minor_interval_ms": 3_000,
     "compaction_major_interval_ms": 6_000,
     "metrics_port": -1,
+    # The disk monitor (SimDiskMonitor): what the data directory holds against this capacity, checked every
+    # second; read-only at 95% (or when an add hits ENOSPC), writable again below 85% (the product's marks).
+    "disk_capacity_bytes": 256 * 1024 * 1024,
+    "disk_check_interval_ms": 1_000,
 }
 
 
@@ -93,6 +99,23 @@ class FaultyIO(SimIO):
         super().fdatasync(fd)
 
 
+class SimDiskMonitor(DiskMonitor):
+    """The bookie's disk monitor on the simulated disk: while the run's disk_full fault lasts the disk reads as
+    full (used = capacity), otherwise as what the data directory holds against disk_capacity_bytes. So a full
+    disk turns the bookie read-only (at the first add that hits ENOSPC, or the next check) and it becomes
+    writable again once the fault is over and the usage is below the writable mark."""
+
+    def __init__(self, storage: Storage, io: FaultyIO) -> None:
+        super().__init__(storage)
+        self.io = io
+
+    def measure(self, path: str) -> DirUsage:
+        usage = super().measure(path)
+        if self.io.full:
+            return DirUsage(path, usage.total_bytes, usage.total_bytes, 0)
+        return usage
+
+
 class SimBookie:
     def __init__(self, name: str, root_dir: str, settings: dict[str, Any] | None = None) -> None:
         self.name = name
@@ -126,6 +149,8 @@ class SimBookie:
         storage = Storage.open(config, self.io, start_flusher=False, clock=loop.time)
         server = self.server = BookieServer(config)
         server.storage, server.bookie_id, server.advertised = storage, self.name, self.address
+        server.disk = SimDiskMonitor(storage, self.io)
+        server.disk.check()  # register in the right set from the start, as BookieServer.start does
         server.compactor = Compactor(storage)
         registration = server.registration = Registration(storage, self.name, self.address)
         try:
@@ -141,6 +166,7 @@ class SimBookie:
         self.tasks = [loop.create_task(self._flush_loop(storage), name="sim-flusher")]
         server._watch_task = loop.create_task(server._watch_deletions(), name="octavo-watch")
         server._space_task = loop.create_task(server._space_loop(), name="octavo-space")
+        server._disk_task = loop.create_task(server._disk_loop(), name="octavo-disk")
         if config.autorecovery_enabled:
             server.autorecovery = AutoRecovery(config, self.name, registration, lambda: not storage.read_only_reason)
             self.tasks.append(loop.create_task(server.autorecovery.run(), name="octavo-autorecovery"))

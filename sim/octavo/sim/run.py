@@ -18,7 +18,7 @@ from octavo.client import faults as client_faults
 from octavo.sim.checks import check
 from octavo.sim.cluster import Cluster
 from octavo.sim.crashpoints import POINTS, CrashPoint
-from octavo.sim.faults import Injector, draw_schedule
+from octavo.sim.faults import Fault, Injector, draw_schedule
 from octavo.sim.network import NODE
 from octavo.sim.workload import Workload
 from octavo.sim.world import World
@@ -115,6 +115,36 @@ def git_commit() -> str:
         return "unknown"
 
 
+def _draw_crash_point(seed: int, rng: random.Random) -> str:
+    """The crash point armed in this run (`name@N`), or "" (most runs)."""
+    if rng.random() >= CRASH_POINT_RATIO:
+        return ""
+    # Which point: from a generator of its own, so that the world's draws stay as they were.
+    return f"{random.Random(seed ^ CRASH_POINT_SALT).choice(CRASH_POINTS)}@{rng.randrange(1, 3)}"
+
+
+def _kept(outcome: Outcome, schedule: list[Fault], spec: str, keep: frozenset[int] | None
+          ) -> tuple[list[Fault], str]:
+    """Record the drawn schedule (the crash point last) in `outcome`, and return the faults and the crash point
+    this run applies: all of them, or those `keep` names."""
+    outcome.schedule = [f"at {f.at_s:.3f}s {f}" for f in schedule] + ([f"client fault point {spec}"] if spec else [])
+    outcome.kept = sorted(keep if keep is not None else range(len(outcome.schedule)))
+    if spec and len(outcome.schedule) - 1 not in outcome.kept:
+        spec = ""
+    kept = [f for i, f in enumerate(schedule) if i in outcome.kept]
+    outcome.faults = len(kept) + bool(spec)
+    return kept, spec
+
+
+def _arm_crash_point(cluster: Cluster, spec: str) -> None:
+    if spec.startswith(f"{client_faults.ENSEMBLE_CHANGE_AFTER_SEGMENT_CAS}@"):  # the client's own point
+        client_faults.arm(spec, lambda name: crash_at_point(cluster, name))
+        cluster.world.record(f"armed client fault point {spec}")
+    elif spec:  # one the simulated network recognises
+        cluster.world.network.crash_point = CrashPoint(spec, lambda node, name: crash_node_at(cluster, node, name))
+        cluster.world.record(f"armed crash point {spec}")
+
+
 def run_seed(seed: int, workload_s: float = WORKLOAD_S, base_dir: str | None = None,
              keep: frozenset[int] | None = None) -> Outcome:
     """Run one seed. With `keep`, only those faults of the seed's schedule are applied (indexes into
@@ -133,26 +163,11 @@ def run_seed(seed: int, workload_s: float = WORKLOAD_S, base_dir: str | None = N
         readers = ["tailer-0", "recoverer-0", "deleter-0"]
         schedule = draw_schedule(random.Random(rng.getrandbits(64)), sorted(cluster.bookies), writers,
                                  FAULTS_MAX, workload_s * 0.9, quorums[0])
-        spec = ""
-        if rng.random() < CRASH_POINT_RATIO:  # a client dies at a named point (client/faults.py, crashpoints.py)
-            # Which point: from a generator of its own, so that the world's draws stay as they were.
-            spec = f"{random.Random(seed ^ CRASH_POINT_SALT).choice(CRASH_POINTS)}@{rng.randrange(1, 3)}"
-        outcome.schedule = [f"at {f.at_s:.3f}s {f}" for f in schedule] + ([f"client fault point {spec}"] if spec
-                                                                           else [])
-        outcome.kept = sorted(keep if keep is not None else range(len(outcome.schedule)))
-        schedule = [f for i, f in enumerate(schedule) if i in outcome.kept]
-        if spec and len(outcome.schedule) - 1 not in outcome.kept:
-            spec = ""
+        schedule, spec = _kept(outcome, schedule, _draw_crash_point(seed, rng), keep)
         world.record(f"seed {seed}: {bookies} bookies, quorums {quorums}, writers {len(writers)}, "
                      f"{len(schedule)} faults" + ("" if keep is None else f" (kept {keep_arg(outcome.kept)})"))
-        outcome.faults = len(schedule) + bool(spec)
         injector = Injector(cluster)
-        if spec.startswith(f"{client_faults.ENSEMBLE_CHANGE_AFTER_SEGMENT_CAS}@"):
-            client_faults.arm(spec, lambda name: crash_at_point(cluster, name))
-            world.record(f"armed client fault point {spec}")
-        elif spec:
-            world.network.crash_point = CrashPoint(spec, lambda node, name: crash_node_at(cluster, node, name))
-            world.record(f"armed crash point {spec}")
+        _arm_crash_point(cluster, spec)
 
         async def main() -> list[str]:
             await cluster.start_all()
