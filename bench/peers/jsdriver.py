@@ -178,10 +178,18 @@ class Driver:
             except TimeoutError:
                 answer = {"error": {"description": "timeout"}}
             if "error" not in answer:
-                return
+                break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no stream after 120 s: {answer['error']}")
             await asyncio.sleep(0.5)
+        # A publish before the stream's Raft group has elected a leader is answered "no responders" (503).
+        while True:
+            info = await self.nc.request(f"$JS.API.STREAM.INFO.{STREAM}", None, timeout=10)
+            if info.get("cluster", {}).get("leader"):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the stream has no leader after 120 s: {info}")
+            await asyncio.sleep(0.2)
 
     async def purge(self) -> None:
         await self.nc.request(f"$JS.API.STREAM.PURGE.{STREAM}", {}, timeout=60)
