@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from octavo.cli.clustertesting import (
+    FAILOVER,
     PASSWORD,
     destroy,
     entry_data,
@@ -22,11 +24,10 @@ from octavo.cli.clustertesting import (
     write_closed,
 )
 from octavo.cli.localcluster import LocalCluster
-from octavo.client import Client, ClientOptions, LedgerFencedError
+from octavo.client import Client, LedgerFencedError
 from octavo.meta.underreplication import UnderReplication
 
-FAST = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, speculative_read_delay_s=0.1, bookie_list_ttl_s=0.2,
-                     metadata_timeout_s=2.0, ensemble_change_wait_s=2.0)
+FAST = replace(FAILOVER, ensemble_change_wait_s=2.0)
 HEALING = ["--lost-bookie-delay-s", "3", "--audit-interval-s", "5", "--open-ledger-grace-s", "4",
            "--replication-rate-bytes-per-s", "0"]
 

@@ -9,17 +9,17 @@ import os
 import shutil
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from octavo.cli.clustertesting import PASSWORD, naming, read_all, sized, wait_for
+from octavo.cli.clustertesting import FAILOVER, PASSWORD, naming, read_all, sized, wait_for
 from octavo.cli.localcluster import LocalCluster
-from octavo.client import Client, ClientOptions
+from octavo.client import Client
 from octavo.meta.underreplication import UnderReplication
 from octavo.node.faults import AUDITOR_AFTER_MARK, FAULT_POINTS_ENV
 from octavo.node.files import LOG_FILE_SUFFIX
 
-FAST = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, speculative_read_delay_s=0.1, bookie_list_ttl_s=0.2,
-                     metadata_timeout_s=2.0, ensemble_change_wait_s=2.0)
+FAST = replace(FAILOVER, ensemble_change_wait_s=2.0)
 HEALING = ["--lost-bookie-delay-s", "3", "--audit-interval-s", "5", "--open-ledger-grace-s", "4"]
 # Slow copies (256 KiB/s per worker, 64 KiB per request): a 2 MiB share takes about 8 s, long enough to kill
 # or restart something in the middle of it.

@@ -18,8 +18,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from octavo.cli.clustertesting import SHORT_TIMEOUTS
 from octavo.cli.localcluster import EtcdProcess
-from octavo.client import ClientOptions, SyncClient
+from octavo.client import SyncClient
 from octavo.node import faults
 from octavo.node.faults import FAULT_POINTS_ENV
 from octavo.node.files import COMPACTED_SUFFIX, COMPACTING_SUFFIX, LOGS_DIR
@@ -27,7 +28,7 @@ from octavo.node.testing import BookieConnection, BookieProcess
 from octavo.v1 import bookie_pb2 as pb
 
 PW = b"pw"
-FAST = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, metadata_timeout_s=2.0)
+FAST = SHORT_TIMEOUTS
 ENTRY = 1000
 
 

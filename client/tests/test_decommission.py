@@ -9,13 +9,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from octavo.cli.clustertesting import PASSWORD, entry_data, naming, octavo, read_all
+from octavo.cli.clustertesting import FAILOVER, PASSWORD, entry_data, naming, octavo, read_all
 from octavo.cli.localcluster import LocalCluster
-from octavo.client import Client, ClientOptions
+from octavo.client import Client
 from octavo.client.replication import Replicator, decommission_bookie
 
 # `octavo` with SIGINT handled as a terminal delivers it, even when the suite runs in a background job of a
@@ -23,8 +24,7 @@ from octavo.client.replication import Replicator, decommission_bookie
 OCTAVO_WITH_CTRL_C = [sys.executable, "-c", "import runpy, signal, sys; "
                       "signal.signal(signal.SIGINT, signal.default_int_handler); sys.argv[0] = 'octavo'; "
                       "runpy.run_module('octavo.cli.main', run_name='__main__')"]
-FAST = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, speculative_read_delay_s=0.1, bookie_list_ttl_s=0.2,
-                     metadata_timeout_s=2.0, ensemble_change_wait_s=5.0)
+FAST = replace(FAILOVER, ensemble_change_wait_s=5.0)
 
 
 @pytest.fixture

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from octavo.cli.clustertesting import wait_until
+from octavo.cli.clustertesting import SHORT_TIMEOUTS, wait_until
 from octavo.cli.localcluster import EtcdProcess
-from octavo.client import ClientOptions, SyncClient
+from octavo.client import SyncClient
 from octavo.node.testing import BookieConnection, BookieProcess
 from octavo.v1 import bookie_pb2 as pb
 
 PW = b"pw"
-FAST = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, metadata_timeout_s=2.0)
+FAST = SHORT_TIMEOUTS
 MIB = 1024 * 1024
 ENTRY = 16 * 1024
 SMALL_DISK_MIB = 96

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from octavo.cli.clustertesting import wait_until
+from octavo.cli.clustertesting import SHORT_TIMEOUTS, wait_until
 from octavo.cli.localcluster import LocalCluster
-from octavo.client import Client, ClientOptions
+from octavo.client import Client
 from octavo.node.files import LOGS_DIR
 from octavo.node.testing import BookieConnection
 
 PW = b"pw"
-FAST = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, metadata_timeout_s=2.0)
+FAST = SHORT_TIMEOUTS
 ARGS = ["--log-size-bytes-max", str(8 << 20), "--batch-bytes-max", str(4 << 20), "--gc-interval-ms", "300"]
 
 

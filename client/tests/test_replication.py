@@ -7,19 +7,19 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from octavo.cli.clustertesting import PASSWORD, destroy, entry_data, octavo, quiet, read_all, write_closed
+from octavo.cli.clustertesting import FAILOVER, PASSWORD, destroy, entry_data, octavo, quiet, read_all, write_closed
 from octavo.cli.localcluster import LocalCluster
-from octavo.client import Client, ClientOptions, LedgerFencedError
+from octavo.client import Client, LedgerFencedError
 from octavo.client.replication import LOST, OPEN_SEGMENT_LEFT, REPLICATED, Replicator, recover_bookie
 from octavo.meta.errors import NotEnoughBookiesError
 from octavo.meta.underreplication import UnderReplication
 
-FAST = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, speculative_read_delay_s=0.1, bookie_list_ttl_s=0.2,
-                     metadata_timeout_s=2.0, ensemble_change_wait_s=2.0)
+FAST = replace(FAILOVER, ensemble_change_wait_s=2.0)
 
 
 @pytest.fixture

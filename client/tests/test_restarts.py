@@ -14,12 +14,11 @@ from typing import Any
 
 import pytest
 
-from octavo.cli.clustertesting import PASSWORD, read_all, revive
+from octavo.cli.clustertesting import FAILOVER, PASSWORD, read_all, revive
 from octavo.cli.localcluster import LocalCluster, free_port
-from octavo.client import Client, ClientOptions, NotEnoughBookiesError
+from octavo.client import Client, NotEnoughBookiesError
 
-FAST = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, speculative_read_delay_s=0.1, bookie_list_ttl_s=0.2,
-                     metadata_timeout_s=2.0)
+FAST = FAILOVER
 
 
 @pytest.fixture(scope="module")

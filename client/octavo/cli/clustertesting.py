@@ -13,11 +13,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
 
 from octavo.cli.localcluster import LocalCluster
-from octavo.client import Client, WriteHandle
+from octavo.client import Client, ClientOptions, WriteHandle
 
 PASSWORD = b"pw"  # the password the tests' ledgers are created with
+# Timeouts for a cluster on this machine: a request that takes seconds is stuck, not slow.
+SHORT_TIMEOUTS = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, metadata_timeout_s=2.0)
+# For tests that fail bookies: a read goes to another replica after 0.1 s, and the bookie list a writer picks
+# replacements from is at most 0.2 s old.
+FAILOVER = replace(SHORT_TIMEOUTS, speculative_read_delay_s=0.1, bookie_list_ttl_s=0.2)
 OCTAVO_TIMEOUT_S = 180.0
 
 
