@@ -10,15 +10,15 @@ from collections.abc import Iterator
 
 import pytest
 
+from octavo.cli.clustertesting import FAILOVER as FAST
+from octavo.cli.clustertesting import PASSWORD as PW
+from octavo.cli.clustertesting import entry_data
 from octavo.cli.localcluster import LocalCluster
-from octavo.client import Client, ClientOptions, RecoveryError
+from octavo.client import Client, RecoveryError
 from octavo.meta.ledger_metadata import CLOSED, master_key
 from octavo.node.testing import BookieConnection
 from octavo.v1 import bookie_pb2 as pb
 
-PW = b"pw"
-FAST = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, speculative_read_delay_s=0.1, bookie_list_ttl_s=0.2,
-                     metadata_timeout_s=2.0)
 BOOKIE_ARGS = ["--log-size-bytes-max", str(16 << 20), "--batch-bytes-max", str(8 << 20)]
 
 
@@ -28,22 +28,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield c
 
 
-def data(ledger: int, entry: int) -> bytes:
-    return f"ledger {ledger} entry {entry} ".encode() * 10
-
-
 async def test_recovery_replaces_a_lost_bookie_when_qw_equals_qa(cluster: LocalCluster) -> None:
     async with Client(cluster.etcd_endpoint, options=FAST) as client:
         writer = await client.create_ledger(3, 3, 3, password=PW)
         ledger = writer.ledger_id
-        assert await writer.append_many([data(ledger, i) for i in range(10)]) == list(range(10))
+        assert await writer.append_many([entry_data(ledger, i) for i in range(10)]) == list(range(10))
         victim, *survivors = writer.metadata.last_ensemble
         (spare,) = set(cluster.bookies) - set(writer.metadata.last_ensemble)
         # A writer that crashed after entries 10 and 11 reached two bookies of three; then one of the three is
         # lost for good (SIGKILL, never restarted).
         for bookie in survivors:
             with BookieConnection(cluster.bookies[bookie].address) as conn:
-                resp = conn.add(ledger, master_key(PW), [10, 11], [data(ledger, 10), data(ledger, 11)],
+                resp = conn.add(ledger, master_key(PW), [10, 11], [entry_data(ledger, 10), entry_data(ledger, 11)],
                                 last_add_confirmed=9)
                 assert list(resp.results[0].codes) == [pb.OK, pb.OK]
         cluster.bookies[victim].kill()
@@ -58,10 +54,10 @@ async def test_recovery_replaces_a_lost_bookie_when_qw_equals_qa(cluster: LocalC
             assert first <= 10  # the recovered entries are in the new segment
             assert meta.ensembles[0][1] == writer.metadata.ensembles[0][1]  # what came before stays
             got = [e.data async for e in reader.read(0, 11)]
-            assert got == [data(ledger, i) for i in range(12)]
+            assert got == [entry_data(ledger, i) for i in range(12)]
         with BookieConnection(cluster.bookies[spare].address) as conn:  # the replacement holds the recovered tail
             stored = conn.read_all(ledger, 10, 11)
-            assert stored[10] == (pb.OK, data(ledger, 10)) and stored[11] == (pb.OK, data(ledger, 11))
+            assert stored[10] == (pb.OK, entry_data(ledger, 10)) and stored[11] == (pb.OK, entry_data(ledger, 11))
 
 
 async def test_recovery_with_nothing_to_replace_it_by_still_fails(cluster: LocalCluster) -> None:
@@ -72,11 +68,11 @@ async def test_recovery_with_nothing_to_replace_it_by_still_fails(cluster: Local
         assert len(alive) == 3
         writer = await client.create_ledger(3, 3, 3, password=PW)
         ledger = writer.ledger_id
-        await writer.append_many([data(ledger, i) for i in range(5)])
+        await writer.append_many([entry_data(ledger, i) for i in range(5)])
         victim, *survivors = writer.metadata.last_ensemble
         for bookie in survivors:
             with BookieConnection(cluster.bookies[bookie].address) as conn:
-                conn.add(ledger, master_key(PW), [5], [data(ledger, 5)], last_add_confirmed=4)
+                conn.add(ledger, master_key(PW), [5], [entry_data(ledger, 5)], last_add_confirmed=4)
         cluster.bookies[victim].kill()
         async with Client(cluster.etcd_endpoint, options=FAST) as other:
             with pytest.raises(RecoveryError, match=r"could be re-replicated to fewer than 3|no bookie can replace"):
