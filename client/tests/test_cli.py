@@ -291,7 +291,7 @@ def test_the_mode_is_said_once_and_a_closed_window_is_no_date_in_1970() -> None:
 
 
 def test_cluster_status_shows_the_read_only_threshold_in_force() -> None:
-    from octavo.cli.cluster import _disk_cell
+    from octavo.cli.clusterstatus import disk_cell as _disk_cell
 
     row = {"disk_usage_ratio": 0.5, "disk_readonly_ratio": 0.95}
     assert _disk_cell(row) == "50% (read-only at 95%)"

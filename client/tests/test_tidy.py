@@ -23,26 +23,20 @@ MODULE_LINES_MAX = 600
 # name -> the most lines it may have. Names: a module's path from the repository root; a function or class as
 # path::Qualified.name.
 EXCEPTIONS: dict[str, int] = {
-    'client/octavo/cli/cluster.py': 682,
-    'client/octavo/cli/cluster.py::_status': 97,
     'client/octavo/cli/dev.py::cmd_up': 85,
-    'client/octavo/client/client.py': 687,
+    'client/octavo/client/client.py': 681,
     'client/octavo/client/dataset.py': 1074,
     'client/octavo/client/dataset.py::DatasetStore': 660,
     'client/octavo/client/dataset.py::DatasetStore.commit': 136,
     'client/octavo/client/reader.py::ReadHandle': 471,
-    'client/octavo/client/writer.py': 809,
-    'client/octavo/client/writer.py::WriteHandle': 730,
+    'client/octavo/client/writer.py::WriteHandle': 538,
     'client/octavo/spark/arrowio.py::Options.parse': 81,
     'node/octavo/node/compaction.py': 627,
     'node/octavo/node/config.py::NodeConfig.problems': 98,
-    'node/octavo/node/dataplane.py::BookieService': 506,
-    'node/octavo/node/metrics.py::BookieMetrics.__init__': 157,
+    'node/octavo/node/dataplane.py::BookieService': 482,
     'node/octavo/node/reads.py::Reader.read_many': 85,
-    'node/octavo/node/storage.py': 709,
-    'node/octavo/node/storage.py::Storage': 615,
-    'operator/octavo/operator/builders.py::stateful_set': 73,
-    'operator/octavo/operator/handlers.py': 678,
+    'node/octavo/node/storage.py': 707,
+    'node/octavo/node/storage.py::Storage': 606,
 }
 
 
