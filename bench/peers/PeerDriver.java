@@ -14,7 +14,7 @@
 //   catchup SIZE BYTES ACK_QUORUM
 //       BYTES written in SIZE entries to one ledger (partition) with the same in-flight budget, then read back
 //       from the start by a reader (Kafka: a consumer assigned to the partition; BookKeeper: the closed ledger
-//       opened again, 8 reads of 1,000 entries in flight). Prints {"write_rate", "read_rate", "entries"}.
+//       opened again, 8 reads of up to 1,000 entries and 8 MiB in all in flight). Prints {"write_rate", "read_rate", "entries"}.
 //   tail RATE SECONDS ACK_QUORUM
 //       The latency schedule above, and a tailing reader of the same ledger (Kafka: a consumer at the end of the
 //       partition, fetch.min.bytes=1; BookKeeper: another client polling tryReadLastAddConfirmed every 0.2 ms
@@ -256,9 +256,13 @@ public final class PeerDriver {
                     new java.util.ArrayDeque<>();
                 long next = 0;
                 long last = count - 1;
+                // 8 reads in flight, 8 MiB of payload in all (the run of 2026-11-26 08:18 read 8 x 1,000 entries
+                // of 64 KiB, 500 MiB at once, and the bookies timed out).
+                int size = (int) (handles.get(0).getLength() / count);
+                long perRead = Math.max(1, Math.min(1000, INFLIGHT_BYTES / 8 / Math.max(1, size)));
                 while (next <= last || !inflight.isEmpty()) {
                     while (next <= last && inflight.size() < 8) {
-                        long end = Math.min(last, next + 999);
+                        long end = Math.min(last, next + perRead - 1);
                         inflight.add(r.readAsync(next, end));
                         next = end + 1;
                     }

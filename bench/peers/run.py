@@ -727,8 +727,8 @@ def reads_and_many_report(data: dict[str, object], keys: list[str], label: dict[
                 "One ledger (partition, subject) written with the in-flight budget and, for Octavo and BookKeeper, "
                 "closed; then read from the start by a reader of the same client process (Octavo: `read_batches`; "
                 "Kafka: a consumer assigned to the partition, `max.poll.records` 10,000; BookKeeper: the ledger "
-                "opened again, 8 reads of 1,000 entries in flight; JetStream: a pull consumer without acks, two "
-                "batches of 2,000 outstanding). The page cache holds the data in every case.", "",
+                "opened again, 8 reads of up to 1,000 entries and 8 MiB in flight; JetStream: a pull consumer "
+                "without acks, two batches of 2,000 outstanding). The page cache holds the data in every case.", "",
                 table(["system", "write (entries/s)", "catch-up read (entries/s)"], rows), "",
                 table(["Octavo / peer", "read ratio (above 1 means Octavo is faster)"], ratio_rows), ""]
     tail: dict[str, dict[str, float]] = data.get("tail_us", {})  # type: ignore[assignment]
