@@ -1,8 +1,9 @@
 """The file operations the storage engine uses, behind one object so a test can replace them.
 
 The engine never calls `os` for data files directly: it calls a `FileIO`. The default does the real thing;
-the power-loss harness (node/tests/powerloss.py) subclasses it to remember what each fsync made durable and,
-on a simulated power loss, puts every file back to that image (plus a random torn prefix of what was not).
+the power-loss harness (`SimIO` in node/octavo/node/simio.py, used by node/tests/test_powerloss.py) subclasses
+it to remember what each fsync made durable and, on a simulated power loss, puts every file back to that image
+(plus a random torn prefix of what was not).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ All integers are little-endian. A record whose entry id is negative is a control
 ENTRY_ID_LEDGER_KEY carries the ledger's master key, written the first time a ledger appears in a log, so
 a log replayed after a crash can rebuild the ledger's state on its own; ENTRY_ID_FENCE records a fence (the
 fence is made durable by the synced ledger table; the record lets an index rebuilt from the logs keep it);
-ENTRY_ID_COMPACTED_FROM opens a compaction log (compaction.py) and lists the logs it replaces.
+ENTRY_ID_COMPACTED_FROM closes a compaction log (its trailer, compaction.py) and lists the logs it replaces.
 """
 
 from __future__ import annotations

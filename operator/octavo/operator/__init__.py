@@ -1,1 +1,2 @@
-"""The Kubernetes operator (kopf): a later issue builds it."""
+"""The Kubernetes operator (kopf): BookieCluster and CompactionPolicy reconciled around pure decisions
+(docs/architecture.md, "The operator"; docs/kubernetes.md)."""
