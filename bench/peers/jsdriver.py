@@ -83,6 +83,16 @@ class Nats:
         result: dict[str, Any] = json.loads(answer) if answer else {"error": {"description": "no responders"}}
         return result
 
+    async def wait(self, future: asyncio.Future[None], timeout: float) -> None:
+        """`future`, or the connection's end (nats-server closes a client that reads too slowly: "Slow
+        Consumer"), or TimeoutError: a closed connection fails the run at once instead of after the timeout."""
+        done, _ = await asyncio.wait({future, self.reading}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if future in done:
+            return
+        if self.reading in done:
+            raise ConnectionError(f"the connection to nats-server ended: {self.reading.exception()!r}")
+        raise TimeoutError(f"no answer in {timeout:.0f} s")
+
     def _answer(self, subject: str, reply: str, headers: bytes, payload: bytes) -> None:
         future = self.requests.get(subject)
         if future is not None and not future.done():
@@ -156,6 +166,8 @@ class Acks:
         self.nc.publish(subject, payload, token)
 
     def check(self) -> None:
+        if self.nc.reading.done():
+            raise ConnectionError(f"the connection to nats-server ended: {self.nc.reading.exception()!r}")
         if self.failure is not None:
             failure, self.failure = self.failure, None
             raise RuntimeError(f"a publish failed: {failure}")
@@ -222,7 +234,7 @@ class Driver:
                 for _ in range(n):
                     self.acks.publish(subject, payload, done)
                 await nc.writer.drain()
-                await asyncio.wait_for(future, ACK_TIMEOUT_S)
+                await nc.wait(future, ACK_TIMEOUT_S)
                 self.acks.check()
                 written[i] += n
 
@@ -266,7 +278,7 @@ class Driver:
                 on_send(i, scheduled)
             self.acks.publish(subject, i.to_bytes(8, "big") + body, done)
             self.acks.check()
-        await asyncio.wait_for(all_done, ACK_TIMEOUT_S)
+        await self.nc.wait(all_done, ACK_TIMEOUT_S)
         self.acks.check()
         return latencies, late
 
@@ -294,9 +306,12 @@ class Driver:
         finished: asyncio.Future[None] = loop.create_future()
         inbox = f"_PULL.{os.urandom(6).hex()}"
         requested = [0]
+        # Two batches outstanding, 8 MiB of payload in all: nats-server closes a client with more than 64 MiB
+        # waiting to be sent to it (the run of 2026-11-26 08:18 asked for 2 x 2,000 entries of 64 KiB).
+        per_pull = max(1, min(PULL_BATCH, INFLIGHT_BYTES // 2 // size))
 
         def pull() -> None:
-            batch = min(PULL_BATCH, written - requested[0])
+            batch = min(per_pull, written - requested[0])
             if batch > 0:
                 requested[0] += batch
                 self.nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.{name}",
@@ -307,7 +322,7 @@ class Driver:
                 return  # a status (408 request expired, 100 idle heartbeat)
             got[0] += 1
             got[1] += len(payload)
-            if got[0] % PULL_BATCH == 0:
+            if got[0] % per_pull == 0:
                 pull()  # a batch is in: ask for the one after the next (two are kept outstanding)
             if got[0] == written and not finished.done():
                 finished.set_result(None)
@@ -316,7 +331,7 @@ class Driver:
         sid = self.nc.subscribe(inbox, on_msg)
         pull()
         pull()
-        await asyncio.wait_for(finished, 600)
+        await self.nc.wait(finished, 600)
         read_s = time.perf_counter() - t1
         self.nc.unsubscribe(sid)
         await self.nc.request(f"$JS.API.CONSUMER.DELETE.{STREAM}.{name}", {})
@@ -360,7 +375,7 @@ class Driver:
             scheduled_at[i] = scheduled
 
         add_us, late = await self.open_loop(rate, seconds, subject, on_send)
-        await asyncio.wait_for(all_in, ACK_TIMEOUT_S)
+        await self.nc.wait(all_in, ACK_TIMEOUT_S)
         self.nc.unsubscribe(sid)
         await self.nc.request(f"$JS.API.CONSUMER.DELETE.{STREAM}.{answer['name']}", {})
         await self.purge()
