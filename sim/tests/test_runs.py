@@ -12,13 +12,12 @@ from octavo.sim.shrink import shrink
 # Seeds the CI smoke run checks, with a shorter workload than `make sim` (3 virtual seconds of faults and
 # writes instead of 10) so that many fit in its budget.
 SMOKE_WORKLOAD_S = 3.0
-# Seeds whose violation is a known product limitation not fixed yet (docs/simulation.md, "Findings"), with the
-# workload length that shows it: each stays pinned here and fails loudly once the product is fixed, to move it
-# to the smoke set.
-KNOWN_FINDINGS = {
-    2009: (WORKLOAD_S, "recovery open does not replace a bookie lost for good in the last ensemble: with Qw = Qa "
-                       "an entry past the LAC whose write set holds it cannot get Qa copies, so the ledger can "
-                       "never be closed"),
+# Seeds that once found a product bug, with the workload length that showed it (docs/simulation.md, "Findings"):
+# each must pass now, as a regression test at the level of the whole cluster beside the lowest-level one.
+FIXED_FINDINGS = {
+    2009: (WORKLOAD_S, "recovery open did not replace a bookie lost for good in the last ensemble: with Qw = Qa "
+                       "an entry past the LAC whose write set held it could not get Qa copies, so the ledger could "
+                       "never be closed (fixed: recovery.py replaces it; client/tests/test_recovery_replacement.py)"),
 }
 SMOKE_SEEDS = list(range(1000, 1013))
 
@@ -41,14 +40,11 @@ def test_smoke_seed(seed: int) -> None:
     assert outcome.ok, outcome.report()
 
 
-@pytest.mark.parametrize("seed", sorted(KNOWN_FINDINGS))
-def test_known_finding_still_reproduces(seed: int) -> None:
-    workload_s, finding = KNOWN_FINDINGS[seed]
+@pytest.mark.parametrize("seed", sorted(FIXED_FINDINGS))
+def test_a_fixed_finding_stays_fixed(seed: int) -> None:
+    workload_s, finding = FIXED_FINDINGS[seed]
     outcome = run_seed(seed, workload_s, base_dir())
-    if outcome.ok:
-        pytest.fail(f"seed {seed} passes now: the finding ({finding}) is fixed; move the seed to the smoke set "
-                    "and its row in docs/simulation.md to the fixed ones")
-    assert any("no recovery open succeeded" in v for v in outcome.violations), outcome.report()
+    assert outcome.ok, f"seed {seed} violates again ({finding}):\n{outcome.report()}"
 
 
 def test_shrinking_keeps_the_violation_with_fewer_faults() -> None:
