@@ -13,11 +13,12 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY proto/octavo ./proto/octavo
+COPY shared/octavo ./shared/octavo
 COPY client/octavo ./client/octavo
+COPY cli/octavo ./cli/octavo
 COPY client/spark_discovery ./client/spark_discovery
 COPY node/octavo ./node/octavo
 COPY operator/octavo ./operator/octavo
-COPY e2e/local/octavo ./e2e/local/octavo
 COPY sim/octavo ./sim/octavo
 RUN python -m venv /opt/octavo \
  && /opt/octavo/bin/pip install --upgrade pip \

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The emulated Kubernetes API (kmock) and pod runner: bench-only, not installed (bench/emulator/README.md).
+sys.path.insert(0, str(Path(__file__).resolve().parent / "emulator"))
 
 from common import machine_line, median, table, write_section
 

@@ -168,8 +168,9 @@ def test_hook_and_test_pods_run_real_commands(helm: str) -> None:
     assert (job_args.command, job_args.operator_cmd) == ("operator", "uninstall")
     assert job_args.bookie_cluster == ["octavo"] and job_args.compaction_policy == ["octavo"]
     # The selectors name the volumes of this release's bookies and etcd, as the operator labels them.
-    cluster_claims = builders.stateful_set("octavo", "octavo", resources.parse_cluster(
-        "octavo", by_kind(docs, "BookieCluster")[0]["spec"]), "x")["spec"]["volumeClaimTemplates"]
+    cluster_spec = resources.parse_cluster("octavo", by_kind(docs, "BookieCluster")[0]["spec"])
+    cluster_claims = builders.stateful_set("octavo", "octavo", cluster_spec, "x", replicas=cluster_spec.replicas,
+                                           generation=1)["spec"]["volumeClaimTemplates"]
     bookie_selector = dict(kv.split("=") for kv in job_args.delete_volumes[0].split(","))
     assert bookie_selector.items() <= cluster_claims[0]["metadata"]["labels"].items()
     etcd_claims = by_kind(docs, "StatefulSet")[0]["spec"]["volumeClaimTemplates"]

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from octavo.cli.localcluster import LocalCluster
 from octavo.node.testing import BookieConnection
 from octavo.operator import builders
-from octavo.operator.metrics import OperatorMetrics
+from octavo.operator.operatormetrics import OperatorMetrics
 from octavo.operator.resources import parse_cluster
 from octavo.telemetry import Telemetry
 
@@ -67,6 +67,11 @@ def as_promql(expr: str) -> str:
     """A dashboard query with Grafana's variables replaced as Grafana would."""
     return expr.replace("$__rate_interval", "2m").replace("$namespace", ".*")
 
+
+
+def _sts(spec: Any, config_hash: str) -> dict[str, Any]:
+    """The StatefulSet the operator builds for a fresh cluster of this spec."""
+    return builders.stateful_set("octavo", "octavo", spec, config_hash, replicas=spec.replicas, generation=1)
 
 def test_the_alert_rules_pass_promtool_check_and_its_unit_tests(helm: str, promtool: str, tmp_path: Path) -> None:
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule_groups(helm)}))
@@ -187,7 +192,7 @@ def test_the_service_monitors_select_the_services_the_operator_makes(helm: str) 
         assert selector.items() <= service["metadata"]["labels"].items()
     ports = {p["name"] for p in headless["spec"]["ports"]}
     assert [e["port"] for e in bookies["endpoints"]] == ["metrics"] and "metrics" in ports
-    stateful_set = builders.stateful_set("octavo", "octavo", spec, "hash")
+    stateful_set = _sts(spec, "hash")
     container = stateful_set["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "metrics", "containerPort": builders.METRICS_PORT, "protocol": "TCP"} in container["ports"]
     annotations = stateful_set["spec"]["template"]["metadata"]["annotations"]
@@ -203,7 +208,7 @@ def test_the_service_monitors_select_the_services_the_operator_makes(helm: str) 
     # A podTemplate annotation wins over the operator's default.
     custom = parse_cluster("octavo", {**by_kind(docs, "BookieCluster")[0]["spec"],
                                       "podTemplate": {"annotations": {"prometheus.io/scrape": "false"}}})
-    assert builders.stateful_set("octavo", "octavo", custom, "h")["spec"]["template"]["metadata"]["annotations"][
+    assert _sts(custom, "h")["spec"]["template"]["metadata"]["annotations"][
         "prometheus.io/scrape"] == "false"
 
 
@@ -223,7 +228,7 @@ def test_network_policies_select_the_pods_they_guard_and_admit_who_needs_each_po
     policies = {p["metadata"]["name"]: p["spec"] for p in by_kind(docs, "NetworkPolicy")}
     assert set(policies) == {"octavo-bookies", "octavo-etcd", "octavo-operator"}
     spec = parse_cluster("octavo", by_kind(docs, "BookieCluster")[0]["spec"])
-    bookie_pod = builders.stateful_set("octavo", "octavo", spec, "h")["spec"]["template"]["metadata"]["labels"]
+    bookie_pod = _sts(spec, "h")["spec"]["template"]["metadata"]["labels"]
     operator_pod = by_kind(docs, "Deployment")[0]["spec"]["template"]["metadata"]["labels"]
     etcd_pod = by_kind(docs, "StatefulSet")[0]["spec"]["template"]["metadata"]["labels"]
     test_pod = by_kind(docs, "Pod")[0]["metadata"]["labels"]
@@ -263,7 +268,7 @@ def test_network_policies_select_the_pods_they_guard_and_admit_who_needs_each_po
 def test_bookie_pods_run_locked_down() -> None:
     spec = parse_cluster("octavo", {"replicas": 3, "image": "octavo:dev", "storage": {"size": "1Gi"},
                                     "etcd": {"endpoints": "e:2379"}})
-    pod = builders.stateful_set("octavo", "octavo", spec, "h")["spec"]["template"]["spec"]
+    pod = _sts(spec, "h")["spec"]["template"]["spec"]
     container = pod["containers"][0]["securityContext"]
     assert container == {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "readOnlyRootFilesystem": True,
                          "capabilities": {"drop": ["ALL"]}}

@@ -1,5 +1,5 @@
 """Many concurrent ledger creators in one process, as a Spark job's tasks are: each creates a ledger, appends
-entries and closes it, over and over. Used by client/tests/test_idgen.py and bench/creation_bench.py.
+entries and closes it, over and over. Used by shared/tests/test_idgen.py and bench/creation_bench.py.
 
     python creators.py ETCD CLUSTER --creators 32 --ledgers 400 [--entries 1] [--entry-bytes 1024]
                        [--start-at UNIX_S] [--allocation blocks|per-id-cas]

@@ -33,11 +33,11 @@ from opentelemetry.trace import TracerProvider
 from octavo.client.arguments import check_bool, check_bytes, check_instance, check_int, check_str, check_str_map
 from octavo.client.bookie_client import REQUEST_BYTES_MAX, REQUEST_ENTRIES_MAX, BookieClient
 from octavo.client.dataset import BlobLedgers, DatasetStore
+from octavo.client.instruments import ClientTracing, client_metrics
 from octavo.client.options import ClientOptions
 from octavo.client.reader import Entry, ReadHandle
 from octavo.client.recovery import recover_ledger
 from octavo.client.scheduler import WriteScheduler
-from octavo.client.telemetry import ClientTracing, client_metrics
 from octavo.client.writer import WriteHandle
 from octavo.meta.errors import (
     BookieUnavailableError,

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Protocol
 
 from octavo.client.bookie_client import BookieClient
+from octavo.client.instruments import ClientMetrics, ClientTracing
 from octavo.client.options import ClientOptions
 from octavo.client.scheduler import WriteScheduler
-from octavo.client.telemetry import ClientMetrics, ClientTracing
 from octavo.meta.metadata import BookieInfo, MetadataStore
 
 

@@ -242,7 +242,7 @@ async def write_ledger(opts: Options, batches: Iterable[Any] | AsyncIterable[Any
     there was no row (no ledger is created for an empty partition). With `with_seqs` the batches come as
     (seq, batch) pairs, in seq order, and the ledger records which entries hold which seq (its segments:
     key compaction and merges keep the seq of every row)."""
-    from octavo.spark.metrics import spark_metrics
+    from octavo.spark.sparkmetrics import spark_metrics
 
     measured = spark_metrics(opts.otlp_endpoint)
     try:

@@ -49,8 +49,8 @@ from octavo.client.colstats import LedgerStats, Predicate, may_match
 from octavo.client.dataset import DatasetExistsError, DatasetHead, DatasetLedger, NoSuchDatasetError
 from octavo.meta.errors import NotEnoughBookiesError
 from octavo.spark.arrowio import OptionError, Options, client_options, decode_entry, new_write_id, write_ledger
-from octavo.spark.metrics import spark_metrics
 from octavo.spark.skipping import ledger_stats, predicates
+from octavo.spark.sparkmetrics import spark_metrics
 
 log = logging.getLogger(__name__)
 

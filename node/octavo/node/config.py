@@ -135,7 +135,7 @@ class NodeConfig:
     open_log_files_max: int = 256
     index_map_size_bytes: int = 64 * GIB
 
-    # Observability (octavo.telemetry, node/octavo/node/metrics.py). Prometheus text on
+    # Observability (octavo.telemetry, node/octavo/node/bookiemetrics.py). Prometheus text on
     # http://host:metrics_port/metrics (-1: no endpoint; 0: a free port, written to the ready file). With an
     # otlp_endpoint (host:port of an OpenTelemetry collector's gRPC receiver, https:// for TLS) metrics are
     # also pushed and sampled spans exported. A request carrying a sampled trace context always gets a span;

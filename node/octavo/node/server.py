@@ -24,6 +24,7 @@ from octavo.meta.tls import ReloadingServerCredentials, TlsFiles
 from octavo.node.adminauth import AdminAuthorizer
 from octavo.node.adminplane import BookieAdminService, admin_handler
 from octavo.node.autorecovery import AutoRecovery
+from octavo.node.bookiemetrics import BookieMetrics
 from octavo.node.compaction import Compactor
 from octavo.node.compaction_plan import MAJOR
 from octavo.node.config import NodeConfig
@@ -32,7 +33,6 @@ from octavo.node.dataplane import BookieService, bookie_handler
 from octavo.node.disk import DiskMonitor
 from octavo.node.errors import StorageError
 from octavo.node.grpc_services import health_handler, reflection_handler
-from octavo.node.metrics import BookieMetrics
 from octavo.node.registration import Registration
 from octavo.node.repair import TailRepair
 from octavo.node.rpc import limit_grpc_servicer_errors

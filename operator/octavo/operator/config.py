@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from octavo.meta.tls import TlsError, TlsFiles
 from octavo.operator.bookies import ADMIN_TIMEOUT_S
 from octavo.operator.kube import Kube, load_api_client
-from octavo.operator.metrics import OperatorMetrics
+from octavo.operator.operatormetrics import OperatorMetrics
 from octavo.operator.rolling import ROLL_READY_TIMEOUT_S
 from octavo.operator.scaling import ScaleDownStep
 from octavo.telemetry import Telemetry

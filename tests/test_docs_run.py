@@ -37,7 +37,7 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 # The order a reader goes through them: README.md starts and stops a cluster of its own; docs/operations.md
 # starts the one the later pages use (and defines OCTAVO_DEV_DIR); docs/spark.md writes the datasets that the
 # dataset commands look at.
@@ -270,7 +270,7 @@ def test_the_page_runs_as_written(page: str, reader: Reader) -> None:
     print(f"{page}: ran {len(ran)} blocks")
 
 
-if __name__ == "__main__":  # list the blocks: python client/tests/test_docs_run.py
+if __name__ == "__main__":  # list the blocks: python tests/test_docs_run.py
     for p in PAGES:
         for b in blocks(p):
             print(f"{b.where:28} {b.language:6} {'not-run: ' + b.not_run if b.not_run else ''}")

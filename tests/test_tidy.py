@@ -5,7 +5,7 @@ MODULE_LINES_MAX. EXCEPTIONS lists what is over its cap today, each with the siz
 may only shrink: an exception that has grown fails, and so does one that is no longer needed (under the cap, or
 gone), so the list stays true. Split what you touch rather than raising a number here.
 
-`python client/tests/test_tidy.py` prints the list as the code stands (to shrink it after a split).
+`python tests/test_tidy.py` prints the list as the code stands (to shrink it after a split).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import ast
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = [ROOT / "client/octavo", ROOT / "node/octavo", ROOT / "operator/octavo", ROOT / "sim/octavo"]
+ROOT = Path(__file__).resolve().parents[1]
+PRODUCT = [ROOT / "shared/octavo", ROOT / "client/octavo", ROOT / "cli/octavo",
+           ROOT / "node/octavo", ROOT / "operator/octavo", ROOT / "sim/octavo"]
 FUNCTION_LINES_MAX = 70
 CLASS_LINES_MAX = 400
 MODULE_LINES_MAX = 600
@@ -23,7 +24,7 @@ MODULE_LINES_MAX = 600
 # name -> the most lines it may have. Names: a module's path from the repository root; a function or class as
 # path::Qualified.name.
 EXCEPTIONS: dict[str, int] = {
-    'client/octavo/cli/dev.py::cmd_up': 85,
+    'cli/octavo/cli/dev.py::cmd_up': 85,
     'client/octavo/client/client.py': 681,
     'client/octavo/client/dataset.py': 1074,
     'client/octavo/client/dataset.py::DatasetStore': 660,

@@ -8,6 +8,7 @@
     octavo.meta     metadata shared by bookie, client and operator: the protocol at most
     octavo.v1       the wire protocol: nothing of ours
     octavo.telemetry  metrics, traces and logs every process shares: nothing of ours
+    octavo.sim      the deterministic simulation: the bookie and the client on a model of etcd
 
 Pure modules (formats, state machines, policies, decision tables) import no IO and no clock: only the modules
 listed in PURE_MAY_IMPORT, and other pure modules. Time comes in as a parameter.
@@ -20,17 +21,18 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {
     "octavo.v1": ROOT / "proto/octavo/v1",
-    "octavo.meta": ROOT / "client/octavo/meta",
+    "octavo.meta": ROOT / "shared/octavo/meta",
     "octavo.client": ROOT / "client/octavo/client",
     "octavo.spark": ROOT / "client/octavo/spark",
-    "octavo.cli": ROOT / "client/octavo/cli",
+    "octavo.cli": ROOT / "cli/octavo/cli",
     "octavo.node": ROOT / "node/octavo/node",
     "octavo.operator": ROOT / "operator/octavo/operator",
-    "octavo.localk8s": ROOT / "e2e/local/octavo/localk8s",
-    "octavo.telemetry": ROOT / "client/octavo/telemetry",
+    "octavo.localk8s": ROOT / "bench/emulator/octavo/localk8s",
+    "octavo.telemetry": ROOT / "shared/octavo/telemetry",
+    "octavo.sim": ROOT / "sim/octavo/sim",
 }
 # What each package may import of ours (itself always).
 ALLOWED = {
@@ -39,12 +41,14 @@ ALLOWED = {
     "octavo.client": {"octavo.meta", "octavo.v1", "octavo.telemetry"},
     "octavo.spark": {"octavo.client", "octavo.meta", "octavo.v1", "octavo.telemetry"},
     "octavo.node": {"octavo.meta", "octavo.v1", "octavo.telemetry"},
-    "octavo.cli": {"octavo.node", "octavo.client", "octavo.spark", "octavo.operator", "octavo.localk8s", "octavo.meta",
+    "octavo.cli": {"octavo.node", "octavo.client", "octavo.spark", "octavo.operator", "octavo.meta",
                    "octavo.v1", "octavo.telemetry"},
     "octavo.operator": {"octavo.client", "octavo.meta", "octavo.v1", "octavo.telemetry"},
     "octavo.telemetry": set(),
-    # The local Kubernetes (an emulated API and a pod runner): it starts `octavo node` processes, imports none.
+    # The emulated Kubernetes API and pod runner (bench only, not installed): it starts `octavo node` processes.
     "octavo.localk8s": set(),
+    # The deterministic simulation runs the bookie and the client, on the model of etcd, in one process.
+    "octavo.sim": {"octavo.node", "octavo.client", "octavo.meta", "octavo.v1", "octavo.telemetry"},
 }
 # The sanctioned exceptions: tail repair reads the entries a bookie lost from its peers, damage repair the good
 # copies of its damaged entries, the replicas check the copies a live bookie misses, and autorecovery
@@ -234,3 +238,59 @@ def test_no_module_cycles_type_checking_imports_included() -> None:
 def test_the_cycle_finder_sees_a_cycle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
     assert strongly_connected(graph) == [("a", "b", "c")]
+
+
+# The layers as docs/architecture.md shows them ("The layers"): generated from ALLOWED, EXCEPTIONS and PURE, and
+# checked against the page, so the picture is the contract this file enforces. `python tests/test_layers.py`
+# rewrites the page's block.
+DOC = ROOT / "docs/architecture.md"
+DOC_BEGIN = "<!-- layers: generated from tests/test_layers.py (python tests/test_layers.py rewrites it) -->"
+DOC_END = "<!-- /layers -->"
+
+
+def below(package: str) -> set[str]:
+    """Every package this one may reach, directly or through the ones it may import."""
+    seen: set[str] = set()
+    todo = list(ALLOWED[package])
+    while todo:
+        p = todo.pop()
+        if p not in seen:
+            seen.add(p)
+            todo.extend(ALLOWED[p])
+    return seen
+
+
+def layers_markdown() -> str:
+    short = {p: p.removeprefix("octavo.") for p in ALLOWED}
+    rows = ["| package | may import (of ours) | pure modules (no IO, no clock) |", "|---|---|---|"]
+    for package in sorted(ALLOWED, key=lambda p: (-len(below(p)), p)):
+        allowed = ", ".join(f"`{short[p]}`" for p in sorted(ALLOWED[package], key=lambda p: (-len(below(p)), p)))
+        pure = ", ".join(f"`{m.removeprefix(package + '.')}`" for m in sorted(PURE) if owner(m) == package)
+        rows.append(f"| `{package}` | {allowed or 'nothing of ours'} | {pure or '—'} |")
+    exceptions = "; ".join(f"`{module}` may import `{other}`" for module, other in sorted(EXCEPTIONS))
+    rows.append("")
+    rows.append(f"The sanctioned exceptions: {exceptions}.")
+    return "\n".join(rows)
+
+
+def doc_block(text: str) -> str:
+    start, end = text.index(DOC_BEGIN) + len(DOC_BEGIN), text.index(DOC_END)
+    return text[start:end].strip("\n")
+
+
+def test_the_architecture_page_shows_the_layers_this_test_checks() -> None:
+    assert doc_block(DOC.read_text()) == layers_markdown(), "docs/architecture.md's layers are stale: run " \
+        "`python tests/test_layers.py` to rewrite them"
+
+
+def test_the_layers_picture_follows_the_table() -> None:
+    table = layers_markdown()
+    assert table.splitlines()[2].startswith("| `octavo.cli` |")  # the package that may reach the most comes first
+    assert "`octavo.node.repair` may import `octavo.client`" in table
+
+
+if __name__ == "__main__":
+    page = DOC.read_text()
+    start, end = page.index(DOC_BEGIN) + len(DOC_BEGIN), page.index(DOC_END)
+    DOC.write_text(page[:start] + "\n" + layers_markdown() + "\n" + page[end:])
+    print(f"wrote the layers into {DOC.relative_to(ROOT)}")
