@@ -68,7 +68,7 @@ PURE = {
     "octavo.client.placement",
     "octavo.client.arguments",
     "octavo.operator.windows", "octavo.operator.policy", "octavo.operator.resources", "octavo.operator.builders",
-    "octavo.operator.status",
+    "octavo.operator.status", "octavo.operator.names",
 }
 PURE_MAY_IMPORT = {
     "__future__", "collections", "collections.abc", "dataclasses", "enum", "typing", "struct", "hashlib", "json",

@@ -300,3 +300,23 @@ def test_cluster_status_shows_the_read_only_threshold_in_force() -> None:
     by_operator = {**row, "forced_read_only": True, "forced_threshold_ratio": 0.9,
                    "forced_reason": "the operator: disk usage 91.0% reached readOnlyRatio 90%"}
     assert _disk_cell(by_operator) == "50% (read-only forced by the operator at 90%; its own mark 95%)"
+
+
+def test_the_command_runs_without_the_operator_extra() -> None:
+    """`pip install octavo` without `[operator]`: kopf, kubernetes and cronsim are missing, and every command but
+    `octavo operator run` must still start (the parser once imported cronsim through the uninstall command)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "class Missing:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('cronsim', 'kopf', 'kubernetes'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}')\n"
+        "sys.meta_path.insert(0, Missing())\n"
+        "from octavo.cli.main import main\n"
+        "sys.exit(main(['node', '--help']))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--data-dir" in done.stdout

@@ -15,12 +15,12 @@ from typing import Any, TypeVar
 
 from octavo.meta.etcdhealth import ETCD_QUOTA_BYTES_DEFAULT
 from octavo.node.config import NodeConfig
+from octavo.operator.names import GROUP as GROUP
+from octavo.operator.names import VERSION as VERSION
 from octavo.operator.policy import OUTSIDE_WAIT, Policy, PolicyError, Watermarks
 from octavo.operator.windows import Window, WindowError, parse_duration
 
 T = TypeVar("T")
-GROUP = "octavo.io"
-VERSION = "v1alpha1"
 BOOKIE_CLUSTER = ("bookieclusters", "BookieCluster")
 COMPACTION_POLICY = ("compactionpolicies", "CompactionPolicy")
 

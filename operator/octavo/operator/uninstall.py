@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the kubernetes client is imported only when the command runs (CLI start-up stays fast)
     from octavo.operator.kube import Kube
 
-from octavo.operator.resources import GROUP, VERSION
+from octavo.operator.names import GROUP, VERSION
 
 EXIT_OK = 0
 EXIT_FAILED = 1
