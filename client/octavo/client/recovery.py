@@ -7,7 +7,8 @@ alive, find its true last entry, and close it.
    writer fail from then on), syncs the fence, and rolls its log. Wait until every write quorum has
    (Qw - Qa) + 1 fenced bookies: then no ack quorum of the old writer can complete any more.
 3. LAC = the highest LAC answered; every entry up to it is acknowledged.
-4. Read forward from LAC + 1: an entry found on any bookie of its write set is re-replicated to the whole
+4. Read forward from LAC + 1, in windows of ids that start small and double while every id is found
+   (RecoveryWindow): an entry found on any bookie of its write set is re-replicated to the whole
    write set with recovery adds (they pass the fence) and needs Qa of them to succeed. A bookie of the last
    ensemble that cannot be reached when an entry falls short of Qa (with Qw = Qa, one lost bookie is enough) is
    replaced, as BookKeeper's recovery changes the ensemble: a registered bookie outside the ensemble
@@ -39,8 +40,44 @@ log = logging.getLogger(__name__)
 
 RECOVERY_CAS_ATTEMPTS_MAX = 20
 
+# How many ids past the LAC one read of recovery asks each bookie of their write sets for. Most tails are empty
+# or a few entries (the adds in flight when the writer stopped), and every id past the end still costs each
+# bookie of its write set a NO_SUCH_ENTRY answer (each id needs one from each bookie: recovery_verdict), so the
+# first window is small; a window whose every id was found hints at a long tail, so the next one doubles, up to
+# the maximum: a tail of n entries takes about log2(n / first) round trips more than whole maximum windows.
+RECOVERY_WINDOW_FIRST_ENTRIES = 16
+RECOVERY_WINDOW_ENTRIES_MAX = 1000
 
-async def recover_ledger(client: ClientContext, ledger_id: int, master_key: bytes) -> LedgerMetadata:
+
+@dataclasses.dataclass(frozen=True)
+class RecoveryWindow:
+    """The window of recovery's reads forward: `first_entries` ids first, doubled after a window whose every
+    id was found, never more than `entries_max` (1 <= first_entries <= entries_max)."""
+
+    first_entries: int = RECOVERY_WINDOW_FIRST_ENTRIES
+    entries_max: int = RECOVERY_WINDOW_ENTRIES_MAX
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.first_entries <= self.entries_max:
+            raise ValueError(f"a recovery window needs 1 <= first_entries <= entries_max, got {self.first_entries} "
+                             f"and {self.entries_max}")
+
+    def next_entries(self, window_entries: int, all_found: bool) -> int:
+        """The size of the window after one of `window_entries` ids: doubled (at most entries_max) when every
+        id was found; else the same (a window that ended neither found everything nor the end: a read limit
+        cut a reply short, and the next window asks again from the first id it did not get)."""
+        if not self.first_entries <= window_entries <= self.entries_max:
+            raise ValueError(f"window of {window_entries} ids outside [{self.first_entries}, {self.entries_max}]")
+        return min(window_entries * 2, self.entries_max) if all_found else window_entries
+
+
+DEFAULT_WINDOW = RecoveryWindow()
+
+
+async def recover_ledger(client: ClientContext, ledger_id: int, master_key: bytes,
+                         window: RecoveryWindow = DEFAULT_WINDOW) -> LedgerMetadata:
+    """Recover and close the ledger (the steps in the module's docstring); `window`: how many ids past the LAC
+    each read asks for (a benchmark sets it to compare sizes)."""
     store = client.metadata_store
     meta, revision = await store.read_ledger(ledger_id)
     retry = CasRetry(f"ledger {ledger_id}: marking it IN_RECOVERY", RECOVERY_CAS_ATTEMPTS_MAX, error=RecoveryError)
@@ -57,7 +94,7 @@ async def recover_ledger(client: ClientContext, ledger_id: int, master_key: byte
 
     fenced_meta = meta
     lac, suspect = await _fence(client, meta, master_key)
-    last, found_bytes, meta = await _read_forward(client, meta, master_key, lac, suspect)
+    last, found_bytes, meta = await _read_forward(client, meta, master_key, lac, suspect, window)
     # Recovery reads only the entries past the LAC: it knows the length only when that was all of them.
     length = found_bytes if lac < 0 else LENGTH_UNKNOWN
     retry = CasRetry(f"ledger {ledger_id}: closing it after recovery", RECOVERY_CAS_ATTEMPTS_MAX,
@@ -130,20 +167,19 @@ async def _fence_one(client: ClientContext, bookie: str, ledger_id: int, master_
         return None
 
 
-RECOVERY_WINDOW_ENTRIES = 1000
-
-
 async def _read_forward(client: ClientContext, meta: LedgerMetadata, master_key: bytes, lac: int,
-                        suspect: set[str]) -> tuple[int, int, LedgerMetadata]:
-    """Find and re-replicate the entries after the LAC, a window of entries at a time (one read request and
-    one recovery add per bookie per window); returns the last entry id, the payload bytes found, and the
-    metadata to close with (`meta`, or with a new last segment from LAC + 1 if a bookie was replaced)."""
+                        suspect: set[str], window: RecoveryWindow) -> tuple[int, int, LedgerMetadata]:
+    """Find and re-replicate the entries after the LAC, a window of ids at a time (one read request and one
+    recovery add per bookie per window; the window grows while every id of it is found, see RecoveryWindow);
+    returns the last entry id, the payload bytes found, and the metadata to close with (`meta`, or with a new
+    last segment from LAC + 1 if a bookie was replaced)."""
     need_negative = meta.write_quorum - meta.ack_quorum + 1
     entry = lac + 1
     found_bytes = 0
     written = meta  # the ensembles the recovered entries are written to
+    window_entries = window.first_entries
     while True:
-        ids = list(range(entry, entry + RECOVERY_WINDOW_ENTRIES))
+        ids = list(range(entry, entry + window_entries))
         answers = await _read_window(client, meta, ids)
         found: list[tuple[int, bytes]] = []
         decided_last: int | None = None
@@ -169,6 +205,7 @@ async def _read_forward(client: ClientContext, meta: LedgerMetadata, master_key:
             found_bytes += sum(len(payload) for _, payload in found)
         if decided_last is not None:
             return decided_last, found_bytes, written
+        window_entries = window.next_entries(window_entries, all_found=len(found) == len(ids))
         entry = found[-1][0] + 1 if found else entry
 
 
