@@ -170,6 +170,21 @@ class Injector:
                     return
                 await asyncio.sleep(0.5)
 
+    async def restart_one_by_one(self, names: list[str], rng: random.Random, machine_first: bool) -> None:
+        """A rolling restart: each bookie of `names` (not already down or lost) crashes, stays down for a moment
+        and is started again before the next one goes; the first one's crash is a machine crash when
+        `machine_first` (the run has no other data-losing fault: at most one a run)."""
+        for i, name in enumerate(names):
+            if name in self.down or name in self.lost:
+                continue
+            machine = machine_first and i == 0
+            self.record(f"fault rolling restart: {'machine' if machine else 'process'} crash {name}")
+            self.cluster.crash_bookie(name, machine=machine)
+            self.down.add(name)
+            await asyncio.sleep(rng.uniform(0.05, 0.4))
+            await self._restart_soon(name)
+            await asyncio.sleep(rng.uniform(0.0, 0.2))
+
     async def heal(self) -> None:
         """Every link clean, etcd up, every bookie not lost running again."""
         network = self.cluster.world.network

@@ -18,9 +18,9 @@ from octavo.client import faults as client_faults
 from octavo.sim.checks import check
 from octavo.sim.cluster import Cluster
 from octavo.sim.crashpoints import POINTS, CrashPoint
-from octavo.sim.faults import Fault, Injector, draw_schedule
+from octavo.sim.faults import DATA_LOSING, Fault, Injector, draw_schedule
 from octavo.sim.network import NODE
-from octavo.sim.workload import Workload
+from octavo.sim.workload import Takeover, Workload
 from octavo.sim.world import World
 
 # Virtual seconds of workload and faults, then of settling after the heal, and the bound on a whole run (a run
@@ -34,6 +34,13 @@ FAULTS_MAX = 6
 CRASH_POINT_RATIO = 0.3
 CRASH_POINTS = (client_faults.ENSEMBLE_CHANGE_AFTER_SEGMENT_CAS, *sorted(POINTS))
 CRASH_POINT_SALT = 0x5EED
+# Share of runs with a takeover (workload.py: another client recovery-opens a ledger whose writer is alive and
+# idle, then the ledger's bookies restart one after another). Drawn, with the takeover's plan, from a generator
+# of its own (seed ^ TAKEOVER_SALT), so that a run without one draws everything as before (this salt leaves the
+# pinned seeds 1004 and 2009 of sim/tests without one: their runs stay as they were pinned).
+TAKEOVER_RATIO = 0.5
+TAKEOVER_SALT = 0x7A4E8
+TAKEOVER = "takeover: a recovery open of an idle writer's ledger, then a rolling restart of its bookies"
 # Lines of history printed around a violation.
 HISTORY_TAIL_LINES = 60
 
@@ -123,17 +130,62 @@ def _draw_crash_point(seed: int, rng: random.Random) -> str:
     return f"{random.Random(seed ^ CRASH_POINT_SALT).choice(CRASH_POINTS)}@{rng.randrange(1, 3)}"
 
 
-def _kept(outcome: Outcome, schedule: list[Fault], spec: str, keep: frozenset[int] | None
-          ) -> tuple[list[Fault], str]:
-    """Record the drawn schedule (the crash point last) in `outcome`, and return the faults and the crash point
-    this run applies: all of them, or those `keep` names."""
-    outcome.schedule = [f"at {f.at_s:.3f}s {f}" for f in schedule] + ([f"client fault point {spec}"] if spec else [])
+def _kept(outcome: Outcome, schedule: list[Fault], takeover: bool, spec: str, keep: frozenset[int] | None
+          ) -> tuple[list[Fault], bool, str]:
+    """Record the drawn schedule (then the takeover's rolling restart, then the crash point) in `outcome`, and
+    return the faults, whether the rolling restart happens, and the crash point this run applies: all of them,
+    or those `keep` names (without its rolling restart, a takeover is still made)."""
+    outcome.schedule = ([f"at {f.at_s:.3f}s {f}" for f in schedule] + ([TAKEOVER] if takeover else [])
+                        + ([f"client fault point {spec}"] if spec else []))
     outcome.kept = sorted(keep if keep is not None else range(len(outcome.schedule)))
     if spec and len(outcome.schedule) - 1 not in outcome.kept:
         spec = ""
+    restart = takeover and len(schedule) in outcome.kept
     kept = [f for i, f in enumerate(schedule) if i in outcome.kept]
-    outcome.faults = len(kept) + bool(spec)
-    return kept, spec
+    outcome.faults = len(kept) + restart + bool(spec)
+    return kept, restart, spec
+
+
+def _draw_takeover(seed: int, workload_s: float) -> tuple[random.Random, float, float] | None:
+    """A takeover's generator, the holder's pause and when into it the taker opens; None in most runs."""
+    rng = random.Random(seed ^ TAKEOVER_SALT)
+    if rng.random() >= TAKEOVER_RATIO:
+        return None
+    pause_s = rng.uniform(1.0, min(4.0, workload_s * 0.5))
+    return rng, pause_s, rng.uniform(0.02, min(0.5, pause_s / 4))
+
+
+class TakeoverRun:
+    """A run's takeover (workload.py): the holder's and the taker's tasks, and the rolling restart of the holder's
+    ensemble that the taker's recovery open starts (when the run keeps it)."""
+
+    HOLDER, TAKER = "holder-0", "taker-0"
+
+    def __init__(self, drawn: tuple[random.Random, float, float], workload: Workload, injector: Injector,
+                 schedule: list[Fault], restart: bool) -> None:
+        self.rng, pause_s, open_after_s = drawn
+        self.workload, self.injector, self.restart = workload, injector, restart
+        # The first crash is a machine crash only when the run has no other data-losing fault (one a run).
+        self.machine_first = self.rng.random() < 0.5 and not any(f.kind in DATA_LOSING for f in schedule)
+        self.plan = Takeover(pause_s, open_after_s, self._after_open)
+        self.holder_rng = random.Random(self.rng.getrandbits(64))
+        self.taker_rng = random.Random(self.rng.getrandbits(64))
+        self.restarts: list[asyncio.Task[None]] = []
+
+    def start(self) -> list[asyncio.Task[None]]:
+        cluster = self.workload.cluster
+        return [cluster.on_node(self.HOLDER, self.workload.holder(self.HOLDER, self.holder_rng, self.plan)),
+                cluster.on_node(self.TAKER, self.workload.taker(self.TAKER, self.taker_rng, self.plan))]
+
+    def stop(self) -> None:
+        for task in self.restarts:
+            task.cancel()
+
+    def _after_open(self, ensemble: list[str]) -> None:
+        if self.restart:
+            order = self.rng.sample(ensemble, len(ensemble))
+            self.restarts.append(self.workload.cluster.on_node(
+                "sim", self.injector.restart_one_by_one(order, self.rng, self.machine_first)))
 
 
 def _arm_crash_point(cluster: Cluster, spec: str) -> None:
@@ -163,11 +215,15 @@ def run_seed(seed: int, workload_s: float = WORKLOAD_S, base_dir: str | None = N
         readers = ["tailer-0", "recoverer-0", "deleter-0"]
         schedule = draw_schedule(random.Random(rng.getrandbits(64)), sorted(cluster.bookies), writers,
                                  FAULTS_MAX, workload_s * 0.9, quorums[0])
-        schedule, spec = _kept(outcome, schedule, _draw_crash_point(seed, rng), keep)
+        spec = _draw_crash_point(seed, rng)
+        drawn = _draw_takeover(seed, workload_s)
+        schedule, restart, spec = _kept(outcome, schedule, drawn is not None, spec, keep)
         world.record(f"seed {seed}: {bookies} bookies, quorums {quorums}, writers {len(writers)}, "
-                     f"{len(schedule)} faults" + ("" if keep is None else f" (kept {keep_arg(outcome.kept)})"))
+                     f"{len(schedule)} faults" + ("" if keep is None else f" (kept {keep_arg(outcome.kept)})")
+                     + ("" if drawn is None else f", a takeover{'' if restart else ' without its restart'}"))
         injector = Injector(cluster)
         _arm_crash_point(cluster, spec)
+        takeover = None if drawn is None else TakeoverRun(drawn, workload, injector, schedule, restart)
 
         async def main() -> list[str]:
             await cluster.start_all()
@@ -175,9 +231,12 @@ def run_seed(seed: int, workload_s: float = WORKLOAD_S, base_dir: str | None = N
                      "writer": workload.writer}
             tasks = [cluster.on_node(node, roles[node.split("-")[0]](node, random.Random(rng.getrandbits(64))))
                      for node in [*writers, *readers]]
+            tasks += takeover.start() if takeover is not None else []
             faults = asyncio.get_running_loop().create_task(injector.run(schedule))
             await asyncio.sleep(workload_s)
             faults.cancel()
+            if takeover is not None:
+                takeover.stop()
             await injector.heal()
             results = await asyncio.gather(*tasks, return_exceptions=True)
             crashed = [f"workload task failed: {type(r).__name__}: {r}" for r in results

@@ -5,6 +5,10 @@
 - Tailing readers follow open ledgers without recovery; catch-up readers read what is confirmed.
 - Recovery openers, on other clients, open ledgers that may still have a writer (fencing it).
 - A deleter deletes some closed ledgers.
+- A takeover (in some runs): a holder writes a ledger and goes idle; a taker, on another client, recovery-opens
+  it in that pause (fencing the holder, who does not know yet), then the ledger's bookies restart one after
+  another (run.py); the holder resumes appending. A fence that does not survive its bookie's restart lets the
+  holder's adds be acknowledged past the end the taker closed the ledger at.
 Payloads name their ledger and entry and carry seeded bytes, so a reader that got bytes nobody wrote, or an
 entry in the wrong place, is caught.
 """
@@ -13,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from octavo.client.writer import WriteHandle
 from octavo.meta.errors import OctavoError
 from octavo.sim.cluster import Cluster
 
@@ -44,6 +50,45 @@ class LedgerRecord:
     # (who, entry id, payload) of every entry a reader was handed; recovery opens: (who, last entry id)
     seen: list[tuple[str, int, bytes]] = field(default_factory=list)
     recovered: list[tuple[str, int]] = field(default_factory=list)
+
+
+async def append_burst(rng: random.Random, handle: WriteHandle, rec: LedgerRecord, first_id: int, burst: int
+                       ) -> list[BaseException]:
+    """Append `burst` entries from first_id at once (payloads drawn from rng, each kept in rec.written); the
+    acknowledged ones join rec.acked. Returns the appends' errors, in order."""
+    datas = [payload(rng, rec.ledger_id, entry_id) for entry_id in range(first_id, first_id + burst)]
+    rec.written.update(zip(range(first_id, first_id + burst), datas, strict=True))
+    results = await asyncio.gather(*(handle.append(d) for d in datas), return_exceptions=True)
+    errors = []
+    for data, result in zip(datas, results, strict=True):
+        if isinstance(result, BaseException):
+            errors.append(result)
+            continue
+        if rec.written.get(result) != data:
+            raise AssertionError(f"ledger {rec.ledger_id}: append acknowledged as entry {result}, which is not the "
+                                 "entry id of what was sent")
+        rec.acked.add(result)
+    return errors
+
+
+@dataclass
+class Takeover:
+    """A takeover's plan (drawn from the seed) and what links its two sides: the holder's ledger, set once the
+    holder is idle; `after_open` is called with the ledger's last ensemble once the taker's recovery open
+    returned (run.py restarts those bookies one after another): the holder's, which the taker fenced (the
+    taker's recovery may have replaced one it could not reach)."""
+
+    pause_s: float  # how long the holder stays idle after its first appends
+    open_after_s: float  # how long into that pause the taker recovery-opens the ledger
+    after_open: Callable[[list[str]], None]
+    ledger_id: int | None = None
+    ensemble: list[str] = field(default_factory=list)
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+# A takeover's holder: entries of its first appends (before the pause), and bursts after it.
+TAKEOVER_FIRST_ENTRIES_MAX = 10
+TAKEOVER_BURSTS_AFTER_MAX = 3
 
 
 @dataclass
@@ -79,38 +124,89 @@ class Workload:
             next_id = 0
             while next_id < entries and self.now() < self.end_s and not failed:
                 burst = rng.randrange(1, 6)
-                datas = []
-                for _ in range(burst):
-                    data = payload(rng, lid, next_id)
-                    rec.written[next_id] = data
-                    datas.append(data)
-                    next_id += 1
-                results = await asyncio.gather(*(handle.append(d) for d in datas), return_exceptions=True)
-                for data, result in zip(datas, results, strict=True):
-                    if isinstance(result, BaseException):
-                        failed = True
-                        self.record(f"{node} ledger {lid} append failed: {type(result).__name__}")
-                    else:
-                        if rec.written.get(result) != data:
-                            raise AssertionError(f"ledger {lid}: append acknowledged as entry {result}, which is "
-                                                 "not the entry id of what was sent")
-                        rec.acked.add(result)
+                for error in await append_burst(rng, handle, rec, next_id, burst):
+                    failed = True
+                    self.record(f"{node} ledger {lid} append failed: {type(error).__name__}")
+                next_id += burst
                 self.record(f"{node} ledger {lid} acked through {max(rec.acked, default=-1)}")
                 await asyncio.sleep(rng.uniform(0.02, APPEND_PAUSE_S_MAX))
             ending = rng.random()
             if ending < 0.7 and not failed:
-                try:
-                    await handle.close()
-                    rec.closed_by_writer = handle.metadata.last_entry_id
-                    self.record(f"{node} closed ledger {lid} at {rec.closed_by_writer}")
-                except OctavoError as err:
-                    self.record(f"{node} close of {lid} failed: {type(err).__name__}")
+                await self._close(node, handle, rec)
             elif ending < 0.85:
                 self.record(f"{node} crashes with ledger {lid} open")
                 self.cluster.crash_client(node)
                 return
             else:
                 self.record(f"{node} leaves ledger {lid} open")
+
+    async def _close(self, node: str, handle: WriteHandle, rec: LedgerRecord) -> None:
+        try:
+            await handle.close()
+            rec.closed_by_writer = handle.metadata.last_entry_id
+            self.record(f"{node} closed ledger {rec.ledger_id} at {rec.closed_by_writer}")
+        except OctavoError as err:
+            self.record(f"{node} close of {rec.ledger_id} failed: {type(err).__name__}")
+
+    # -- a takeover ------------------------------------------------------------------------------------
+    async def holder(self, node: str, rng: random.Random, plan: Takeover) -> None:
+        """Writes a ledger, goes idle for plan.pause_s (the taker takes the ledger over meanwhile), then appends
+        again as if nothing happened: a live writer that was fenced and has not heard so yet."""
+        client = self.cluster.client(node)
+        await asyncio.sleep(rng.uniform(0.2, max(0.3, self.end_s * 0.4)))
+        e, qw, qa = self.quorums
+        try:
+            handle = await client.create_ledger(e, qw, qa, password=PASSWORD)
+        except OctavoError as err:
+            self.record(f"{node} create failed: {type(err).__name__}")
+            plan.idle.set()  # no ledger to take over: the taker gives up
+            return
+        lid = handle.ledger_id
+        rec = self.ledgers[lid] = LedgerRecord(lid, e, qw, qa)
+        self.record(f"{node} created ledger {lid} on {','.join(handle.metadata.last_ensemble)}")
+        next_id = 0
+        for burst in [rng.randrange(1, TAKEOVER_FIRST_ENTRIES_MAX + 1), 0,
+                      *(rng.randrange(1, 6) for _ in range(rng.randrange(1, TAKEOVER_BURSTS_AFTER_MAX + 1)))]:
+            if not burst:  # the pause
+                plan.ledger_id, plan.ensemble = lid, list(handle.metadata.last_ensemble)
+                plan.idle.set()
+                self.record(f"{node} idle with ledger {lid} open for {plan.pause_s:.3f}s")
+                await asyncio.sleep(plan.pause_s)
+                continue
+            failed = await append_burst(rng, handle, rec, next_id, burst)
+            next_id += burst
+            self.record(f"{node} ledger {lid} acked through {max(rec.acked, default=-1)}"
+                        + (f"; append failed: {type(failed[0]).__name__}" if failed else ""))
+            if failed:
+                plan.idle.set()  # failed before its pause: the taker gives up
+                return
+            await asyncio.sleep(rng.uniform(0.02, APPEND_PAUSE_S_MAX))
+        await self._close(node, handle, rec)
+
+    async def taker(self, node: str, rng: random.Random, plan: Takeover) -> None:
+        """Recovery-opens the holder's ledger while the holder is idle, calls plan.after_open with the holder's
+        ensemble, and reads the ledger."""
+        client = self.cluster.client(node)
+        await plan.idle.wait()
+        await asyncio.sleep(plan.open_after_s)
+        lid = plan.ledger_id
+        if lid is None:
+            return
+        rec = self.ledgers[lid]
+        try:
+            handle = await client.open_ledger(lid, PASSWORD)
+        except OctavoError as err:
+            self.record(f"{node} takeover of {lid} failed: {type(err).__name__}")
+            return
+        rec.recovered.append((node, handle.last_entry_id))
+        self.record(f"{node} took ledger {lid} over: last entry {handle.last_entry_id}")
+        plan.after_open(plan.ensemble)
+        if handle.last_entry_id >= 0:
+            try:
+                async for entry in handle.read(0, handle.last_entry_id):
+                    rec.seen.append((node, entry.entry_id, entry.data))
+            except OctavoError as err:
+                self.record(f"{node} read of {lid} failed: {type(err).__name__}")
 
     # -- readers -------------------------------------------------------------------------------------
     async def tailer(self, node: str, rng: random.Random) -> None:
