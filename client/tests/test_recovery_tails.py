@@ -5,7 +5,8 @@ The writer's entries are acknowledged through the client; the tail is what a wri
 leaves: entries on their whole write set that no LAC covers. After the recovery open every entry reads back
 byte-identical, the ledger is closed at the tail's last entry, and the bookies' own counters show the reads
 recovery sent: one read per bookie per window, the windows starting at 16 ids and doubling while every id is
-found (3000 entries cross six doublings), not 1000 ids per window whatever the tail."""
+found (3000 entries cross six doublings), not 1000 ids per window whatever the tail. On bookies whose read limit
+cuts every answer short, the window keeps its size and the tail is still found whole."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from octavo.cli.clustertesting import FAILOVER as FAST
 from octavo.cli.clustertesting import PASSWORD as PW
-from octavo.cli.clustertesting import entry_data
+from octavo.cli.clustertesting import entry_data, sized
 from octavo.cli.localcluster import LocalCluster
 from octavo.client import Client
-from octavo.client.recovery import DEFAULT_WINDOW, RecoveryWindow, recover_ledger
+from octavo.client.recovery import RecoveryWindow, recover_ledger
 from octavo.meta.ledger_metadata import CLOSED, LedgerMetadata, master_key
 from octavo.node.testing import BookieConnection
 from octavo.v1 import bookie_pb2 as pb
@@ -50,20 +51,11 @@ def read_counters(cluster: LocalCluster) -> tuple[int, int]:
     return requests, entries
 
 
-def expected_reads(window: RecoveryWindow, tail: int, meta: LedgerMetadata) -> tuple[int, int]:
-    """(read requests, entries answered) of recovery's reads forward for `tail` entries past the LAC: every
-    window before the one holding the first missing id is found whole; each window asks every bookie holding
-    one of its ids once, and each id of each bookie of its write set."""
-    requests = entries = 0
-    start, size = 0, window.first_entries
-    while True:
-        ids = range(ACKED + start, ACKED + start + size)
-        requests += len({b for e in ids for b in meta.write_set_bookies(e)})
-        entries += size * meta.write_quorum
-        if tail < start + size:
-            return requests, entries
-        start += size
-        size = window.next_entries(size, all_found=True)
+def expected_reads(window_sizes: list[int], meta: LedgerMetadata) -> tuple[int, int]:
+    """(read requests, entries answered) of recovery's reads forward in windows of these sizes: each window asks
+    each bookie of the ensemble once (a window of 16 or more ids touches all three), and each id of each bookie
+    of its write set."""
+    return len(meta.last_ensemble) * len(window_sizes), meta.write_quorum * sum(window_sizes)
 
 
 async def stopped_writer(cluster: LocalCluster, tail: int) -> tuple[LedgerMetadata, list[bytes]]:
@@ -93,8 +85,15 @@ async def stopped_writer(cluster: LocalCluster, tail: int) -> tuple[LedgerMetada
     return meta, data
 
 
-@pytest.mark.parametrize("tail", [0, 1, 17, 3000])
-async def test_recovery_open_finds_the_whole_tail_with_a_growing_window(cluster: LocalCluster, tail: int) -> None:
+# The windows: 16 ids, doubled after each window found whole, at most 1,000; the last holds the first missing id.
+@pytest.mark.parametrize(("tail", "window_sizes"), [
+    (0, [16]),
+    (1, [16]),
+    (17, [16, 32]),
+    (3000, [16, 32, 64, 128, 256, 512, 1000, 1000]),
+])
+async def test_recovery_open_finds_the_whole_tail_with_a_growing_window(cluster: LocalCluster, tail: int,
+                                                                        window_sizes: list[int]) -> None:
     meta, data = await stopped_writer(cluster, tail)
     ledger = meta.ledger_id
     async with Client(cluster.etcd_endpoint, options=FAST) as other:
@@ -105,8 +104,7 @@ async def test_recovery_open_finds_the_whole_tail_with_a_growing_window(cluster:
         closed = await other.ledger_metadata(ledger)
         assert closed.state == CLOSED and closed.last_entry_id == ACKED + tail - 1
         assert closed.ensembles == meta.ensembles
-        requests, entries = expected_reads(DEFAULT_WINDOW, tail, meta)
-        assert (after[0] - before[0], after[1] - before[1]) == (requests, entries)
+        assert (after[0] - before[0], after[1] - before[1]) == expected_reads(window_sizes, meta)
         got = [e.data async for e in reader.read(0, reader.last_entry_id)]
         assert got == data  # every acknowledged entry, and the recovered tail, byte-identical
     for e in range(ACKED, ACKED + tail, 97):  # the tail is on its whole write set (recovery adds are idempotent)
@@ -126,7 +124,50 @@ async def test_a_fixed_window_of_1000_recovers_the_same_with_more_answers(cluste
         closed = await recover_ledger(other, meta.ledger_id, master_key(PW), window=old)
         after = read_counters(cluster)
         assert closed.state == CLOSED and closed.last_entry_id == ACKED + tail - 1
-        assert (after[0] - before[0], after[1] - before[1]) == expected_reads(old, tail, meta) == (3, 2000)
-        assert expected_reads(DEFAULT_WINDOW, tail, meta) == (6, 96)
+        assert (after[0] - before[0], after[1] - before[1]) == expected_reads([1000], meta) == (3, 2000)
+        assert expected_reads([16, 32], meta) == (6, 96)  # the growing window's, in the test above
         reader = await other.open_ledger(meta.ledger_id, password=PW)
         assert [e.data async for e in reader.read(0, reader.last_entry_id)] == data
+
+
+CUT_ENTRY_BYTES = 10_000  # three fit in one answer of the bookies below, a fourth does not
+
+
+@pytest.fixture(scope="module")
+def small_reads(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    args = ["--metrics-port", "0", "--entry-size-bytes-max", str(32 * 1024), "--read-bytes-max", str(32 * 1024)]
+    with LocalCluster(str(tmp_path_factory.mktemp("small-reads")), bookies=3, bookie_args=args) as c:
+        yield c
+
+
+async def test_answers_cut_by_the_read_limit_are_asked_again_and_the_window_does_not_grow(
+        small_reads: LocalCluster) -> None:
+    """Bookies answering at most 32 KiB per read, entries of 10 KB: every answer stops after three entries and
+    the rest of the window is cut short (RETRY), so each window finds three and the next one starts after them
+    at the same size; the tail is found whole all the same (E = Qw = 3: each id is on every bookie)."""
+    tail = 40
+    async with Client(small_reads.etcd_endpoint, options=FAST) as client:
+        writer = await client.create_ledger(3, 3, 2, password=PW)
+        ledger = writer.ledger_id
+        data = [sized(f"ledger {ledger} entry {i} ", CUT_ENTRY_BYTES) for i in range(ACKED + tail)]
+        assert await writer.append_many(data[:ACKED]) == list(range(ACKED))
+        meta = writer.metadata
+    for bookie in meta.last_ensemble:
+        with BookieConnection(small_reads.bookies[bookie].address) as conn:
+            for e in range(ACKED, ACKED + tail):  # one at a time: a batch is limited too
+                resp = conn.add(ledger, master_key(PW), [e], [data[e]], last_add_confirmed=ACKED - 1)
+                assert list(resp.results[0].codes) == [pb.OK]
+            assert conn.read_lac(ledger).last_add_confirmed == ACKED - 1
+    async with Client(small_reads.etcd_endpoint, options=FAST) as other:
+        before = read_counters(small_reads)
+        reader = await other.open_ledger(ledger, password=PW)
+        after = read_counters(small_reads)
+        assert reader.last_entry_id == ACKED + tail - 1
+        # Windows from LAC + 1, 3 ids found in each; the last one finds the tail's last entry and the end.
+        windows = tail // 3 + 1
+        assert after[0] - before[0] == 3 * windows
+        # Each bookie answered three entries per window, and the whole last window: still 16 ids (the one found
+        # and 15 missing), where a window grown after every cut one would have asked for 1,000.
+        assert after[1] - before[1] == 3 * (3 * (windows - 1) + 16)
+        got = [e.data async for e in reader.read(0, reader.last_entry_id)]
+        assert got == data
