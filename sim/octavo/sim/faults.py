@@ -182,7 +182,8 @@ class Injector:
             self.cluster.crash_bookie(name, machine=machine)
             self.down.add(name)
             await asyncio.sleep(rng.uniform(0.05, 0.4))
-            await self._restart_soon(name)
+            # Shielded: when the workload ends, this task is cancelled, and heal() waits for the same restart.
+            await asyncio.shield(self._restart_soon(name))
             await asyncio.sleep(rng.uniform(0.0, 0.2))
 
     async def heal(self) -> None:

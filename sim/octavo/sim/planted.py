@@ -25,7 +25,7 @@ from octavo.sim.run import git_commit
 
 PLANTED_DIR = Path(__file__).resolve().parents[2] / "planted"
 REPO = PLANTED_DIR.parents[1]
-PACKAGE_DIRS = ("client", "node", "proto", "sim")
+PACKAGE_DIRS = ("client", "node", "proto", "shared", "sim")
 SECTION_BEGIN = "<!-- octavo.sim planted: begin -->"
 SECTION_END = "<!-- octavo.sim planted: end -->"
 VIOLATING = re.compile(r"^violating seeds: (.*)$", re.M)
