@@ -1,7 +1,7 @@
 """An asyncio event loop on virtual time: when nothing is ready to run, the clock jumps to the next timer.
 
 Nothing waits on real IO in the simulation (the network is in memory and file IO is synchronous), so the
-selector never has anything to report: its select(timeout) only moves the clock forward by `timeout`. A loop
+loop never polls a selector: an iteration with nothing ready moves the clock forward to the first timer. A loop
 with no ready callback and no timer can never make progress again: that raises Stuck instead of hanging.
 Executor calls (run_in_executor) run inline on the loop's thread, so a run is one thread and replays exactly.
 """
@@ -9,6 +9,9 @@ Executor calls (run_in_executor) run inline on the loop's thread, so a run is on
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import heapq
+import itertools
 import selectors
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -59,24 +62,77 @@ class _VirtualSelector(selectors.BaseSelector):
 SPINS_MAX = 100_000
 
 
+# Cancelled timers are dropped from the heap in one pass once they are this share of it (and there are more
+# than TIMERS_SWEEP_MIN timers), as asyncio's own loop does.
+TIMERS_SWEEP_MIN = 100
+TIMERS_SWEEP_CANCELLED_RATIO = 0.5
+
+
 class VirtualLoop(asyncio.SelectorEventLoop):
+    """asyncio's selector loop with its iteration (`_run_once`) and its timers (`call_at`) written for virtual
+    time: nothing ever waits on IO, so an iteration runs what is ready, or moves the clock to the first timer
+    and runs what is due. Timers sit in the heap as (when, sequence number, handle): the heap compares them as
+    tuples (in C, not with TimerHandle.__lt__), and timers due at the same time run in the order they were set.
+    The order of callbacks within an iteration is asyncio's: the ready ones first, then the timers due."""
+
     def __init__(self, clock: VirtualClock) -> None:
         self.clock = clock
         super().__init__(_VirtualSelector(clock))
         self._clock_resolution = 1e-9
         self._spins = 0
         self._spun_at = -1.0
+        self._timer_seq = itertools.count()
+        self._timers: list[tuple[float, int, asyncio.TimerHandle]] = []
+
+    def call_at(self, when: float, callback: Callable[..., Any], *args: Any,  # type: ignore[override]
+                context: contextvars.Context | None = None) -> asyncio.TimerHandle:
+        if self.is_closed():
+            raise RuntimeError("Event loop is closed")
+        timer = asyncio.TimerHandle(when, callback, args, self, context)
+        heapq.heappush(self._timers, (when, next(self._timer_seq), timer))
+        timer._scheduled = True  # type: ignore[attr-defined]
+        return timer
 
     def _run_once(self) -> None:
-        if self.clock.now_s != self._spun_at:
-            self._spun_at, self._spins = self.clock.now_s, 0
+        clock = self.clock
+        if clock.now_s != self._spun_at:
+            self._spun_at, self._spins = clock.now_s, 0
         self._spins += 1
         if self._spins > SPINS_MAX:
-            ready = sorted({_where(h) for h in self._ready})[:12]  # type: ignore[attr-defined]
-            head = self._scheduled[0] if self._scheduled else None  # type: ignore[attr-defined]
-            raise Stuck(f"livelock: {SPINS_MAX} loop iterations at virtual time {self.clock.now_s:.6f} without "
-                        f"the clock moving; ready: {ready}; next timer: {head!r} at {head and head.when()!r}")
-        super()._run_once()  # type: ignore[misc]
+            raise self._livelock()
+        timers = self._timers
+        ready = self._ready  # type: ignore[attr-defined]
+        if len(timers) > TIMERS_SWEEP_MIN and \
+                self._timer_cancelled_count / len(timers) > TIMERS_SWEEP_CANCELLED_RATIO:  # type: ignore[has-type]
+            for _, _, timer in timers:
+                if timer._cancelled:  # type: ignore[attr-defined]
+                    timer._scheduled = False  # type: ignore[attr-defined]
+            timers[:] = [t for t in timers if not t[2]._cancelled]  # type: ignore[attr-defined]
+            heapq.heapify(timers)
+            self._timer_cancelled_count = 0
+        else:
+            while timers and timers[0][2]._cancelled:  # type: ignore[attr-defined]
+                self._timer_cancelled_count -= 1
+                heapq.heappop(timers)[2]._scheduled = False  # type: ignore[attr-defined]
+        if not ready and not self._stopping:  # type: ignore[attr-defined]
+            if not timers:
+                raise Stuck("the simulation is stuck: no callback is ready and no timer is set")
+            clock.now_s += max(0.0, timers[0][0] - clock.now_s)  # the clock jumps to the first timer
+        end_time = clock.now_s + self._clock_resolution
+        while timers and timers[0][0] < end_time:
+            timer = heapq.heappop(timers)[2]
+            timer._scheduled = False  # type: ignore[attr-defined]
+            ready.append(timer)
+        for _ in range(len(ready)):
+            handle = ready.popleft()
+            if not handle._cancelled:
+                handle._run()
+
+    def _livelock(self) -> Stuck:
+        ready = sorted({_where(h) for h in self._ready})[:12]  # type: ignore[attr-defined]
+        head = self._timers[0][2] if self._timers else None
+        return Stuck(f"livelock: {SPINS_MAX} loop iterations at virtual time {self.clock.now_s:.6f} without the "
+                     f"clock moving; ready: {ready}; next timer: {head!r} at {head and head.when()!r}")
 
     def time(self) -> float:
         return self.clock.now_s

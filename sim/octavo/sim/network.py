@@ -16,6 +16,7 @@ it, up to its deadline, as gRPC does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import random
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -195,9 +196,9 @@ class SimChannel:
     def unary_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
                     **_: Any) -> Callable[..., Any]:
         def call(request: Any, timeout: float | None = None, wait_for_ready: bool | None = None,
-                 metadata: Any = None, **__: Any) -> Any:
-            return asyncio.ensure_future(self._unary(method, _serialize(request_serializer, request),
-                                                     response_deserializer, timeout, bool(wait_for_ready), metadata))
+                 metadata: Any = None, **__: Any) -> asyncio.Future[Any]:
+            return _UnaryCall(self, method, _serialize(request_serializer, request), response_deserializer,
+                              timeout, bool(wait_for_ready), metadata).future
         return call
 
     def unary_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
@@ -218,64 +219,119 @@ class SimChannel:
                                  metadata, timeout)
         return call
 
-    async def _ready_host(self, wait_for_ready: bool) -> Host:
-        while True:
-            host = self.network.target(self.address)
-            if self.closed:
-                raise rpc_error(grpc.StatusCode.CANCELLED, "channel closed")
-            if host is not None and host.up:
-                return host
-            if not wait_for_ready:
-                raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"{self.address}: connection refused")
-            await asyncio.sleep(READY_POLL_S)
 
-    async def _unary(self, method: str, request: bytes, response_deserializer: Any, timeout: float | None,
-                     wait_for_ready: bool, metadata: Any) -> Any:
+class _UnaryCall:
+    """One unary call, as callbacks on the loop rather than a task of its own (a simulated run makes thousands
+    a second): the request's trip over the link, the handler as a task of the server's node, the answer's trip
+    back. The caller awaits `future`, which the call's deadline fails with DEADLINE_EXCEEDED.
+
+    What reaches the caller: the answer; the server's refusal or error at once (gRPC's status, with no trip
+    back); UNAVAILABLE at once when the server is down (a call with wait_for_ready looks again every
+    READY_POLL_S) or crashes before answering; nothing when the request or the answer is lost (the deadline
+    ends it). A request still on its way when the caller gave up (cancelled, or its deadline passed) is not
+    delivered. A crash point (crashpoints.py) that matches fires as the request leaves or as the answer
+    arrives: the caller's node dies there."""
+
+    __slots__ = ("_deadline", "channel", "deserializer", "future", "host", "loop", "metadata", "method", "network",
+                 "point", "request", "wait_for_ready")
+
+    def __init__(self, channel: SimChannel, method: str, request: bytes, deserializer: Any, timeout: float | None,
+                 wait_for_ready: bool, metadata: Any) -> None:
+        self.channel, self.network = channel, channel.network
+        self.loop = asyncio.get_running_loop()
+        self.method, self.request, self.deserializer, self.metadata = method, request, deserializer, metadata
+        self.wait_for_ready = wait_for_ready
+        self.future: asyncio.Future[Any] = self.loop.create_future()
         point = self.network.crash_point
-        if point is not None and not point.matches(self.src, method, request):
-            point = None
-        try:
-            async with asyncio.timeout(timeout):
-                host = await self._ready_host(wait_for_ready)
-                if point is not None and point.before:
-                    point.fire(self.src)  # the process dies as it sends this
-                response = await self._deliver(host, method, request, metadata)
-                if point is not None:
-                    point.fire(self.src)  # the server did it; the process dies before it hears so
-        except TimeoutError:
-            raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
-        return _deserialize(response_deserializer, response)
+        self.point = point if point is not None and point.matches(channel.src, method, request) else None
+        self._deadline = None if timeout is None else self.loop.call_later(timeout, self._expired)
+        self.host: Host | None = None
+        self._send()
 
-    async def _deliver(self, host: Host, method: str, request: bytes, metadata: Any) -> bytes:
-        network = self.network
-        delay = network.fate(self.src, host.name)
-        if delay is None:
-            await asyncio.Event().wait()  # lost: the caller's deadline ends it
-        await asyncio.sleep(delay or 0.0)
+    def _expired(self) -> None:
+        self._fail(rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+
+    def _fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+        if self._deadline is not None:
+            self._deadline.cancel()
+
+    def _send(self) -> None:
+        if self.future.done():
+            return
+        channel = self.channel
+        host = self.network.target(channel.address)
+        if channel.closed:
+            return self._fail(rpc_error(grpc.StatusCode.CANCELLED, "channel closed"))
+        if host is None or not host.up:
+            if not self.wait_for_ready:
+                return self._fail(rpc_error(grpc.StatusCode.UNAVAILABLE, f"{channel.address}: connection refused"))
+            self.loop.call_later(READY_POLL_S, self._send)
+            return
+        if self.point is not None and self.point.before:
+            self._fire()  # the process dies as it sends this
+            return
+        self.host = host
+        delay = self.network.fate(channel.src, host.name)
+        if delay is not None:  # else lost: the caller's deadline ends it
+            self.loop.call_at(self.loop.time() + delay, self._arrive)
+
+    def _fire(self) -> None:
+        """The crash point fires: the caller's node dies (its tasks are cancelled; the call with them)."""
+        assert self.point is not None
+        with contextlib.suppress(asyncio.CancelledError):  # the crash ends what hit the point: here, the call
+            self.point.fire(self.channel.src)
+        if not self.future.done():
+            self.future.cancel()
+        if self._deadline is not None:
+            self._deadline.cancel()
+
+    def _arrive(self) -> None:
+        host = self.host
+        assert host is not None
+        if self.future.done():
+            return
         if not host.up:
-            raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"{host.name}: connection reset")
-        handler = host.handlers.get(method)
+            return self._fail(rpc_error(grpc.StatusCode.UNAVAILABLE, f"{host.name}: connection reset"))
+        handler = host.handlers.get(self.method)
         if handler is None:
-            raise rpc_error(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not served by {host.name}")
-        context = SimServicerContext(self.src, metadata)
-        served = _on_node(host.name, self._serve(handler, request, context))
-        try:
-            response: bytes = await asyncio.shield(served)
-        except _Abort as e:
-            raise rpc_error(e.code, e.details) from None
-        except Exception as e:  # what gRPC answers when a handler raises
-            raise rpc_error(grpc.StatusCode.UNKNOWN, f"Exception calling application: {e}") from None
-        delay = network.fate(host.name, self.src)
-        if delay is None:
-            await asyncio.Event().wait()
-        await asyncio.sleep(delay or 0.0)
-        return response
+            return self._fail(rpc_error(grpc.StatusCode.UNIMPLEMENTED, f"{self.method} is not served by {host.name}"))
+        context = SimServicerContext(self.channel.src, self.metadata)
+        served = _on_node(host.name, _serve_unary(handler, self.request, context))
+        served.add_done_callback(self._served)
 
-    @staticmethod
-    async def _serve(handler: Any, request: bytes, context: SimServicerContext) -> bytes:
-        parsed = _deserialize(handler.request_deserializer, request)
-        response = await handler.unary_unary(parsed, context)
-        return _serialize(handler.response_serializer, response)
+    def _served(self, served: asyncio.Task[bytes]) -> None:
+        host = self.host
+        assert host is not None
+        if served.cancelled():  # the server crashed while it handled the call
+            return self._fail(rpc_error(grpc.StatusCode.UNAVAILABLE, f"{host.name}: connection reset"))
+        error = served.exception()
+        if self.future.done():
+            return
+        if isinstance(error, _Abort):
+            return self._fail(rpc_error(error.code, error.details))
+        if error is not None:  # what gRPC answers when a handler raises
+            return self._fail(rpc_error(grpc.StatusCode.UNKNOWN, f"Exception calling application: {error}"))
+        delay = self.network.fate(host.name, self.channel.src)
+        if delay is not None:  # else lost: the caller's deadline ends it
+            self.loop.call_at(self.loop.time() + delay, self._answer, served.result())
+
+    def _answer(self, response: bytes) -> None:
+        if self.future.done():
+            return
+        if self.point is not None:
+            self._fire()  # the server did it; the process dies before it hears so
+            return
+        self.future.set_result(_deserialize(self.deserializer, response))
+        if self._deadline is not None:
+            self._deadline.cancel()
+
+
+async def _serve_unary(handler: Any, request: bytes, context: SimServicerContext) -> bytes:
+    parsed = _deserialize(handler.request_deserializer, request)
+    response = await handler.unary_unary(parsed, context)
+    return _serialize(handler.response_serializer, response)
 
 
 def _on_node(node: str, coro: Any) -> asyncio.Task[Any]:
