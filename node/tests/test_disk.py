@@ -7,12 +7,15 @@ import logging
 from pathlib import Path
 
 import grpc
+import lmdb
 import pytest
 
 from octavo.node.config import ConfigError, NodeConfig
 from octavo.node.dataplane import BookieService, bookie_handler
 from octavo.node.disk import DiskMonitor, tree_bytes
+from octavo.node.entrylog import LOCATION_LENGTH_BITS
 from octavo.node.fileio import FileIO
+from octavo.node.index import Index, as_os_error
 from octavo.node.ratelimitedlog import RateLimit
 from octavo.node.rpc import disk_failures
 from octavo.node.storage import Storage, write_failures
@@ -183,3 +186,21 @@ async def test_a_fence_on_a_full_disk_answers_resource_exhausted_naming_the_disk
         await server.stop(None)
         io.full = False
         s.close()
+
+
+def test_an_index_write_lmdb_refuses_raises_an_oserror_with_lmdbs_words(tmp_path: Path) -> None:
+    """Noticed beside seed 20024: a synced index write that LMDB refuses (a fence's ledger row on a full disk)
+    raised lmdb.Error, which no disk-failure handler catches, so the data plane answered gRPC's UNKNOWN. The
+    index now raises OSError like every other disk write (ENOSPC for LMDB's DiskError, EIO for the rest). A real
+    refusal: a checkpoint larger than the index's map."""
+    index = Index(str(tmp_path), FileIO(), map_size_bytes=64 * 1024)
+    try:
+        cache = {7: {entry_id: (entry_id * 100) << LOCATION_LENGTH_BITS | 100 for entry_id in range(20_000)}}
+        with pytest.raises(OSError) as refused:
+            index.commit_checkpoint(1, cache, {}, 2_000_000)
+        assert refused.value.errno == errno.EIO and "MapFullError" in str(refused.value)
+        assert isinstance(refused.value.__cause__, lmdb.MapFullError)
+        assert as_os_error(lmdb.DiskError("mdb_txn_commit: No space left on device")).errno == errno.ENOSPC
+        assert index.get(7, 0) is None  # the refused transaction left nothing behind
+    finally:
+        index.close()

@@ -106,7 +106,8 @@ async def test_a_client_without_credentials_gets_the_reason(auth_etcd: EtcdProce
 async def test_a_user_limited_to_the_prefix_watches_deletes_and_compacts(auth_etcd: EtcdProcess) -> None:
     """What a bookie's etcd user needs beyond its keys: the deletion watch's start revision and the auditor's
     compaction, both with only the octavo-rw role."""
-    from octavo.meta.etcd import EtcdAuth, EtcdClient, WatchPosition
+    from octavo.meta.etcd import EtcdAuth, EtcdClient
+    from octavo.meta.keyrange import WatchPosition
 
     auth = EtcdAuth(username="octavo-bookie", password=PASSWORD)
     async with EtcdClient(auth_etcd.endpoint, auth=auth) as etcd:

@@ -18,7 +18,8 @@ import pytest
 from octavo.cli.localcluster import ETCD_QUOTA_BACKEND_BYTES, EtcdProcess, LocalCluster, etcd_binary
 from octavo.client import Client, ClientOptions
 from octavo.meta.errors import EtcdCompactedError, EtcdSpaceExceededError
-from octavo.meta.etcd import EtcdClient, WatchPosition
+from octavo.meta.etcd import EtcdClient
+from octavo.meta.keyrange import WatchPosition
 
 QUOTA_BYTES = 4 << 20  # etcd takes any quota; 4 MiB fills in a second
 FAST = ClientOptions(add_timeout_s=5.0, read_timeout_s=3.0, metadata_timeout_s=3.0)

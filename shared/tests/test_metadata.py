@@ -13,7 +13,8 @@ from octavo.cli.localcluster import EtcdProcess
 from octavo.client import dataset as dataset_module
 from octavo.client.dataset import META_DATASET, DatasetStore
 from octavo.meta.errors import MetadataUnavailableError, NoSuchLedgerError
-from octavo.meta.etcd import EtcdClient, parse_endpoints, prefix_end
+from octavo.meta.etcd import EtcdClient, parse_endpoints
+from octavo.meta.keyrange import prefix_end
 from octavo.meta.layout import Layout
 from octavo.meta.ledger_metadata import (
     CLOSED,

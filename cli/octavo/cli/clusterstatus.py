@@ -91,13 +91,13 @@ async def status(client: Any, args: Namespace) -> int:
     bookies = [_bookie_row(b, registered.get(b), st, error, missing_since, now_ms)
                for b, (st, error) in zip(ids, statuses, strict=True)]
     count, missing, oldest_ms = await _marks_summary(UnderReplication(client.etcd, layout))
-    locks = await client.etcd.get_prefix(layout.root + b"replication-locks/")
+    locks = await client.etcd.get_prefix(layout.replication_locks)
     damaged = await damage_rows(client)
     etcd, etcd_summary = await _etcd_status(client, _etcd_quota_setting(args))
     out = {"cluster": layout.cluster, "bookies": bookies, "auditor": auditor, "etcd": etcd, "replicas_check": replicas,
            "underreplicated": {"ledgers": count, "missing_bookies": sorted(missing),
                                "oldest_mark_age_s": round((now_ms - oldest_ms) / 1000, 1) if oldest_ms else None},
-           "replication_in_progress": [{"ledger_id": layout.ledger_id_under(layout.root + b"replication-locks/",
+           "replication_in_progress": [{"ledger_id": layout.ledger_id_under(layout.replication_locks,
                                                                             kv.key),
                                         "worker": kv.value.decode()} for kv in locks],
            "damaged": {"ledgers": len({d["ledger_id"] for d in damaged}), "entries": sum(d["entries"] for d in damaged),

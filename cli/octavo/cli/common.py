@@ -150,7 +150,7 @@ KNOWN_CLUSTERS_MAX = 20
 async def known_clusters(etcd: Any) -> list[str]:
     """The cluster names under /octavo/ in etcd, found by skipping from one cluster's keys to the next (one
     read of one key per cluster, at most KNOWN_CLUSTERS_MAX)."""
-    from octavo.meta.etcd import prefix_end
+    from octavo.meta.keyrange import prefix_end
 
     names: list[str] = []
     start = b"/octavo/"

@@ -79,6 +79,8 @@ NODE_SETTING_HELP: dict[str, str] = {
     "admin_identities": "comma-separated certificate CNs or SANs allowed on the admin plane (empty: any client)",
     "admin_token_file": "file holding a bearer token that also grants the admin plane (for the CLI)",
     "autorecovery_enabled": "audit the cluster for lost bookies and re-replicate their data (true/false)",
+    "autorecovery_idle_interval_s": "the longest the self-healing passes go without reading etcd when no watched "
+                                    "key changes",
     "lost_bookie_delay_s": "a bookie unregistered this long is taken for lost and its ledgers re-replicated",
     "audit_interval_s": "how often the auditor checks every ledger's ensembles for bookies that are gone",
     "replicas_check_interval_s": "how often the auditor checks that every entry is on every bookie of its write "

@@ -2,7 +2,8 @@
 (in every writable bookie). BookKeeper's Auditor and ReplicationWorker, on etcd instead of ZooKeeper.
 
 The auditor is whichever bookie holds the `auditor` key, created on its registration lease: when that bookie
-dies or loses its lease, the key goes and another bookie takes it at its next tick. As auditor a bookie:
+dies or loses its lease, the key goes and another bookie takes it at its next pass (the key's delete wakes
+them: wakeups.py). As auditor a bookie:
 - notices a bookie with a cookie but no registration, and once it has been gone for lost_bookie_delay_s marks
   every ledger naming it under-replicated (a bookie that restarts within the delay is left alone; a new
   auditor starts its own clock, so a takeover can only lengthen the delay);
@@ -15,6 +16,11 @@ and releases the lock. A mark whose bookies are all registered again is dropped:
 data (a bookie whose disk was lost cannot register: its cookie refuses the empty directory). A ledger left with
 lost entries or an open last segment is retried later, not at every tick. An open ledger's last segment is
 recovery-opened once its mark is open_ledger_grace_s old.
+
+The loops that read etcd on each pass (the auditor, the workers, the replicas restore) run when what they depend
+on changes in etcd, when work of theirs falls due, and at least every autorecovery_idle_interval_s, at most once a tick
+(wakeups.py); the loops on intervals of their own (the replicas check, etcd compaction, dataset maintenance)
+look at their clocks every tick without calling etcd.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ from octavo.client.replication import (
 )
 from octavo.meta.errors import MetadataUnavailableError, OctavoError
 from octavo.meta.etcd import Txn
+from octavo.meta.keyrange import WatchRange
+from octavo.meta.layout import Layout
 from octavo.meta.ledger_metadata import LedgerMetadata, MetadataError
 from octavo.meta.underreplication import Mark, Taken, UnderReplication
 from octavo.node import faults
@@ -48,10 +56,11 @@ from octavo.node.datasetmaintenance import DatasetMaintenance, DatasetMaintenanc
 from octavo.node.etcdcompaction import EtcdCompaction
 from octavo.node.registration import Registration
 from octavo.node.replicascheck import ReplicasCheck
+from octavo.node.wakeups import Wakeups
 
 log = logging.getLogger(__name__)
 
-# How often the auditor and the workers look at etcd.
+# The loops' tick: the most often a loop passes (and how often each passes while its etcd watch is down).
 AUTORECOVERY_TICK_S = 1.0
 # Marks are read in pages of this many, and each page is worked in an order of the bookie's own.
 SPREAD_PAGE_MARKS = 1000
@@ -78,6 +87,7 @@ class AuditorState:
     underreplicated_ledgers: int = -1
     oldest_mark_unix_ms: int = 0
     marks_counted_monotonic: float = float("-inf")
+    marks_counted_at_change: int = -1  # Wakeups.changes_seen when they were counted
 
 
 @dataclass
@@ -108,6 +118,17 @@ class AutoRecovery:
         self._retry_at: dict[int, float] = {}
         self._slots = asyncio.Semaphore(config.replication_workers_max)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.wakeups = Wakeups(AUTORECOVERY_TICK_S, config.autorecovery_idle_interval_s,
+                               lambda: registration.registered, registration.ttl_s)
+
+    @staticmethod
+    def watched(layout: Layout) -> list[WatchRange]:
+        """What the passes depend on: a change here wakes them (a new mark, a lock or the auditor key freed, a
+        bookie coming or going, a cookie made or retired)."""
+        return [WatchRange.prefix(layout.registrations), WatchRange.prefix(layout.cookies),
+                WatchRange.key(layout.auditor, puts=False), WatchRange.prefix(layout.underreplicated, deletes=False),
+                WatchRange.prefix(layout.replication_locks, puts=False),
+                WatchRange.prefix(layout.replicas_missing, deletes=False)]
 
     async def run(self) -> None:
         cfg = self.config
@@ -131,20 +152,37 @@ class AutoRecovery:
                 if self._writable():
                     await self.replicas.restore_tick(client, self.registration.lease_id, self.bookie_id)
 
-            # Two loops: a worker waiting for a free slot must not hold up the auditor, nor the other way round.
-            await asyncio.gather(self._every_tick("the auditor", lambda: self._audit(client, marks)),
-                                 self._every_tick("replication", work),
-                                 self._every_tick("the replicas check", lambda: self.replicas.tick(
-                                     client, self.auditor.is_auditor, time.monotonic())),
-                                 self._every_tick("replicas restore", restore_replicas),
-                                 self._every_tick("etcd compaction", lambda: self.etcd_compaction.tick(
-                                     client.etcd, self.auditor.is_auditor, time.monotonic())),
-                                 self._every_tick("dataset maintenance", lambda: self.dataset_maintenance.tick(
-                                     client.datasets, merge, self.auditor.is_auditor, time.monotonic())))
+            # Loops of their own: a worker waiting for a free slot must not hold up the auditor, nor the other way
+            # round.
+            watch = asyncio.create_task(self.wakeups.watch(client.etcd, self.watched(client.metadata_store.layout)),
+                                        name="octavo-autorecovery-watch")
+            try:
+                await asyncio.gather(
+                    self._on_change("the auditor", lambda: self._audit(client, marks), self._auditor_due),
+                    self._on_change("replication", work, self._work_due),
+                    self._every_tick("the replicas check", lambda: self.replicas.tick(
+                        client, self.auditor.is_auditor, time.monotonic())),
+                    self._on_change("replicas restore", restore_replicas, self.replicas.next_retry),
+                    self._every_tick("etcd compaction", lambda: self.etcd_compaction.tick(
+                        client.etcd, self.auditor.is_auditor, time.monotonic())),
+                    self._every_tick("dataset maintenance", lambda: self.dataset_maintenance.tick(
+                        client.datasets, merge, self.auditor.is_auditor, time.monotonic())))
+            finally:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
 
     async def _every_tick(self, what: str, step: Callable[[], Awaitable[None]]) -> None:
+        """A loop on a clock of its own: it looks every tick and calls etcd only when its interval is due."""
+        await self._on_change(what, step, None)
+
+    async def _on_change(self, what: str, step: Callable[[], Awaitable[None]],
+                         due: Callable[[float], float | None] | None) -> None:
+        """A loop woken by the watch (module docstring; `due(began)`: its next due time after a pass that began
+        then). Without `due` it passes every tick."""
         quiet = False
         while True:
+            began = time.monotonic()
             try:
                 await step()
                 quiet = False
@@ -154,7 +192,26 @@ class AutoRecovery:
                 quiet = True
             except Exception:  # the loop goes on: one bad ledger must not stop self-healing
                 log.exception("%s: step failed", what)
-            await asyncio.sleep(AUTORECOVERY_TICK_S)
+            if due is None:
+                await asyncio.sleep(max(0.0, began + AUTORECOVERY_TICK_S - time.monotonic()))
+            else:
+                await self.wakeups.sleep(what, began, due(began))
+
+    def _auditor_due(self, began: float) -> float | None:
+        """When the auditor has work due: a missing bookie's delay running out, the marks count, the full audit."""
+        a = self.auditor
+        if not a.is_auditor:
+            return None  # it passes again when the auditor key is freed, or after the idle interval
+        times = [since + self.config.lost_bookie_delay_s for b, since in a.missing_since.items()
+                 if b not in a.marked_lost]
+        if self._marks_may_have_changed():
+            times.append(a.marks_counted_monotonic + MARKS_COUNT_INTERVAL_S)
+        times.append(self._next_full_audit)
+        return min((t for t in times if t > began), default=None)
+
+    def _work_due(self, began: float) -> float | None:
+        """When a ledger this worker left is to be tried again."""
+        return min((t for t in self._retry_at.values() if t > began), default=None)
 
     async def stop(self) -> None:
         for task in list(self._tasks):
@@ -173,11 +230,13 @@ class AutoRecovery:
             return
         layout = client.metadata_store.layout
         etcd = client.etcd
-        await etcd.txn(Txn().mod_revision_is(layout.auditor, 0).put(layout.auditor, self.bookie_id.encode(),
-                                                                     lease=lease))
-        holder = await etcd.get(layout.auditor)
+        # Take the key if nobody holds it, else read who does: one round trip.
+        took, resp = await etcd.txn(Txn().mod_revision_is(layout.auditor, 0)
+                                    .put(layout.auditor, self.bookie_id.encode(), lease=lease)
+                                    .get_on_failure(layout.auditor))
+        holder = [] if took else resp.responses[0].response_range.kvs
         was = self.auditor.is_auditor
-        self.auditor.is_auditor = holder is not None and holder.value.decode() == self.bookie_id
+        self.auditor.is_auditor = took or (bool(holder) and holder[0].value.decode() == self.bookie_id)
         if self.auditor.is_auditor != was:
             log.info("bookie %s is %s the auditor", self.bookie_id, "now" if self.auditor.is_auditor else "no longer")
             self.auditor.missing_since.clear()
@@ -185,7 +244,7 @@ class AutoRecovery:
         if not self.auditor.is_auditor:
             return
         now = time.monotonic()
-        if now - self.auditor.marks_counted_monotonic >= MARKS_COUNT_INTERVAL_S:
+        if now - self.auditor.marks_counted_monotonic >= MARKS_COUNT_INTERVAL_S and self._marks_may_have_changed():
             await self._count_marks(marks)
         registered = set(await client.bookies(refresh=True))
         cookies = await client.metadata_store.cookie_holders()
@@ -210,7 +269,15 @@ class AutoRecovery:
             self._next_full_audit = now + self.config.audit_interval_s
             await self._full_audit(client, marks, registered, cookies)
 
+    def _marks_may_have_changed(self) -> bool:
+        """Whether the count of marks may be stale: the watch saw a change since (a mark made; a mark finished
+        goes with its lock, whose delete is watched), it is not watching, or an idle interval has passed."""
+        w = self.wakeups
+        return (not w.watching or w.changes_seen != self.auditor.marks_counted_at_change
+                or time.monotonic() - self.auditor.marks_counted_monotonic >= w.idle_s)
+
     async def _count_marks(self, marks: UnderReplication) -> None:
+        self.auditor.marks_counted_at_change = self.wakeups.changes_seen
         count, oldest = 0, 0
         async for mark in marks.marks():
             count += 1

@@ -49,6 +49,10 @@ class NodeConfig:
     # replication_rate_bytes_per_s, in adds of at most replication_batch_bytes_max. An open ledger's last
     # segment is left to its writer for open_ledger_grace_s after the mark; then it is recovery-opened.
     autorecovery_enabled: bool = True
+    # The auditor's and the workers' passes read etcd when a registration, cookie, mark or lock changes there
+    # (an etcd watch), when work of theirs falls due, and otherwise at least every autorecovery_idle_interval_s
+    # (wakeups.py): an idle bookie then costs etcd a handful of requests a minute, not five a second.
+    autorecovery_idle_interval_s: float = 30.0
     lost_bookie_delay_s: float = 60.0
     audit_interval_s: float = 600.0
     # Every replicas_check_interval_s (0: off) the auditor also checks that every entry of every sealed segment
@@ -299,6 +303,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "port": (0, 65535),
     "registration_ttl_s": (2, 300),
     "gc_interval_ms": (100, DAY_MS),
+    "autorecovery_idle_interval_s": (1, DAY_S),
     "lost_bookie_delay_s": (0, 7 * DAY_S),
     "audit_interval_s": (1, 7 * DAY_S),
     "replicas_check_interval_s": (0, 30 * DAY_S),

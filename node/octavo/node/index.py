@@ -12,14 +12,21 @@ Written (a) by the flusher, one transaction per rolled entry log, (b) by a fence
 the bookie answers it, (c) by GC (dropped ledgers, forgotten logs) and (d) by compaction (index entries moved
 to a compaction log, only where they still point into the compacted log). Every write transaction is synced
 before it returns.
+
+A write LMDB refuses (a full disk, a failing one, a full map) raises OSError, as every other disk write of
+the engine does, so the callers' disk-failure handling covers the index too: a fence on a full disk answers
+RESOURCE_EXHAUSTED naming the data directory, not gRPC's UNKNOWN.
 """
 
 from __future__ import annotations
 
+import errno
+import functools
 import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
 
 import lmdb
 
@@ -33,6 +40,27 @@ INDEX_VALUE = struct.Struct("<QQI")
 LEDGER_KEY = struct.Struct(">Q")
 IndexEntry = tuple[int, int, int, int, int]  # ledger id, entry id, log id, offset, record length
 LOG_META_HEAD = struct.Struct("<QI")  # total bytes, ledger count; then (ledger id, bytes) pairs
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def as_os_error(error: lmdb.Error) -> OSError:
+    """An LMDB failure as the OSError the engine handles: ENOSPC for LMDB's DiskError (its ENOSPC), EIO for the
+    rest (a failing disk, a full map, a corrupt environment), with LMDB's own words."""
+    code = errno.ENOSPC if isinstance(error, lmdb.DiskError) else errno.EIO
+    return OSError(code, f"index {type(error).__name__}: {error}")
+
+
+def disk_errors(write: Callable[P, R]) -> Callable[P, R]:
+    """A write of the index whose LMDB failures surface as OSError (module docstring)."""
+    @functools.wraps(write)
+    def wrapped(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return write(*args, **kwargs)
+        except lmdb.Error as e:
+            raise as_os_error(e) from e
+    return wrapped
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +114,7 @@ class Index:
             log_id, offset, length = INDEX_VALUE.unpack(raw)
             return log_id, offset, length
 
+    @disk_errors
     def commit_checkpoint(self, log_id: int, cache: dict[int, dict[int, int]],
                           ledger_rows: dict[int, LedgerRow], log_size: int) -> int:
         """Write one log's cached locations (ledger id -> entry id -> offset << 32 | length) and the ledger rows
@@ -118,12 +147,14 @@ class Index:
         with self._env.begin(db=self._log_meta) as txn:
             return {LEDGER_KEY.unpack(k)[0]: LogMeta.decode(v) for k, v in txn.cursor()}
 
+    @disk_errors
     def put_log_meta(self, log_id: int, meta: LogMeta) -> None:
         with self._env.begin(write=True, db=self._log_meta) as txn:
             txn.put(LEDGER_KEY.pack(log_id), meta.encode())
         self._env.sync(True)
         self._io.index_synced(self.path)
 
+    @disk_errors
     def move_entries(self, sources: set[int], new_log_id: int, moved: list[IndexEntry], meta: LogMeta) -> int:
         """Compaction's index phase: point each (ledger, entry) of `moved` at its copy in `new_log_id`, only where
         the index still points into one of the `sources` (a ledger dropped meanwhile stays dropped), and record
@@ -173,6 +204,7 @@ class Index:
                         out.append((lid, INDEX_KEY.unpack(k)[1], offset, length))
         return out
 
+    @disk_errors
     def drop_ledgers(self, ledger_ids: list[int]) -> int:
         """Delete the ledgers' rows and index entries in one synced transaction; returns entries removed."""
         removed = 0
@@ -190,12 +222,14 @@ class Index:
         self._io.index_synced(self.path)
         return removed
 
+    @disk_errors
     def forget_log(self, log_id: int) -> None:
         with self._env.begin(write=True, db=self._log_meta) as txn:
             txn.delete(LEDGER_KEY.pack(log_id))
         self._env.sync(True)
         self._io.index_synced(self.path)
 
+    @disk_errors
     def put_ledger(self, ledger_id: int, row: LedgerRow) -> None:
         """Persist one ledger row and sync it (used by fencing: the fence is durable when this returns)."""
         with self._env.begin(write=True, db=self._ledgers) as txn:

@@ -177,6 +177,10 @@ class ReplicasCheck:
         return state
 
     # -- the workers ---------------------------------------------------------------------------------
+    def next_retry(self, after: float) -> float | None:
+        """When the restore has a ledger to try again (time.monotonic()), the earliest after `after`; None: none."""
+        return min((t for t in self._retry_at.values() if t > after), default=None)
+
     async def restore_tick(self, client: Client, lease_id: int, owner: str) -> None:
         """Restore the copies of every mark whose ledger lock this worker gets (module docstring)."""
         if not lease_id:

@@ -19,7 +19,7 @@ from grpc_health.v1 import health, health_pb2
 from opentelemetry.sdk.trace import TracerProvider
 
 from octavo.meta.errors import EtcdCompactedError, MetadataUnavailableError
-from octavo.meta.etcd import WatchPosition
+from octavo.meta.keyrange import WatchPosition
 from octavo.meta.tls import ReloadingServerCredentials, TlsFiles
 from octavo.node.adminauth import AdminAuthorizer
 from octavo.node.adminplane import BookieAdminService, admin_handler

@@ -25,6 +25,11 @@ from aetcd import rpc
 from octavo.meta import transport
 from octavo.meta.errors import EtcdCompactedError, EtcdSpaceExceededError, MetadataUnavailableError
 from octavo.meta.etcdhealth import EtcdStatus
+
+# Re-exported: these lived here before keyrange.py, and callers still import them from here.
+from octavo.meta.keyrange import WatchPosition as WatchPosition
+from octavo.meta.keyrange import WatchRange as WatchRange
+from octavo.meta.keyrange import prefix_end as prefix_end
 from octavo.meta.tls import TlsFiles
 
 log = logging.getLogger(__name__)
@@ -134,24 +139,6 @@ def parse_endpoints(spec: str) -> list[str]:
     if not endpoints:
         raise ValueError(f"no etcd endpoint in {spec!r}")
     return endpoints
-
-
-def prefix_end(prefix: bytes) -> bytes:
-    """The range end that covers every key starting with `prefix`."""
-    end = bytearray(prefix)
-    for i in range(len(end) - 1, -1, -1):
-        if end[i] < 0xFF:
-            end[i] += 1
-            return bytes(end[:i + 1])
-    return b"\0"
-
-
-@dataclass
-class WatchPosition:
-    """How far a watch got: every event up to `revision` (inclusive) was delivered to its caller. 0: not
-    started (a watch given it starts after etcd's current revision)."""
-
-    revision: int = 0
 
 
 # StatusResponse.dbSizeQuota (int64), added in etcd 3.6: the stubs `aetcd` ships predate it, so the field
@@ -419,14 +406,36 @@ class EtcdClient:
         position = position if position is not None else WatchPosition()
         if position.revision == 0:
             position.revision = await self.revision()
+        create = rpc.WatchCreateRequest(key=prefix, range_end=prefix_end(prefix),
+                                        filters=[rpc.WatchCreateRequest.NOPUT], start_revision=position.revision + 1)
+        async for events in self._watch([create]):
+            if events:  # handed over below: delivered
+                position.revision = max(position.revision, max(int(ev.kv.mod_revision) for ev in events))
+            keys = [ev.kv.key for ev in events if ev.type == rpc.Event.DELETE]
+            if keys:
+                yield keys
+
+    async def watch_changes(self, ranges: Sequence[WatchRange]) -> AsyncIterator[list[bytes]]:
+        """Watch several ranges on one stream, from now on: first an empty list once etcd has created every
+        watch (from then on no change is missed while the stream lasts), then the keys of each response's
+        changes. Ends with MetadataUnavailableError when the stream fails (the caller watches again and, since
+        changes in the gap are not replayed, looks at what it watches afresh)."""
+        creates = [rpc.WatchCreateRequest(key=r.start, range_end=r.end,
+                                          filters=([rpc.WatchCreateRequest.NOPUT] if not r.puts else [])
+                                          + ([rpc.WatchCreateRequest.NODELETE] if not r.deletes else []))
+                   for r in ranges]
+        async for events in self._watch(creates, announce_created=True):
+            yield [ev.kv.key for ev in events]
+
+    async def _watch(self, creates: list[Any], announce_created: bool = False) -> AsyncIterator[list[Any]]:
+        """The events of a Watch stream carrying `creates` (announce_created: an empty list first, once every
+        watch is created). Ends with MetadataUnavailableError (EtcdCompactedError: a start revision compacted)."""
         self._stubs()
         assert self._channel is not None
         watch = rpc.WatchStub(self._channel)
-        create = rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
-            key=prefix, range_end=prefix_end(prefix), filters=[rpc.WatchCreateRequest.NOPUT],
-            start_revision=position.revision + 1))
         requests: asyncio.Queue[Any] = asyncio.Queue()
-        requests.put_nowait(create)
+        for create in creates:
+            requests.put_nowait(rpc.WatchRequest(create_request=create))
 
         async def send() -> AsyncIterator[Any]:
             while True:
@@ -435,20 +444,21 @@ class EtcdClient:
         if self.auth.username and not self._token:
             await self._authenticate()
         call = watch.Watch(send(), wait_for_ready=True, metadata=self._opts.get("metadata"))
+        created = 0
         try:
             async for resp in call:
                 if resp.compact_revision:
                     raise EtcdCompactedError(
-                        f"etcd compacted its history past this watch's start (revision {position.revision + 1}; the "
-                        f"oldest it keeps is {resp.compact_revision}): deletes in between are not replayed",
-                        int(resp.compact_revision))
+                        f"etcd compacted its history past this watch's start (the oldest revision it keeps is "
+                        f"{resp.compact_revision}): changes in between are not replayed", int(resp.compact_revision))
                 if resp.canceled:
                     raise MetadataUnavailableError(f"etcd cancelled the watch: {resp.cancel_reason}")
-                keys = [ev.kv.key for ev in resp.events if ev.type == rpc.Event.DELETE]
-                if resp.events:  # handed over below: delivered
-                    position.revision = max(position.revision, max(int(ev.kv.mod_revision) for ev in resp.events))
-                if keys:
-                    yield keys
+                if resp.created:
+                    created += 1
+                    if announce_created and created == len(creates):
+                        yield []
+                if resp.events:
+                    yield list(resp.events)
         except grpc.aio.AioRpcError as e:
             if _refused_for_credentials(e) and self.auth.username:
                 self._token = ""  # the next watch (or call) takes a new token

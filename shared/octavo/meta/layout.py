@@ -69,9 +69,13 @@ class Layout:
         check_bookie_id(bookie_id)
         return self.bookies(readonly) + bookie_id.encode()
 
+    @property
+    def cookies(self) -> bytes:
+        return self.root + b"cookies/"
+
     def cookie(self, bookie_id: str) -> bytes:
         check_bookie_id(bookie_id)
-        return self.root + b"cookies/" + bookie_id.encode()
+        return self.cookies + bookie_id.encode()
 
     def instance(self, instance_id: str) -> bytes:
         """The bookie id a data directory's instance serves: a copied directory cannot join as a second bookie."""
@@ -98,8 +102,12 @@ class Layout:
     def damage_mark(self, ledger_id: int, bookie_id: str) -> bytes:
         return self.damage + self.ledger(ledger_id)[len(self.ledgers):] + b"/" + bookie_id.encode()
 
+    @property
+    def replication_locks(self) -> bytes:
+        return self.root + b"replication-locks/"
+
     def replication_lock(self, ledger_id: int) -> bytes:
-        return self.root + b"replication-locks/" + self.ledger(ledger_id)[len(self.ledgers):]
+        return self.replication_locks + self.ledger(ledger_id)[len(self.ledgers):]
 
     def ledger_id_under(self, prefix: bytes, key: bytes) -> int:
         return int(key[len(prefix):])

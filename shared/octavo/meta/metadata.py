@@ -210,7 +210,7 @@ class MetadataStore:
 
     async def cookie_holders(self) -> set[str]:
         """The ids of every bookie with a cookie: every bookie that ever joined and was not decommissioned."""
-        prefix = self.layout.root + b"cookies/"
+        prefix = self.layout.cookies
         return {kv.key[len(prefix):].decode() for kv in await self.etcd.get_prefix(prefix, keys_only=True)}
 
     async def read_cookie(self, bookie_id: str) -> Cookie | None:

@@ -72,3 +72,11 @@ class CasRetry:
 
 
 _rng = random.Random()
+
+
+def backoff_s(attempt: int, initial_s: float, max_s: float) -> float:
+    """The pause before attempt `attempt` + 1 of a loop that retries for as long as its process runs (a watch
+    established again): a doubling cap from initial_s to max_s, half of it fixed and half jittered, so that
+    the bookies of a cluster that lost etcd together do not come back in lock step."""
+    cap = min(max_s, initial_s * 2 ** min(attempt, 30))
+    return float(cap / 2 + _rng.uniform(0, cap / 2))

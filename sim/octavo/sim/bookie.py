@@ -52,6 +52,7 @@ SIM_SETTINGS: dict[str, Any] = {
     "log_rotate_on_close_bytes_min": 4 * 1024,
     "index_map_size_bytes": 64 * 1024 * 1024,
     "lost_bookie_delay_s": 2.0,
+    "autorecovery_idle_interval_s": 5.0,
     "audit_interval_s": 2.0,
     "open_ledger_grace_s": 5.0,
     "replicas_check_interval_s": 2.0,
