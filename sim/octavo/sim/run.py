@@ -37,7 +37,7 @@ CRASH_POINT_SALT = 0x5EED
 # Share of runs with a takeover (workload.py: another client recovery-opens a ledger whose writer is alive and
 # idle, then the ledger's bookies restart one after another). Drawn, with the takeover's plan, from a generator
 # of its own (seed ^ TAKEOVER_SALT), so that a run without one draws everything as before (this salt leaves the
-# pinned seeds 1004 and 2009 of sim/tests without one: their runs stay as they were pinned).
+# pinned seeds 1004 and 2179 of sim/tests without one).
 TAKEOVER_RATIO = 0.5
 TAKEOVER_SALT = 0x7A4E8
 TAKEOVER = "takeover: a recovery open of an idle writer's ledger, then a rolling restart of its bookies"
