@@ -15,7 +15,14 @@ import pytest
 from octavo.cli.clustertesting import FAILOVER, PASSWORD, destroy, entry_data, octavo, quiet, read_all, write_closed
 from octavo.cli.localcluster import LocalCluster
 from octavo.client import Client, LedgerFencedError
-from octavo.client.replication import LOST, OPEN_SEGMENT_LEFT, REPLICATED, Replicator, recover_bookie
+from octavo.client.replication import (
+    LOST,
+    OPEN_SEGMENT_LEFT,
+    REPLICATED,
+    ReplicationError,
+    Replicator,
+    recover_bookie,
+)
 from octavo.meta.errors import NotEnoughBookiesError
 from octavo.meta.underreplication import UnderReplication
 
@@ -212,3 +219,35 @@ async def test_an_interrupted_copy_resumes_on_the_same_bookie(cluster: LocalClus
         assert meta.last_ensemble == tuple(partial[0] if b == victim else b for b in writer.metadata.last_ensemble)
         assert await holders() == partial, "a second copy was started elsewhere"
         assert await read_all(client, writer.ledger_id) == entries
+
+
+async def test_a_replica_that_cannot_answer_is_not_taken_for_lost(cluster: LocalCluster) -> None:
+    """The simulation's note (seed 2009): a survivor that was only briefly unreachable made re-replication log
+    "LOST: ... exist on no surviving replica" (an ERROR an operator is paged for) though its copies were whole.
+    A registered replica that cannot answer is not proof of loss: the ledger is retried, and once the replica
+    answers again its copies are made and nothing is reported lost."""
+    import os
+    import signal
+
+    async with Client(cluster.etcd_endpoint, options=replace(FAST, read_timeout_s=1.0)) as client:
+        writer = await client.create_ledger(2, 2, 2, password=PASSWORD)
+        await writer.append_many([entry_data(writer.ledger_id, i) for i in range(20)])
+        await writer.close()
+        lost, frozen = writer.metadata.last_ensemble
+        destroy(cluster, lost)
+        await wait_unregistered(client, lost)
+        proc = cluster.bookies[frozen].proc
+        assert proc is not None and frozen in await client.bookies(refresh=True)
+        os.kill(proc.pid, signal.SIGSTOP)  # registered (its lease outlives the test's read), answering nothing
+        try:
+            with pytest.raises(ReplicationError, match=r"could not be read now: a registered replica did not "
+                                                       r"answer.*not lost, tried again later"):
+                await Replicator(client).replicate(writer.ledger_id, {lost})
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        report = await Replicator(client).replicate(writer.ledger_id, {lost})
+        assert report.outcome == REPLICATED and report.lost == [] and report.entries_copied == 20
+        meta = await client.ledger_metadata(writer.ledger_id)
+        assert lost not in meta.last_ensemble
+        destroy(cluster, frozen)  # the copy made is whole: the other original copy can go too
+        assert await read_all(client, writer.ledger_id) == [entry_data(writer.ledger_id, i) for i in range(20)]

@@ -396,10 +396,13 @@ class ReadHandle:
         return found
 
     async def read_available(self, ids: Sequence[int], exclude: set[str] | frozenset[str] = frozenset(),
-                             spread: bool = False) -> tuple[dict[int, bytes], dict[int, str]]:
+                             spread: bool = False, unanswered: set[int] | None = None
+                             ) -> tuple[dict[int, bytes], dict[int, str]]:
         """Every entry of `ids` that some replica gives (bookies in `exclude` are not asked), and for each
         other entry the last error seen: re-replication copies what exists and reports the rest as lost.
         With `spread`, a range is first split over the bookies that all hold it (see the module doc).
+        `unanswered` (if given) gets the entries a registered replica could not be asked about (unreachable,
+        or it refused the whole request): for those, not found is not proof of loss.
 
         The bookies tried per entry are recorded only for entries a round did not find, so a read where every
         bookie answers costs no set per entry."""
@@ -413,7 +416,7 @@ class ReadHandle:
                 groups = self._group(remaining, tried, exclude)
                 if not groups:
                     return found, {e: errors.get(e, "no replica left") for e in remaining}
-            await self._read_groups(groups, tried, exclude, found, errors)
+            await self._read_groups(groups, tried, exclude, found, errors, unanswered)
             if self._corrupt:
                 self._report_corrupt(found)
             if len(found) == len(ids):
@@ -468,10 +471,10 @@ class ReadHandle:
 
     async def _read_groups(self, groups: dict[str, Sequence[int]], tried: dict[int, set[str]],
                            exclude: set[str] | frozenset[str], found: dict[int, bytes],
-                           errors: dict[int, str]) -> None:
+                           errors: dict[int, str], unanswered: set[int] | None = None) -> None:
         asked: list[tuple[str, Sequence[int]]] = list(groups.items())
         tasks: dict[asyncio.Task[None], str] = {
-            asyncio.create_task(self._read_from(bookie, entries, found, errors)): bookie
+            asyncio.create_task(self._read_from(bookie, entries, found, errors, unanswered)): bookie
             for bookie, entries in groups.items()}
         _, pending = await asyncio.wait(tasks, timeout=self._client.options.speculative_read_delay_s)
         if pending:
@@ -482,7 +485,7 @@ class ReadHandle:
             slow = [e for task in pending for e in groups[tasks[task]] if e not in found]
             for bookie, entries in self._group(slow, tried, exclude).items():
                 asked.append((bookie, entries))
-                tasks[asyncio.create_task(self._read_from(bookie, entries, found, errors))] = bookie
+                tasks[asyncio.create_task(self._read_from(bookie, entries, found, errors, unanswered))] = bookie
             await asyncio.wait(tasks)
         self._note_tried(asked, tried, exclude, found)
 
@@ -499,7 +502,7 @@ class ReadHandle:
                     done.add(bookie)
 
     async def _read_from(self, bookie_id: str, entries: Sequence[int], found: dict[int, bytes],
-                         errors: dict[int, str]) -> None:
+                         errors: dict[int, str], unanswered: set[int] | None = None) -> None:
         """Read `entries` from one bookie into `found`; an answer cut short by the bookie's read limits (its
         last entry OK, fewer than asked) is continued on the same bookie."""
         timeout_s = self._client.options.read_timeout_s
@@ -518,11 +521,15 @@ class ReadHandle:
             except BookieUnavailableError as e:
                 for entry in entries:
                     errors[entry] = str(e)
+                if unanswered is not None and bookie_id in self._client.registrations:
+                    unanswered.update(entries)  # registered: it may hold them, it could not say
                 return
             latency.record(time.perf_counter() - t0)
             if response.error:
                 for entry in entries:
                     errors[entry] = f"bookie {bookie_id}: {response.error_message}"
+                if unanswered is not None and response.error not in (pb.NO_SUCH_LEDGER, pb.NO_SUCH_ENTRY):
+                    unanswered.update(entries)
                 return
             items = response.entries
             # Entries never change once written, so a copy from a speculative read may overwrite another.

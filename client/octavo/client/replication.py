@@ -258,7 +258,15 @@ class Replicator:
         exclude = frozenset() if old in self.client.registrations else frozenset({old})
         for start in range(0, len(ids), REPLICATION_READ_ENTRIES):
             chunk = ids[start:start + REPLICATION_READ_ENTRIES]
-            found, _ = await reader.read_available(chunk, exclude=exclude)
+            unanswered: set[int] = set()
+            found, errors = await reader.read_available(chunk, exclude=exclude, unanswered=unanswered)
+            doubtful = [e for e in chunk if e not in found and e in unanswered]
+            if doubtful:  # a registered replica could not be asked: not proof of loss; the worker tries later
+                span = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in ranges(doubtful))
+                raise ReplicationError(
+                    f"ledger {meta.ledger_id}: entries {span} (the copies on {old}) could not be read now: a "
+                    f"registered replica did not answer ({errors.get(doubtful[0], 'unreachable')}); not lost, "
+                    "tried again later")
             missing += [e for e in chunk if e not in found]
             batch: list[int] = []
             size = 0
