@@ -76,6 +76,15 @@ class Entry(NamedTuple):
     data: bytes
 
 
+def _unreadable(entries: Sequence[int], why: str, errors: dict[int, str], unanswered: set[int] | None,
+                may_hold: bool) -> None:
+    """Note why `entries` could not be read from one bookie; `may_hold`: it could not say whether it holds
+    them (unreachable while registered, or it refused the whole request), so not found is no proof of loss."""
+    errors.update(dict.fromkeys(entries, why))
+    if may_hold and unanswered is not None:
+        unanswered.update(entries)
+
+
 class ReadHandle:
     def __init__(self, client: ClientContext, metadata: LedgerMetadata, last_add_confirmed: int) -> None:
         self._client = client
@@ -399,12 +408,10 @@ class ReadHandle:
                              spread: bool = False, unanswered: set[int] | None = None
                              ) -> tuple[dict[int, bytes], dict[int, str]]:
         """Every entry of `ids` that some replica gives (bookies in `exclude` are not asked), and for each
-        other entry the last error seen: re-replication copies what exists and reports the rest as lost.
-        With `spread`, a range is first split over the bookies that all hold it (see the module doc).
-        `unanswered` (if given) gets the entries a registered replica could not be asked about (unreachable,
-        or it refused the whole request): for those, not found is not proof of loss.
-
-        The bookies tried per entry are recorded only for entries a round did not find, so a read where every
+        other entry the last error seen; `unanswered` gets those a replica that may hold them could not be asked
+        about (re-replication copies what exists, reports as lost what is denied, retries the unanswered).
+        With `spread`, a range is first split over the bookies that all hold it (see the module doc). The
+        bookies tried per entry are recorded only for entries a round did not find, so a read where every
         bookie answers costs no set per entry."""
         found: dict[int, bytes] = {}
         tried: dict[int, set[str]] = {}
@@ -518,18 +525,13 @@ class ReadHandle:
                         raise
                     response = await self._client.bookie_client(bookie_id).read(self.ledger_id, entries,
                                                                                 timeout_s=timeout_s)
-            except BookieUnavailableError as e:
-                for entry in entries:
-                    errors[entry] = str(e)
-                if unanswered is not None and bookie_id in self._client.registrations:
-                    unanswered.update(entries)  # registered: it may hold them, it could not say
+            except BookieUnavailableError as e:  # registered, it may hold them
+                _unreadable(entries, str(e), errors, unanswered, bookie_id in self._client.registrations)
                 return
             latency.record(time.perf_counter() - t0)
             if response.error:
-                for entry in entries:
-                    errors[entry] = f"bookie {bookie_id}: {response.error_message}"
-                if unanswered is not None and response.error not in (pb.NO_SUCH_LEDGER, pb.NO_SUCH_ENTRY):
-                    unanswered.update(entries)
+                _unreadable(entries, f"bookie {bookie_id}: {response.error_message}", errors, unanswered,
+                            response.error not in (pb.NO_SUCH_LEDGER, pb.NO_SUCH_ENTRY))
                 return
             items = response.entries
             # Entries never change once written, so a copy from a speculative read may overwrite another.
