@@ -183,9 +183,9 @@ class SimBookie:
             await asyncio.sleep(tick_s)
             try:
                 flusher.step()
-                storage.last_flush_error = ""
+                storage.set_flush_error("")
             except Exception as e:  # as the thread does: keep flushing
-                storage.last_flush_error = f"{type(e).__name__}: {e}"
+                storage.set_flush_error(f"{type(e).__name__}: {e}")
 
     def crash_process(self) -> None:
         """The process dies: files closed without a sync (what was written stays, as in the page cache). The
