@@ -27,6 +27,7 @@ from octavo.node.registration import Registration
 from octavo.node.requeststats import RequestStats
 from octavo.node.rpc import disk_failure, stream, unary
 from octavo.node.storage import LedgerBatch, Storage
+from octavo.node.syncedadds import SyncedAdds
 from octavo.node.tailwaiters import TailWaiters
 from octavo.node.tenants import Tenant, TenantPolicy
 from octavo.telemetry.tracing import Sampling, context_from_metadata, context_from_traceparent
@@ -67,6 +68,9 @@ class BookieService(pb_grpc.BookieServicer):
         self.tenants: TenantPolicy | None = None
         if self.config.tenant_prefixes and registration is not None:
             self.tenants = TenantPolicy(self.config.tenant_prefixes, self._dataset_of)
+        # The add stream under fsync_policy=batch: answers wait for their group sync (syncedadds.py).
+        self.synced_adds = None if storage.group_sync is None else SyncedAdds(
+            self._add, self._add_span, storage.sync_failure, storage.group_sync, self.stats, self.drain)
 
     async def _dataset_of(self, ledger_id: int) -> str | None:
         assert self.registration is not None
@@ -82,8 +86,12 @@ class BookieService(pb_grpc.BookieServicer):
 
     async def AddEntries(self, request_iterator: AsyncIterator[pb.AddRequest],
                          context: grpc.aio.ServicerContext) -> AsyncIterator[pb.AddResponse]:
-        stats = self.stats
         tenant = self.tenants.tenant(context) if self.tenants is not None else None  # one identity per stream
+        if self.synced_adds is not None:
+            async for answer in self.synced_adds.stream(request_iterator, context, tenant):
+                yield answer
+            return
+        stats = self.stats
         drain = self.drain
         stream = drain.opened(context)
         try:
@@ -118,6 +126,11 @@ class BookieService(pb_grpc.BookieServicer):
             if response.error:
                 span.set_status(StatusCode.ERROR, response.error_message)
             return response
+
+    def _add_span(self, request: pb.AddRequest) -> Span | None:
+        if self.tracer is None or not (request.trace_parent or self.sampling.enabled):
+            return None
+        return self._span("octavo.bookie.add", request.trace_parent)
 
     def _span(self, name: str, traceparent: str = "", metadata: object = None) -> Span | None:
         """A span for one request: child of the caller's sampled context, else a root at the ratio."""
@@ -229,8 +242,8 @@ class BookieService(pb_grpc.BookieServicer):
     async def _add_batch(self, batches: list[LedgerBatch], total_entries: int) -> list[tuple[list[Code], str]]:
         storage = self.storage
         while True:
-            try:
-                return storage.add_batch(batches)
+            try:  # under fsync_policy=batch the stream waits for the sync (syncedadds.py), not the loop
+                return storage.add_batch(batches, storage.group_sync is None)
             except WriteCacheFull:
                 wait_s = self.config.add_wait_ms_max / 1000
                 loop = asyncio.get_running_loop()

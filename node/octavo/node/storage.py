@@ -14,7 +14,8 @@ the steps; each part lives in its own module:
 
 Durability model (docs/durability.md):
 - An add is acknowledged once its records are written into the active entry log (the OS page cache). The add
-  path never fsyncs, unless fsync_policy is "batch".
+  path never fsyncs, unless fsync_policy is "batch": then an add is acknowledged after an fdatasync of its log
+  that began after its write, shared by every add written meanwhile (group commit: groupsync.py).
 - A full active log is rolled. The flush step fsyncs each rolled log, then commits the index entries that
   cover it (one synced LMDB transaction), then advances the recovery point. The index is therefore never
   durable pointing into bytes that are not.
@@ -52,6 +53,7 @@ from octavo.node.files import INDEX_DIR, LOGS_DIR, RUNNING_MARKER_FILE, log_file
 from octavo.node.flusher import Flusher
 from octavo.node.flushstep import FlushStep
 from octavo.node.gc import GcReport
+from octavo.node.groupsync import GroupSync, failure_message
 from octavo.node.index import Index, LogMeta
 from octavo.node.ledgerrow import MASTER_KEY_BYTES_MAX
 from octavo.node.ledgers import LedgerState, LedgerTable
@@ -136,6 +138,8 @@ class Storage(EngineFlags):
         self.gc_bytes_reclaimed_total = 0
         self._flusher: Flusher | None = None
         self._index: Index | None = None
+        # The group commit of the active log under fsync_policy = "batch" (groupsync.py); None under "none".
+        self.group_sync: GroupSync | None = None
 
     # ------------------------------------------------------------------------------------------------
     # Opening and closing
@@ -174,7 +178,10 @@ class Storage(EngineFlags):
         replayed = startup.replay_logs(self.io, self.logs_dir, self._cache.recovery_point, unclean, self._table)
         self._cache.adopt_replayed(replayed.logs)
         self._cache.next_log_id = replayed.next_log_id
-        self._cache.roll_to(self._create_active_log(self._cache.allocate_log_id()))
+        active = self._create_active_log(self._cache.allocate_log_id())
+        self._cache.roll_to(active)
+        if self.config.fsync_policy == FSYNC_POLICY_BATCH:
+            self.group_sync = GroupSync(self.io, active.log_id, active.fd, active.size)
         self.recovery = replayed.report
         # The marker says "a bookie runs here"; a start that finds it knows the last stop was unclean.
         self.io.write_file_atomic(running_marker, str(os.getpid()).encode())
@@ -198,12 +205,16 @@ class Storage(EngineFlags):
         with self._lock:
             self._closed = True
             active = self._cache.active
+            if self.group_sync is not None:  # syncs the active log's waiters; no round uses its fd after this
+                self.group_sync.roll(None, -1, 0)
             if active is not None and active.size == LOG_HEADER_BYTES:
                 self.io.close(active.fd)  # nothing in it: no need to flush, leave no empty file behind
                 self.io.unlink(active.path)
                 self._cache.active = None
             elif active is not None:
                 self._cache.roll_to(None)
+        if self.group_sync is not None:
+            self.group_sync.shutdown()
         while self._flush.run():
             pass
         if self._cache.next_log_id > self._cache.recovery_point.log_id:
@@ -220,6 +231,8 @@ class Storage(EngineFlags):
         if self._flusher is not None:
             self._flusher.stop()
         self._closed = True
+        if self.group_sync is not None:
+            self.group_sync.abandon()
         self._close_files()
 
     def _close_files(self) -> None:
@@ -287,14 +300,18 @@ class Storage(EngineFlags):
                 raise
             return e.message
 
-    def add_batch(self, batches: list[LedgerBatch]) -> list[Result]:
+    def add_batch(self, batches: list[LedgerBatch], sync_wait: bool = True) -> list[Result]:
         """Append the batches of several ledgers (one add request) with one lock and one write: a request with
         many small per-ledger batches costs one syscall, not one per ledger. Results are per batch, in order.
-        Raises WriteCacheFull before anything is written."""
+        Raises WriteCacheFull before anything is written. Under fsync_policy=batch, without sync_wait the caller
+        waits for `group_sync.point()` taken after this returns and applies `sync_failed` (the data plane)."""
         results: list[Result] = [([], "")] * len(batches)
         with self._lock:
             if self._closed or self._cache.active is None:
                 return [([pb.INTERNAL] * len(b.entry_ids), "bookie is shutting down") for b in batches]
+            group_sync = self.group_sync
+            if group_sync is not None and group_sync.failure is not None:  # nothing more is acknowledged
+                return self.sync_failed([([pb.OK] * len(b.entry_ids), "") for b in batches], group_sync.failure)
             if not self._cache.has_room(sum(len(b.entry_ids) for b in batches)):
                 raise WriteCacheFull()
             group: list[int] = []
@@ -306,7 +323,22 @@ class Storage(EngineFlags):
                 group.append(i)
                 seen.add(batch.ledger_id)
             self._append_group_locked(batches, group, results)
-        return results
+            if group_sync is None or not sync_wait:
+                return results
+            point = group_sync.point()
+        return self.sync_failed(results, group_sync.wait_blocking(point))
+
+    def sync_failed(self, results: list[Result], error: OSError | None) -> list[Result]:
+        """The results of an add once its group sync finished: unchanged if it succeeded; else every OK entry
+        gets the failure's code (a full disk turns the bookie read-only) and is not acknowledged."""
+        if error is None:
+            return results
+        code, message = self.sync_failure(error)
+        return [([code if c == pb.OK else c for c in codes], text or message) for codes, text in results]
+
+    def sync_failure(self, error: OSError) -> tuple[Code, str]:
+        """The code and message of the adds a failed group sync covered (as for a failed write)."""
+        return self._write_failed_code(error), failure_message(error)
 
     def _append_group_locked(self, batches: list[LedgerBatch], group: list[int], results: list[Result]) -> None:
         """Append the batches of `group` (each ledger at most once) with one write: refuse what must be
@@ -331,8 +363,6 @@ class Storage(EngineFlags):
             return
         try:
             self.io.write_parts(active.fd, parts, end - active.size)
-            if self.config.fsync_policy == FSYNC_POLICY_BATCH:
-                self.io.fdatasync(active.fd)
         except OSError as e:
             appends.unstage(staged)
             self._undo_partial_write_locked(active, e)
@@ -341,6 +371,8 @@ class Storage(EngineFlags):
             return
         faults.hit(faults.ADD_AFTER_WRITE)
         appends.account_written(active, staged, end, self._cache, self._table, self.clock())
+        if self.group_sync is not None:
+            self.group_sync.written(active.log_id, end)
 
     def _active_for_group_locked(self, batches: list[LedgerBatch], accepted: list[int],
                                  results: list[Result]) -> EntryLog | None:
@@ -390,6 +422,8 @@ class Storage(EngineFlags):
     def _roll_locked(self) -> EntryLog:
         """Seal the active log, queue it for the flusher and start the next one. Returns the new active log."""
         new = self._create_active_log(self._cache.allocate_log_id())  # may raise (ENOSPC): the old log stays active
+        if self.group_sync is not None:  # the old log is synced before the flusher gets it (its fd is then theirs)
+            self.group_sync.roll(new.log_id, new.fd, new.size)
         self._cache.roll_to(new)
         if self._flusher is not None:
             self._flusher.wake()

@@ -1,0 +1,272 @@
+"""Group commit of the active entry log, for fsync_policy = "batch" (BookKeeper's journal does the same).
+
+Adds are written to the active log as they come, under the engine lock and in order, as with the default policy.
+What changes is the acknowledgement: an add is answered only once an fdatasync of its log that *began after its
+write completed* has finished. One sync is in flight at a time; the requests written while it runs wait for the
+next one, which covers all of them. So a busy bookie pays one fdatasync per round, not one per request.
+
+The rules, checked here:
+- `written(log_id, end)` is called under the engine lock right after a write of [.., end) to the active log
+  returned; a sync round reads the written end when it begins (under this module's lock), so it covers every
+  write noted before it began.
+- A point (log id, end) is covered when its log is older than the active log and was synced whole at its roll,
+  or when it is the active log and a finished round covered `end`.
+- A roll (`roll`, under the engine lock) waits for the round in flight, then syncs the old log itself before the
+  engine hands it to the flusher: no sync thread ever uses an fd the flusher or the read-fd cache may close.
+- A failed fdatasync fails every add waiting on it and every later one (`failure` is kept until the bookie
+  restarts): after EIO the kernel may have dropped the dirty pages and a later fdatasync can succeed without
+  them (Linux marks them clean), so nothing written to this disk is acknowledged again in this process. The
+  records stay in the log, unacknowledged (docs/durability.md, "fsync_policy = batch").
+
+Waiters are asyncio futures (the data plane) or threads blocked in `wait_blocking` (the engine's synchronous API);
+the rounds for the futures run on one thread of their own. The waiters are bounded by the add requests in flight:
+the data plane holds at most ADD_REQUESTS_AWAITING_SYNC_MAX per stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from octavo.node.fileio import FileIO
+
+# A stream's add requests written but not yet answered because their sync has not finished. Above the client's
+# pipelining window (bookie_client.REQUESTS_IN_FLIGHT_MAX, 8), so a client never waits on it; a client that
+# sends more is slowed by gRPC flow control (the handler stops reading).
+ADD_REQUESTS_AWAITING_SYNC_MAX = 16
+
+
+@dataclass(frozen=True, slots=True)
+class SyncPoint:
+    """Bytes [0, end) of entry log `log_id` must be durable before the add is answered."""
+
+    log_id: int
+    end: int
+
+
+@dataclass(slots=True)
+class _Waiter:
+    point: SyncPoint
+    future: asyncio.Future[OSError | None]
+    loop: asyncio.AbstractEventLoop
+
+
+def _settle(future: asyncio.Future[OSError | None], outcome: OSError | None) -> None:
+    if not future.done():  # a cancelled stream's waiter
+        future.set_result(outcome)
+
+
+class GroupSync:
+    """The group commit of one bookie's active entry log (see the module docstring)."""
+
+    def __init__(self, io: FileIO, log_id: int, fd: int, size: int) -> None:
+        self._io = io
+        self._cond = threading.Condition(threading.Lock())
+        self._log_id = log_id
+        self._fd = fd
+        self._written = size   # bytes of the active log written (noted under the engine lock)
+        self._synced = 0       # bytes of the active log a finished round covered
+        self._synced_below = log_id  # every log with a smaller id was synced whole (or is not ours)
+        self._failure: OSError | None = None
+        self._in_flight = False
+        self._waiters: list[_Waiter] = []
+        self._runner = False   # a round loop is queued or running on the executor for the async waiters
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="octavo-groupsync")
+        self.syncs = 0         # finished fdatasync rounds (the rolls' included)
+        self.waited = 0        # adds that waited for a round
+
+    # ------------------------------------------------------------------------------------------------
+    # The engine's side (under the engine lock)
+
+    def written(self, log_id: int, end: int) -> None:
+        """A write to the active log returned: bytes [0, end) are in the page cache."""
+        with self._cond:
+            if log_id != self._log_id or end < self._written:
+                raise RuntimeError(f"group sync: write to log {log_id} ending at {end}, but the active log is "
+                                   f"{self._log_id} with {self._written} bytes written")
+            self._written = end
+
+    def point(self) -> SyncPoint:
+        """Where the active log's writes end now: an add written before this call is durable once it is."""
+        with self._cond:
+            return SyncPoint(self._log_id, self._written)
+
+    def roll(self, log_id: int | None, fd: int, size: int) -> None:
+        """The engine rolls the active log to `log_id` (None: it closes). Syncs the old log first (after the round
+        in flight), so its fd is no longer ours when the engine hands it over."""
+        with self._cond:
+            while self._in_flight:
+                self._cond.wait()
+            if self._failure is None and self._written > self._synced:
+                try:
+                    self._io.fdatasync(self._fd)
+                    self._synced = self._written
+                    self.syncs += 1
+                except OSError as e:
+                    self._failure = e
+            if self._failure is None:
+                self._synced_below = self._log_id + 1
+            if log_id is None:
+                self._failure = self._failure or OSError(errno.ESHUTDOWN, "the bookie is shutting down")
+                # No log after it: a point taken from now on is never covered (-1), it gets the failure.
+                self._log_id, self._fd, self._written, self._synced = self._log_id + 1, -1, 0, -1
+            else:
+                self._log_id, self._fd, self._written, self._synced = log_id, fd, size, 0
+            settled = self._take_settled_locked()
+            self._cond.notify_all()
+        _settle_all(settled)
+
+    def abandon(self) -> None:
+        """Drop every waiter unanswered (failed) without syncing: a simulated crash (Storage.abandon)."""
+        with self._cond:
+            while self._in_flight:
+                self._cond.wait()
+            self._failure = self._failure or OSError(errno.ESHUTDOWN, "the bookie stopped")
+            # No later round touches the old fd, and no point taken from now on is covered.
+            self._log_id, self._fd, self._written, self._synced = self._log_id + 1, -1, 0, -1
+            settled = self._take_settled_locked()
+            self._cond.notify_all()
+        _settle_all(settled)
+        self._executor.shutdown(wait=False)
+
+    def shutdown(self) -> None:
+        """After the closing roll: every waiter is settled; stop the round thread."""
+        self._executor.shutdown(wait=True)
+
+    @property
+    def failure(self) -> OSError | None:
+        return self._failure
+
+    # ------------------------------------------------------------------------------------------------
+    # The waiters' side
+
+    async def wait(self, point: SyncPoint) -> OSError | None:
+        """Wait until `point` is durable (None) or cannot be (the failure). Starts the round loop if none runs."""
+        with self._cond:
+            done, outcome = self._outcome_locked(point)
+            if done:
+                return outcome
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[OSError | None] = loop.create_future()
+            self._waiters.append(_Waiter(point, future, loop))
+            self.waited += 1
+            start = not self._runner
+            self._runner = True
+        if start:
+            self._executor.submit(self._run_rounds)
+        return await future
+
+    def wait_blocking(self, point: SyncPoint) -> OSError | None:
+        """wait() for a thread (the engine's synchronous add API): runs the round itself when none is in flight,
+        so a caller without a round thread (a stepped test) never waits for one."""
+        counted = False
+        while True:
+            with self._cond:
+                while True:
+                    done, outcome = self._outcome_locked(point)
+                    if done:
+                        return outcome
+                    if not counted:
+                        self.waited += 1
+                        counted = True
+                    if not self._in_flight:
+                        break
+                    self._cond.wait()
+                log_id, fd, covered = self._begin_locked()
+            self._round(log_id, fd, covered)
+
+    # ------------------------------------------------------------------------------------------------
+    # Rounds
+
+    def _run_rounds(self) -> None:
+        """The round loop of the async waiters (on the executor's thread): sync while any waits."""
+        try:
+            while True:
+                with self._cond:
+                    while self._in_flight:
+                        self._cond.wait()
+                    settled = self._take_settled_locked()
+                    if not self._waiters:
+                        self._runner = False
+                        break
+                    log_id, fd, covered = self._begin_locked()
+                _settle_all(settled)
+                self._round(log_id, fd, covered)
+        except BaseException as e:  # an invariant broke: fail the waiters rather than leave them hanging
+            with self._cond:
+                self._failure = self._failure or OSError(errno.EIO, f"group sync failed: {e}")
+                self._runner = False
+                settled = self._take_settled_locked()
+                self._cond.notify_all()
+            _settle_all(settled)
+            raise
+        _settle_all(settled)
+
+    def _begin_locked(self) -> tuple[int, int, int]:
+        if self._in_flight or self._fd < 0:
+            raise RuntimeError(f"group sync: a round began on log {self._log_id} while another was in flight "
+                               "or after the last log was handed over")
+        self._in_flight = True
+        return self._log_id, self._fd, self._written
+
+    def _round(self, log_id: int, fd: int, covered: int) -> None:
+        """One fdatasync of log `log_id`, covering its bytes [0, covered): no lock is held while it runs, and a
+        roll waits for it (so `fd` stays the active log's)."""
+        error: OSError | None = None
+        try:
+            self._io.fdatasync(fd)
+        except OSError as e:
+            error = e
+        finally:
+            with self._cond:
+                self._in_flight = False
+                if log_id != self._log_id:
+                    raise RuntimeError(f"group sync: log {log_id} was rolled during its round")
+                if error is not None:
+                    self._failure = self._failure or error
+                else:
+                    self._synced = max(self._synced, covered)
+                    self.syncs += 1
+                settled = self._take_settled_locked()
+                self._cond.notify_all()
+            _settle_all(settled)
+
+    def _outcome_locked(self, point: SyncPoint) -> tuple[bool, OSError | None]:
+        """(True, None): durable; (True, the failure): it never will be; (False, None): not yet."""
+        if point.log_id > self._log_id:
+            raise RuntimeError(f"group sync: point in log {point.log_id}, after the active log {self._log_id}")
+        if point.log_id < self._synced_below or (point.log_id == self._log_id and point.end <= self._synced):
+            return True, None
+        if self._failure is not None:
+            return True, self._failure
+        if point.log_id < self._log_id:  # rolled without its sync: only after a failure, checked above
+            raise RuntimeError(f"group sync: log {point.log_id} was rolled unsynced")
+        return False, None
+
+    def _take_settled_locked(self) -> list[tuple[_Waiter, OSError | None]]:
+        settled: list[tuple[_Waiter, OSError | None]] = []
+        waiting: list[_Waiter] = []
+        for w in self._waiters:
+            done, outcome = self._outcome_locked(w.point)
+            if done:
+                settled.append((w, outcome))
+            elif not w.future.done():  # a cancelled stream's waiter is dropped
+                waiting.append(w)
+        self._waiters = waiting
+        return settled
+
+
+def failure_message(error: OSError) -> str:
+    """What an add whose group sync failed is told."""
+    return (f"the entry log's fdatasync failed ({error}): the add is not acknowledged, and under fsync_policy=batch "
+            "this bookie acknowledges no more adds until it restarts")
+
+
+def _settle_all(settled: list[tuple[_Waiter, OSError | None]]) -> None:
+    for w, outcome in settled:
+        with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits any more
+            w.loop.call_soon_threadsafe(_settle, w.future, outcome)
