@@ -145,20 +145,26 @@ class GroupSync:
     # The waiters' side
 
     async def wait(self, point: SyncPoint) -> OSError | None:
-        """Wait until `point` is durable (None) or cannot be (the failure). Starts the round loop if none runs."""
+        """Wait until `point` is durable (None) or cannot be (the failure)."""
+        return await self.waiter(point)
+
+    def waiter(self, point: SyncPoint) -> asyncio.Future[OSError | None]:
+        """A future of the running loop that gets None once `point` is durable or the failure if it cannot be;
+        starts the round loop if none runs. Taken right after the write, so the next round starts at once."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[OSError | None] = loop.create_future()
         with self._cond:
             done, outcome = self._outcome_locked(point)
             if done:
-                return outcome
-            loop = asyncio.get_running_loop()
-            future: asyncio.Future[OSError | None] = loop.create_future()
+                future.set_result(outcome)
+                return future
             self._waiters.append(_Waiter(point, future, loop))
             self.waited += 1
             start = not self._runner
             self._runner = True
         if start:
             self._executor.submit(self._run_rounds)
-        return await future
+        return future
 
     def wait_blocking(self, point: SyncPoint) -> OSError | None:
         """wait() for a thread (the engine's synchronous add API): runs the round itself when none is in flight,

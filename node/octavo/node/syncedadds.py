@@ -21,7 +21,7 @@ from opentelemetry.trace import Span, StatusCode
 
 from octavo.node.drain import AddStream, Drain
 from octavo.node.errors import Code
-from octavo.node.groupsync import ADD_REQUESTS_AWAITING_SYNC_MAX, GroupSync, SyncPoint
+from octavo.node.groupsync import ADD_REQUESTS_AWAITING_SYNC_MAX, GroupSync
 from octavo.node.requeststats import RequestStats
 from octavo.node.tenants import Tenant
 from octavo.v1 import bookie_pb2 as pb
@@ -37,11 +37,11 @@ class _Stream:
 
 @dataclass(slots=True)
 class _Answer:
-    """A written request's answer, waiting for the sync of `point` (None: nothing to wait for)."""
+    """A written request's answer, waiting for its sync (`synced`; None: nothing to wait for)."""
 
     request: pb.AddRequest
     response: pb.AddResponse
-    point: SyncPoint | None
+    synced: asyncio.Future[OSError | None] | None
     t0: float
     span: Span | None
 
@@ -60,7 +60,7 @@ class SyncedAdds:
 
     async def stream(self, request_iterator: AsyncIterator[pb.AddRequest], context: Any,
                      tenant: Tenant | None) -> AsyncIterator[pb.AddResponse]:
-        stats, drain, group_sync = self.stats, self.drain, self.group_sync
+        stats, drain = self.stats, self.drain
         state = _Stream(drain.opened(context))
         answers: asyncio.Queue[_Answer | Exception | None] = asyncio.Queue(ADD_REQUESTS_AWAITING_SYNC_MAX)
         reader = asyncio.create_task(self._read(request_iterator, tenant, answers, state))
@@ -68,8 +68,8 @@ class SyncedAdds:
             while (item := await answers.get()) is not None:
                 if isinstance(item, Exception):
                     raise item
-                if item.point is not None:
-                    error = await group_sync.wait(item.point)
+                if item.synced is not None:
+                    error = await item.synced
                     if error is not None:
                         code, message = self.sync_failure(error)
                         stats.refused(code, fail_unsynced(item.request, item.response, code, message))
@@ -110,10 +110,10 @@ class SyncedAdds:
                         response = await self.add(request, tenant)
                         span.set_attribute("octavo.entries", len(request.entry_ids) or sum(
                             len(a.entry_ids) for a in request.ledgers))
-                # Taken after the write returned, so at or past the request's records (a roll since then synced
-                # them already); nothing was written for a request refused whole.
-                point = None if response.error else self.group_sync.point()
-                await answers.put(_Answer(request, response, point, t0, span))
+                # The point is taken after the write returned, so at or past the request's records (a roll since
+                # then synced them already); nothing was written for a request refused whole.
+                synced = None if response.error else self.group_sync.waiter(self.group_sync.point())
+                await answers.put(_Answer(request, response, synced, t0, span))
             await answers.put(None)
         except asyncio.CancelledError:
             raise
