@@ -69,7 +69,8 @@ class Cluster:
     # -- bookies -------------------------------------------------------------------------------------
     async def start_bookie(self, name: str) -> None:
         bookie = self.bookies[name]
-        self.world.network.up(name)
+        # Not network.up(name): the old process's host stays down (its handlers hold its closed storage); the
+        # new process's host is up once it serves (Network.serve), as a real port is.
         await self.on_node(name, bookie.start(self.world.network, ETCD_ADDRESS))
         self.world.record(f"bookie {name} started (boot {bookie.boot}, start {bookie.starts})")
 

@@ -103,7 +103,12 @@ class Network:
 
     # -- the cluster's shape -------------------------------------------------------------------------
     def serve(self, node: str, address: str, generic_handlers: Sequence[Any]) -> Host:
-        """Serve the method handlers of grpc generic handlers (as a gRPC server would) at `address`."""
+        """Serve the method handlers of grpc generic handlers (as a gRPC server would) at `address`. A node served
+        again (a bookie's new process) replaces its old host: calls and streams still held by the old one (a
+        process that is gone) break, and it never answers again."""
+        old = self.hosts.get(node)
+        if old is not None:
+            self.down(node, "restarted")
         host = Host(node)
         for generic in generic_handlers:
             # grpc's generic handler keeps its method handlers by full name; ours are all built that way.
