@@ -15,18 +15,26 @@ import errno
 import os
 import random
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from octavo.node.config import KIB, NodeConfig
+from octavo.node.dataplane import BookieService, bookie_handler
 from octavo.node.fileio import FileIO
 from octavo.node.groupsync import GroupSync
 from octavo.node.simio import SimIO
 from octavo.node.storage import LedgerBatch, Storage
 from octavo.node.syncedadds import fail_unsynced
 from octavo.node.testing import BookieConnection, BookieProcess, PipelinedWriter, payload_for, small_config
+from octavo.telemetry.tracing import Sampling
 from octavo.v1 import bookie_pb2 as pb
+from octavo.v1 import bookie_pb2_grpc as pb_grpc
 
 KEY = b"k"
 
@@ -338,3 +346,64 @@ def test_a_failed_sync_turns_every_acknowledged_entry_of_an_answer_into_the_fail
     assert fail_unsynced(pb.AddRequest(request_id=2), answer, pb.READ_ONLY, "disk full") == 2
     assert [(list(r.codes), r.message) for r in answer.results] == [
         ([pb.READ_ONLY, pb.READ_ONLY], "disk full"), ([pb.UNAUTHORIZED], "wrong key")]
+
+
+async def test_the_synced_stream_over_grpc_traces_fails_unsynced_answers_and_drains(tmp_path: Path) -> None:
+    """The batch-policy add stream in a real gRPC server: answers in order, one span per request ended after
+    its sync (an error span when the sync failed), a failed sync answered as refused groups, and the drain
+    sees the stream idle once nothing is left to answer, and ends it."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    io = FailingIO()
+    s = Storage.open(batch_config(tmp_path / "b"), io=io)
+    service = BookieService(s)
+    service.tracer, service.sampling = provider.get_tracer("test"), Sampling(1.0)
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((bookie_handler(service),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    outbox: asyncio.Queue[pb.AddRequest | None] = asyncio.Queue()
+
+    async def requests() -> AsyncIterator[pb.AddRequest]:
+        while (request := await outbox.get()) is not None:
+            yield request
+
+    def request(i: int) -> pb.AddRequest:
+        return pb.AddRequest(request_id=i, group_ledger_ids=[1], group_master_keys=[KEY], group_lacs=[i - 1],
+                             group_entry_counts=[1], entry_ids=[i], payloads=[payload_for(1, i)])
+
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = pb_grpc.BookieStub(channel).AddEntries(requests())
+            for i in range(5):
+                outbox.put_nowait(request(i))
+            answers = [await call.read() for _ in range(5)]
+            assert [(a.request_id, a.group_count, len(a.refused_groups)) for a in answers] == [
+                (i, 1, 0) for i in range(5)]
+            io.errno_ = errno.EIO
+            outbox.put_nowait(request(5))
+            failed = await call.read()
+            assert [list(g.codes) for g in failed.refused_groups] == [[pb.INTERNAL]]
+            assert "fdatasync failed" in failed.refused_groups[0].message
+            spans = [span for span in exporter.get_finished_spans() if span.name == "octavo.bookie.add"]
+            assert [span.attributes["octavo.request_id"] for span in spans] == list(range(6))
+            assert [span.status.is_ok for span in spans] == [True] * 5 + [False]
+            stream = next(iter(service.drain.streams))
+            for _ in range(500):  # the handler marks it idle once it resumes after its last answer
+                if not stream.busy:
+                    break
+                await asyncio.sleep(0.01)
+            assert not stream.busy
+            service.begin_drain()
+            outbox.put_nowait(request(6))
+            assert (await call.read()).draining
+            loop = asyncio.get_running_loop()
+            assert await service.drain.wait(loop.time() + 10)  # ended as idle
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                await call.read()
+            assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        outbox.put_nowait(None)
+        await server.stop(None)
+        s.abandon()
