@@ -128,7 +128,11 @@ async def write_then_cut_power(s: Storage, sim: SimIO, seed: int, streams: int,
     thread.start()
     tasks = [asyncio.create_task(writer(s, ledger, random.Random(seed * 100 + ledger), acked, stop))
              for ledger in range(streams)]
-    await asyncio.sleep(rng.uniform(0.3, 1.0))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while len(acked) < 2000 and loop.time() < deadline:  # enough, however loaded the machine is
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(rng.uniform(0.0, 0.3))
     sim.crash()  # the machine dies here: every later IO call fails
     stop.set()
     blocking_stop.set()
