@@ -34,10 +34,10 @@ EXCEPTIONS: dict[str, int] = {
     'client/octavo/spark/arrowio.py::Options.parse': 81,
     'node/octavo/node/compaction.py': 627,
     'node/octavo/node/config.py::NodeConfig.problems': 98,
-    'node/octavo/node/dataplane.py::BookieService': 482,
+    'node/octavo/node/dataplane.py::BookieService': 472,
     'node/octavo/node/reads.py::Reader.read_many': 85,
-    'node/octavo/node/storage.py': 707,
-    'node/octavo/node/storage.py::Storage': 606,
+    'node/octavo/node/storage.py': 680,
+    'node/octavo/node/storage.py::Storage': 587,
 }
 
 

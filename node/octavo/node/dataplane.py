@@ -27,7 +27,7 @@ from octavo.node.registration import Registration
 from octavo.node.requeststats import RequestStats
 from octavo.node.rpc import disk_failure, stream, unary
 from octavo.node.storage import LedgerBatch, Storage
-from octavo.node.syncedadds import SyncedAdds
+from octavo.node.syncedadds import SyncedAdds, answered_in_turn
 from octavo.node.tailwaiters import TailWaiters
 from octavo.node.tenants import Tenant, TenantPolicy
 from octavo.telemetry.tracing import Sampling, context_from_metadata, context_from_traceparent
@@ -87,35 +87,13 @@ class BookieService(pb_grpc.BookieServicer):
     async def AddEntries(self, request_iterator: AsyncIterator[pb.AddRequest],
                          context: grpc.aio.ServicerContext) -> AsyncIterator[pb.AddResponse]:
         tenant = self.tenants.tenant(context) if self.tenants is not None else None  # one identity per stream
-        if self.synced_adds is not None:
-            async for answer in self.synced_adds.stream(request_iterator, context, tenant):
-                yield answer
-            return
-        stats = self.stats
-        drain = self.drain
-        stream = drain.opened(context)
-        try:
-            async for request in request_iterator:
-                stream.busy = True
-                t0 = time.perf_counter()
-                if self.tracer is not None and (request.trace_parent or self.sampling.enabled):
-                    response = await self._traced_add(request, tenant)
-                else:
-                    response = await self._add(request, tenant)
-                stats.add_requests += 1
-                if stats.add_latency is not None:
-                    stats.add_latency.record(time.perf_counter() - t0)
-                if drain.draining:
-                    response.draining = True
-                yield response
-                stream.busy = False
-                if drain.draining:
-                    stream.idle_since = asyncio.get_running_loop().time()
-        finally:
-            drain.closed(stream)
+        answers = answered_in_turn(self._traced_add, self.stats, self.drain, request_iterator, context, tenant) \
+            if self.synced_adds is None else self.synced_adds.stream(request_iterator, context, tenant)
+        async for answer in answers:
+            yield answer
 
     async def _traced_add(self, request: pb.AddRequest, tenant: Tenant | None) -> pb.AddResponse:
-        span = self._span("octavo.bookie.add", request.trace_parent)
+        span = self._add_span(request)
         if span is None:
             return await self._add(request, tenant)
         with trace.use_span(span, end_on_exit=True):

@@ -97,10 +97,12 @@ class DiskMonitor:
 
     @property
     def read_only(self) -> bool:
-        return self.forced or self.disk_full
+        return self.forced or self.disk_full or bool(self.engine.sync_failed_reason)
 
     def reason(self) -> str:
         cfg = self.config
+        if self.engine.sync_failed_reason:
+            return f"read-only: {self.engine.sync_failed_reason}"
         if self.forced:
             by = self.forced_reason or "an administrator"
             return f"read-only: forced by {by} (release with `octavo bookie writable`)"

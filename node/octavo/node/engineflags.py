@@ -18,6 +18,9 @@ class EngineFlags:
         # such entry" becomes UNKNOWN and fenced LAC reads say tail_maybe_lost (BookKeeper's BP-46).
         self.tail_maybe_lost = False
         self.last_flush_error = ""  # the flusher's last failure ("" after a flush round that went through)
+        # Under fsync_policy=batch, a failed fdatasync of the active log (groupsync.py): no add is acknowledged
+        # again until a restart, and the disk monitor keeps the bookie read-only so writers go elsewhere.
+        self.sync_failed_reason = ""
         # Observability (metrics.py): called with each flush's duration in seconds, from the flusher's thread.
         self.on_flush: Callable[[float], None] | None = None
 
@@ -34,6 +37,12 @@ class EngineFlags:
         """Whether an add hit ENOSPC since the last call (the flag is cleared)."""
         seen, self.disk_full_seen = self.disk_full_seen, False
         return seen
+
+    def note_sync_failed(self, error: str) -> None:
+        """A group sync failed (for good, until a restart): refuse adds at once; the disk monitor keeps the
+        bookie in the read-only set from its next check."""
+        self.sync_failed_reason = self.sync_failed_reason or error
+        self.read_only_reason = self.read_only_reason or f"read-only: {error}"
 
     def set_flush_error(self, error: str) -> None:
         """The flusher's last round failed with `error` ("" when a round went through)."""

@@ -45,7 +45,7 @@ from octavo.node.checkpoint import NodeState, write_recovery_point
 from octavo.node.compaction import recover_interrupted
 from octavo.node.config import FSYNC_POLICY_BATCH, NodeConfig
 from octavo.node.engineflags import EngineFlags
-from octavo.node.entrylog import CACHE_ENTRY_BYTES_ESTIMATE, FLUSHED, EntryLog
+from octavo.node.entrylog import EntryLog
 from octavo.node.entrylogio import create_entry_log
 from octavo.node.errors import Code, StorageError, WriteCacheFull, no_such_ledger, unauthorized
 from octavo.node.fileio import FileIO
@@ -71,6 +71,8 @@ from octavo.node.recovery import scan_log
 from octavo.node.recoverypoint import RecoveryPoint, moved_forward
 from octavo.node.rolling import ActiveLog, Why, should_roll
 from octavo.node.startup import RecoveryReport, current_boot_id
+from octavo.node.storagestatus import StorageGauges as StorageGauges
+from octavo.node.storagestatus import StorageStatus
 from octavo.node.writecache import WriteCache
 from octavo.v1 import bookie_pb2 as pb
 
@@ -89,19 +91,7 @@ class LacInfo:
     tail_maybe_lost: bool
 
 
-@dataclass(frozen=True)
-class StorageGauges:
-    entry_log_bytes: int       # every entry log and compaction log of this bookie, flushed or not
-    entry_log_count: int
-    unflushed_bytes: int       # bytes after the recovery point: what a restart replays, a power loss may lose
-    pending_flushes: int       # rolled logs waiting for the flusher
-    write_cache_entries: int
-    write_cache_bytes: int     # an estimate: entries x CACHE_ENTRY_BYTES_ESTIMATE
-    ledgers: int
-    fenced_ledgers: int
-
-
-class Storage(EngineFlags):
+class Storage(EngineFlags, StorageStatus):
     """Open with Storage.open(config); close with close() (clean: syncs all, nothing to replay next time)."""
 
     def __init__(self, config: NodeConfig, io: FileIO, clock: Callable[[], float] = time.monotonic) -> None:
@@ -337,7 +327,8 @@ class Storage(EngineFlags):
         return [([code if c == pb.OK else c for c in codes], text or message) for codes, text in results]
 
     def sync_failure(self, error: OSError) -> tuple[Code, str]:
-        """The code and message of the adds a failed group sync covered (as for a failed write)."""
+        """The code and message of the adds a failed group sync covered; the bookie is read-only from now on."""
+        self.note_sync_failed(f"the entry log's fdatasync failed ({error}); restart the bookie")
         return self._write_failed_code(error), failure_message(error)
 
     def _append_group_locked(self, batches: list[LedgerBatch], group: list[int], results: list[Result]) -> None:
@@ -687,55 +678,3 @@ class Storage(EngineFlags):
         live = self.ledger_ids()
         metas = self.index.log_metas()
         return sum(m.live_bytes(live) for m in metas.values()), sum(m.total_bytes for m in metas.values())
-
-    # ------------------------------------------------------------------------------------------------
-    # Status
-
-    def gauges(self) -> StorageGauges:
-        """What the metrics read at each scrape: cheap (no disk access but the index's log accounting)."""
-        with self._lock:
-            unflushed = self._cache.logs()
-            unflushed_bytes = sum(entry_log.size for entry_log in unflushed)
-            cache_entries = self._cache.entries
-            rolled = len(self._cache.rolled)
-        flushed = self.index.log_metas()
-        states = self._table.view.values()
-        return StorageGauges(
-            entry_log_bytes=unflushed_bytes + sum(m.total_bytes for m in flushed.values()),
-            entry_log_count=len(unflushed) + len(flushed), unflushed_bytes=unflushed_bytes,
-            pending_flushes=rolled, write_cache_entries=cache_entries,
-            write_cache_bytes=cache_entries * CACHE_ENTRY_BYTES_ESTIMATE, ledgers=len(states),
-            fenced_ledgers=sum(1 for state in states if state.fenced))
-
-    def status(self) -> dict[str, Any]:
-        with self._lock:
-            logs = [(entry_log.log_id, entry_log.size, entry_log.state) for entry_log in self._cache.logs()]
-            active = self._cache.active
-            active_id = active.log_id if active is not None else -1
-            cache_entries = self._cache.entries
-        live = {i for i, _, _ in logs}
-        for name in self.io.listdir(self.logs_dir):
-            log_id = parse_log_file_name(name)
-            if log_id is not None and log_id not in live:
-                try:
-                    logs.append((log_id, self.io.file_size(os.path.join(self.logs_dir, name)), FLUSHED))
-                except FileNotFoundError:
-                    continue
-        logs.sort()
-        assert self.node_state is not None
-        return {
-            "instance_id": self.node_state.instance_id,
-            "recovery_point_log_id": self._cache.recovery_point.log_id,
-            "active_log_id": active_id,
-            "entry_logs": logs,
-            "write_cache_entries": cache_entries,
-            "write_cache_entries_max": self.config.write_cache_entries_max,
-            "write_cache_bytes_estimate": cache_entries * CACHE_ENTRY_BYTES_ESTIMATE,
-            "ledger_count": len(self._table),
-            "unclean_restart_count": self.node_state.unclean_restart_count,
-            "last_unclean_restart_unix_ms": self.node_state.last_unclean_restart_unix_ms,
-            "last_start_was_unclean": self.recovery.unclean,
-            "tail_maybe_lost": self.tail_maybe_lost,
-            "recovery": self.recovery,
-            "last_flush_error": self.last_flush_error,
-        }

@@ -1,5 +1,6 @@
-"""The AddEntries stream under fsync_policy = "batch": answers wait for their group sync (groupsync.py), while the
-stream's next requests are already written.
+"""The AddEntries stream. Under the default policy (`answered_in_turn`) each request is handled and answered
+before the next is read. Under fsync_policy = "batch" (`SyncedAdds`) answers wait for their group sync
+(groupsync.py), while the stream's next requests are already written.
 
 A reader task handles a stream's requests in order, as the default handler does (each written before the next is
 read), and queues each answer with the point its log must be synced to; the handler's generator answers them in
@@ -25,6 +26,30 @@ from octavo.node.groupsync import ADD_REQUESTS_AWAITING_SYNC_MAX, GroupSync
 from octavo.node.requeststats import RequestStats
 from octavo.node.tenants import Tenant
 from octavo.v1 import bookie_pb2 as pb
+
+
+async def answered_in_turn(add: Callable[[pb.AddRequest, Tenant | None], Awaitable[pb.AddResponse]],
+                           stats: RequestStats, drain: Drain, request_iterator: AsyncIterator[pb.AddRequest],
+                           context: Any, tenant: Tenant | None) -> AsyncIterator[pb.AddResponse]:
+    """The default policy's stream: each request handled (`add`, with its span if it gets one) and answered in
+    turn; the drain sees the stream busy from a request's arrival to its answer."""
+    stream = drain.opened(context)
+    try:
+        async for request in request_iterator:
+            stream.busy = True
+            t0 = time.perf_counter()
+            response = await add(request, tenant)
+            stats.add_requests += 1
+            if stats.add_latency is not None:
+                stats.add_latency.record(time.perf_counter() - t0)
+            if drain.draining:
+                response.draining = True
+            yield response
+            stream.busy = False
+            if drain.draining:
+                stream.idle_since = asyncio.get_running_loop().time()
+    finally:
+        drain.closed(stream)
 
 
 @dataclass(slots=True)
