@@ -287,3 +287,20 @@ def test_local_etcd_runs_with_an_explicit_quota(etcd: EtcdProcess) -> None:
     args = Path(f"/proc/{etcd.proc.pid}/cmdline").read_bytes().split(b"\0")
     assert args[args.index(b"--quota-backend-bytes") + 1] == str(ETCD_QUOTA_BACKEND_BYTES).encode()
     assert not any(a.startswith(b"--auto-compaction") for a in args)  # the auditor compacts
+
+
+async def test_a_watch_whose_channel_is_closed_ends_with_metadata_unavailable(etcd: EtcdProcess) -> None:
+    """Found in review: grpc.aio cancels a call itself when its channel is closed (the client closing it, or a
+    failover to another endpoint closing the old one), and the watch handed its caller a CancelledError, which
+    ended the bookie's self-healing watch task for good instead of making it watch again."""
+    from octavo.meta.errors import MetadataUnavailableError
+    from octavo.meta.keyrange import WatchRange
+
+    client = EtcdClient(etcd.endpoint)
+    watch = client.watch_changes([WatchRange.prefix(b"/closed-channel/")])
+    assert await asyncio.wait_for(watch.__anext__(), 10) == []  # established
+    pending = asyncio.ensure_future(watch.__anext__())
+    await asyncio.sleep(0.1)
+    await client.close()
+    with pytest.raises(MetadataUnavailableError, match=r"channel was closed|etcd watch"):
+        await asyncio.wait_for(pending, 10)

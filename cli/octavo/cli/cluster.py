@@ -236,7 +236,7 @@ async def _recover(client: Any, args: Namespace) -> int:
     took = time.monotonic() - started
     out = {"bookie_id": bookie_id, "dry_run": args.dry_run, "ledgers": result.ledgers,
            "replicated": result.replicated, "left_open": result.left_open, "busy": result.busy,
-           "lost": _lost_json(result.lost),
+           "lost": _lost_json(result.lost), "retry": result.retry,
            "entries_copied": result.entries_copied, "bytes_copied": result.bytes_copied,
            "segments_to_move": result.segments_to_move, "took_s": round(took, 3)}
     if args.json:
@@ -254,6 +254,9 @@ async def _recover(client: Any, args: Namespace) -> int:
             print(f"left to their writers (open; --recover-open to take them): {_ids(result.left_open)}")
         if result.busy:
             print(f"being re-replicated by another worker: {_ids(result.busy)}")
+        if result.retry:
+            print(f"some copies could not be read now (a registered replica did not answer; not lost): run the "
+                  f"command again: {_ids(result.retry)}")
     for lost in result.lost:
         print(f"LOST: {lost}", file=sys.stderr)
     if args.dry_run:

@@ -408,8 +408,8 @@ class ReadHandle:
                              spread: bool = False, unanswered: set[int] | None = None
                              ) -> tuple[dict[int, bytes], dict[int, str]]:
         """Every entry of `ids` that some replica gives (bookies in `exclude` are not asked), and for each
-        other entry the last error seen; `unanswered` gets those a replica that may hold them could not be asked
-        about (re-replication copies what exists, reports as lost what is denied, retries the unanswered).
+        other entry the last error seen; `unanswered` gets those a registered replica could not be reached about
+        (re-replication copies what exists, reports as lost what is denied, retries the unanswered).
         With `spread`, a range is first split over the bookies that all hold it (see the module doc). The
         bookies tried per entry are recorded only for entries a round did not find, so a read where every
         bookie answers costs no set per entry."""
@@ -530,8 +530,8 @@ class ReadHandle:
                 return
             latency.record(time.perf_counter() - t0)
             if response.error:
-                _unreadable(entries, f"bookie {bookie_id}: {response.error_message}", errors, unanswered,
-                            response.error not in (pb.NO_SUCH_LEDGER, pb.NO_SUCH_ENTRY))
+                # An answer (UNKNOWN from a bookie that may have lost its tail, a refusal): not "may hold".
+                _unreadable(entries, f"bookie {bookie_id}: {response.error_message}", errors, unanswered, False)
                 return
             items = response.entries
             # Entries never change once written, so a copy from a speculative read may overwrite another.

@@ -50,6 +50,9 @@ NOTHING_TO_DO = "nothing-to-do"  # no segment names a gone bookie (any more)
 DELETED = "deleted"              # the ledger was deleted
 LOST = "lost"                    # some entries exist on no surviving replica: those segments were not changed
 OPEN_SEGMENT_LEFT = "open-segment-left"  # the rest is done; the open ledger's last segment is its writer's
+# Some copies could not be read now (a registered replica did not answer): those segments were not changed, the
+# others were; not lost, tried again later.
+UNANSWERED = "unanswered"
 
 
 class ReplicationError(OctavoError):
@@ -64,8 +67,11 @@ class LostEntries:
     last: int
 
     def __str__(self) -> str:
-        span = f"entry {self.first}" if self.first == self.last else f"entries {self.first}-{self.last}"
-        return f"ledger {self.ledger_id}: {span} (the copies on {self.bookie}) exist on no surviving replica"
+        return f"{self.span()} exist on no surviving replica"
+
+    def span(self) -> str:
+        entries = f"entry {self.first}" if self.first == self.last else f"entries {self.first}-{self.last}"
+        return f"ledger {self.ledger_id}: {entries} (the copies on {self.bookie})"
 
 
 @dataclass
@@ -78,6 +84,8 @@ class LedgerReplication:
     entries_copied: int = 0
     bytes_copied: int = 0
     lost: list[LostEntries] = field(default_factory=list)
+    # Entries no replica gave while a registered one could not be asked (UNANSWERED): not lost, tried again.
+    unanswered: list[LostEntries] = field(default_factory=list)
 
 
 class RateLimiter:
@@ -184,14 +192,18 @@ class Replicator:
                 return report
             replacements: dict[tuple[int, str], str] = {}
             lost_here: list[LostEntries] = []
+            report.unanswered = []
             for segment in segments:
                 for old in [b for b in segment.bookies if b in gone]:
                     new = await self._choose(meta, segment, old, gone)
-                    missing = await self._copy(meta, segment, old, new, report)
-                    if missing:
-                        lost_here += [LostEntries(ledger_id, old, a, b) for a, b in ranges(missing)]
-                    else:
+                    missing, unanswered = await self._copy(meta, segment, old, new, report)
+                    lost_here += [LostEntries(ledger_id, old, a, b) for a, b in ranges(missing)]
+                    report.unanswered += [LostEntries(ledger_id, old, a, b) for a, b in ranges(unanswered)]
+                    if not missing and not unanswered:
                         replacements[(segment.index, old)] = new
+            for doubtful in report.unanswered:
+                log.warning("%s could not be read now: a registered replica did not answer; not lost, the segment "
+                            "is tried again later", doubtful.span())
             if lost_here:
                 for lost in lost_here:
                     log.error("LOST: %s", lost)
@@ -212,7 +224,7 @@ class Replicator:
             if lost_here:
                 report.outcome = LOST
                 return report
-            report.outcome = OPEN_SEGMENT_LEFT if left_open_tail else REPLICATED
+            report.outcome = UNANSWERED if report.unanswered else OPEN_SEGMENT_LEFT if left_open_tail else REPLICATED
             return report
         raise ReplicationError(f"ledger {ledger_id}: re-replication kept losing its CAS to other changes")
 
@@ -242,16 +254,18 @@ class Replicator:
         return min(candidates, key=rank)
 
     async def _copy(self, meta: LedgerMetadata, segment: _Segment, old: str, new: str,
-                    report: LedgerReplication) -> list[int]:
-        """Copy `old`'s share of the segment to `new`. Returns the entries no surviving replica gave."""
+                    report: LedgerReplication) -> tuple[list[int], list[int]]:
+        """Copy `old`'s share of the segment to `new`. Returns the entries no surviving replica gave: those every
+        replica asked denied (lost), and those a registered replica could not be asked about (unanswered)."""
         ids = entries_of(segment, segment.bookies.index(old), meta.ensemble_size, meta.write_quorum)
         if not ids:
-            return []
+            return [], []
         if not meta.master_key_hex:
             raise ReplicationError(f"ledger {meta.ledger_id}: its metadata has no master key to write copies with")
         key = bytes.fromhex(meta.master_key_hex)
         reader = ReadHandle(self.client, meta, segment.last)
         missing: list[int] = []
+        doubtful: list[int] = []
         target = self.client.bookie_client(new)
         # The old bookie is read too while it is registered (a decommissioned one still serves); a lost one is
         # not asked at all, so each entry is read in one round from a survivor.
@@ -259,15 +273,9 @@ class Replicator:
         for start in range(0, len(ids), REPLICATION_READ_ENTRIES):
             chunk = ids[start:start + REPLICATION_READ_ENTRIES]
             unanswered: set[int] = set()
-            found, errors = await reader.read_available(chunk, exclude=exclude, unanswered=unanswered)
-            doubtful = [e for e in chunk if e not in found and e in unanswered]
-            if doubtful:  # a registered replica could not be asked: not proof of loss; the worker tries later
-                span = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in ranges(doubtful))
-                raise ReplicationError(
-                    f"ledger {meta.ledger_id}: entries {span} (the copies on {old}) could not be read now: a "
-                    f"registered replica did not answer ({errors.get(doubtful[0], 'unreachable')}); not lost, "
-                    "tried again later")
-            missing += [e for e in chunk if e not in found]
+            found, _ = await reader.read_available(chunk, exclude=exclude, unanswered=unanswered)
+            doubtful += [e for e in chunk if e not in found and e in unanswered]
+            missing += [e for e in chunk if e not in found and e not in unanswered]
             batch: list[int] = []
             size = 0
             for e in [e for e in chunk if e in found]:
@@ -278,7 +286,7 @@ class Replicator:
                 size += len(found[e])
             if batch:
                 await self._write(target, meta, key, batch, found, segment.last, size, report)
-        return missing
+        return missing, doubtful
 
     async def _write(self, target: BookieClient, meta: LedgerMetadata, key: bytes, ids: list[int],
                      found: dict[int, bytes], lac: int, size: int, report: LedgerReplication) -> None:
@@ -329,6 +337,7 @@ class BookieRecovery:
     left_open: list[int] = field(default_factory=list)      # open ledgers whose last segment names it
     busy: list[int] = field(default_factory=list)           # locked by another worker
     lost: list[LostEntries] = field(default_factory=list)
+    retry: list[int] = field(default_factory=list)          # some copies could not be read now (UNANSWERED)
     entries_copied: int = 0
     bytes_copied: int = 0
     segments_to_move: int = 0                               # dry run: segments that would get a new bookie
@@ -336,7 +345,7 @@ class BookieRecovery:
 
     @property
     def done(self) -> bool:
-        return not (self.left_open or self.busy or self.lost)
+        return not (self.left_open or self.busy or self.lost or self.retry)
 
 
 async def ledgers_naming(client: Client, bookie_id: str) -> list[LedgerMetadata]:
@@ -420,6 +429,8 @@ def _account(result: BookieRecovery, ledger_id: int, report: LedgerReplication |
     result.lost += report.lost
     if report.outcome == OPEN_SEGMENT_LEFT:
         result.left_open.append(ledger_id)
+    elif report.outcome == UNANSWERED:
+        result.retry.append(ledger_id)
     elif report.outcome in (REPLICATED, NOTHING_TO_DO, DELETED):
         result.replicated.append(ledger_id)
 

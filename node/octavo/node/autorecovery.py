@@ -181,11 +181,14 @@ class AutoRecovery:
         """A loop woken by the watch (module docstring; `due(began)`: its next due time after a pass that began
         then). Without `due` it passes every tick."""
         quiet = False
+        if due is not None:
+            self.wakeups.register(what)  # a change during the first pass wakes it
         while True:
             began = time.monotonic()
+            failed = True
             try:
                 await step()
-                quiet = False
+                quiet = failed = False
             except MetadataUnavailableError as e:
                 if not quiet:
                     log.warning("%s waits for etcd: %s", what, e)
@@ -194,8 +197,8 @@ class AutoRecovery:
                 log.exception("%s: step failed", what)
             if due is None:
                 await asyncio.sleep(max(0.0, began + AUTORECOVERY_TICK_S - time.monotonic()))
-            else:
-                await self.wakeups.sleep(what, began, due(began))
+            else:  # a failed pass is tried again at the next tick, not after the idle interval
+                await self.wakeups.sleep(what, began, began + AUTORECOVERY_TICK_S if failed else due(began))
 
     def _auditor_due(self, began: float) -> float | None:
         """When the auditor has work due: a missing bookie's delay running out, the marks count, the full audit."""

@@ -86,6 +86,7 @@ class DiskMonitor:
         self.full_by_enospc = False  # the read-only mode came from an add that hit ENOSPC
         self.usages: list[DirUsage] = []
         self._warned: set[str] = set()
+        self.published_read_only = self.read_only  # the mode the engine (and the registration) last learned
 
     def measure(self, path: str) -> DirUsage:
         cap = self.config.disk_capacity_bytes
@@ -117,7 +118,7 @@ class DiskMonitor:
     def check(self) -> bool:
         """Measure every directory and update the mode. Returns whether the mode changed."""
         cfg = self.config
-        was = self.read_only
+        was = self.published_read_only  # not self.read_only: a failed sync makes that True between checks
         self.usages = [self.measure(path) for path in self.directories]
         worst = max(self.usages, key=lambda u: u.ratio)
         marks = Watermarks(cfg.disk_warn_ratio, cfg.disk_readonly_ratio, cfg.disk_writable_ratio)
@@ -160,4 +161,5 @@ class DiskMonitor:
         return was != self.read_only
 
     def _apply(self) -> None:
+        self.published_read_only = self.read_only
         self.engine.set_read_only_reason(self.reason() if self.read_only else "")

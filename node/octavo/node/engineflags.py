@@ -5,6 +5,7 @@ tail_maybe_lost, the metrics observe flush durations. Read as plain attributes (
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 
 
@@ -38,11 +39,14 @@ class EngineFlags:
         seen, self.disk_full_seen = self.disk_full_seen, False
         return seen
 
-    def note_sync_failed(self, error: str) -> None:
+    def note_sync_failed(self, error: OSError) -> None:
         """A group sync failed (for good, until a restart): refuse adds at once; the disk monitor keeps the
-        bookie in the read-only set from its next check."""
-        self.sync_failed_reason = self.sync_failed_reason or error
-        self.read_only_reason = self.read_only_reason or f"read-only: {error}"
+        bookie in the read-only set from its next check. Not for the ESHUTDOWN of a close (it stops anyway)."""
+        if error.errno == errno.ESHUTDOWN:
+            return
+        self.sync_failed_reason = self.sync_failed_reason or f"the entry log's fdatasync failed ({error}); restart " \
+                                                             "the bookie"
+        self.read_only_reason = self.read_only_reason or f"read-only: {self.sync_failed_reason}"
 
     def set_flush_error(self, error: str) -> None:
         """The flusher's last round failed with `error` ("" when a round went through)."""

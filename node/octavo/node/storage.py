@@ -328,7 +328,7 @@ class Storage(EngineFlags, StorageStatus):
 
     def sync_failure(self, error: OSError) -> tuple[Code, str]:
         """The code and message of the adds a failed group sync covered; the bookie is read-only from now on."""
-        self.note_sync_failed(f"the entry log's fdatasync failed ({error}); restart the bookie")
+        self.note_sync_failed(error)
         return self._write_failed_code(error), failure_message(error)
 
     def _append_group_locked(self, batches: list[LedgerBatch], group: list[int], results: list[Result]) -> None:

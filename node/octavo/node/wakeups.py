@@ -52,6 +52,10 @@ class Wakeups:
         self.changes_seen = 0
         self._events: dict[str, asyncio.Event] = {}
 
+    def register(self, loop: str) -> None:
+        """Before `loop`'s first pass: a change from then on wakes it (wake_all sets the events that exist)."""
+        self._event(loop)
+
     def _event(self, loop: str) -> asyncio.Event:
         event = self._events.get(loop)
         if event is None:

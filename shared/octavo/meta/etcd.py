@@ -463,6 +463,12 @@ class EtcdClient:
             if _refused_for_credentials(e) and self.auth.username:
                 self._token = ""  # the next watch (or call) takes a new token
             raise MetadataUnavailableError(f"etcd watch failed: {e.code().name}: {e.details()}") from e
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # our caller cancels us
+            # grpc.aio cancels the call itself when its channel is closed (a failover to another endpoint)
+            raise MetadataUnavailableError("etcd watch ended: its channel was closed") from None
         finally:
             call.cancel()
         raise MetadataUnavailableError("etcd ended the watch")
