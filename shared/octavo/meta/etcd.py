@@ -443,7 +443,9 @@ class EtcdClient:
 
         if self.auth.username and not self._token:
             await self._authenticate()
-        call = watch.Watch(send(), wait_for_ready=True, metadata=self._opts.get("metadata"))
+        # hasleader: a member cut off from its cluster's leader cancels the watch instead of keeping it silent.
+        metadata = (*self._opts.get("metadata", ()), ("hasleader", "true"))
+        call = watch.Watch(send(), wait_for_ready=True, metadata=metadata)
         created = 0
         try:
             async for resp in call:
@@ -452,6 +454,8 @@ class EtcdClient:
                         f"etcd compacted its history past this watch's start (the oldest revision it keeps is "
                         f"{resp.compact_revision}): changes in between are not replayed", int(resp.compact_revision))
                 if resp.canceled:
+                    if self.auth.username and ("auth" in resp.cancel_reason or "permission" in resp.cancel_reason):
+                        self._token = ""  # an expired token: the next watch (or call) takes a new one
                     raise MetadataUnavailableError(f"etcd cancelled the watch: {resp.cancel_reason}")
                 if resp.created:
                     created += 1
