@@ -6,7 +6,8 @@ timeouts, retries and failover are ours. (The older `etcd3` package fails on cur
 
 Every call waits for its channel to be ready, up to its timeout: a call made while etcd restarts succeeds once
 it is back instead of failing at once. Failover: on UNAVAILABLE or a deadline the client moves to the next
-endpoint and, for reads, retries there (up to one pass over the endpoints). A failed transaction is not retried here:
+endpoint and, for reads, retries there (up to one pass over the endpoints, and once more after a short pause
+when the connection broke under the read). A failed transaction is not retried here:
 whether it applied is unknown, so the caller re-reads and decides (every metadata update is a CAS, so a
 repeated one cannot overwrite anything).
 """
@@ -30,6 +31,7 @@ from octavo.meta.etcdhealth import EtcdStatus
 from octavo.meta.keyrange import WatchPosition as WatchPosition
 from octavo.meta.keyrange import WatchRange as WatchRange
 from octavo.meta.keyrange import prefix_end as prefix_end
+from octavo.meta.retry import backoff_s
 from octavo.meta.tls import TlsFiles
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,8 @@ CHANNEL_OPTIONS = [
     ("grpc.dns_min_time_between_resolutions_ms", DNS_RESOLUTION_INTERVAL_MS_MIN),
 ]
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+BROKEN_READ_RESENDS = 1
+BROKEN_READ_PAUSE_S = 0.1
 # Before the first call succeeds, every endpoint gets a plain TCP connect of at most this long: if each one is
 # refused or cannot be resolved, the call fails at once with that reason instead of waiting out its timeout.
 PROBE_TIMEOUT_S = 1.0
@@ -286,6 +290,9 @@ class EtcdClient:
         if self.auth.username and not self._token:
             await self._authenticate()
         attempts = len(self.endpoints) if retry else 1
+        # A read whose connection broke under it (UNAVAILABLE although the call waits for a ready channel: etcd
+        # restarted, "Stream removed") is sent once more after a short jittered pause, even to a lone endpoint.
+        resends = BROKEN_READ_RESENDS if retry else 0
         last: grpc.aio.AioRpcError | None = None
         reauthenticated = False
         attempt = 0
@@ -314,6 +321,10 @@ class EtcdClient:
                 last = e
                 attempt += 1
                 await self._fail_over()
+                if attempt == attempts and resends > 0 and e.code() == grpc.StatusCode.UNAVAILABLE:
+                    resends -= 1
+                    attempts += 1
+                    await asyncio.sleep(backoff_s(0, BROKEN_READ_PAUSE_S, BROKEN_READ_PAUSE_S))
         assert last is not None
         raise MetadataUnavailableError(
             f"etcd unavailable ({', '.join(self.endpoints)}) for {what}: {last.code().name}: {last.details()}"

@@ -1,0 +1,40 @@
+"""The etcd client across a restart of its one etcd server, on a real etcd: a read whose connection breaks
+under it is sent again instead of failing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+from octavo.cli.localcluster import EtcdProcess
+from octavo.meta.errors import MetadataUnavailableError
+from octavo.meta.etcd import EtcdClient
+
+
+async def test_a_read_whose_connection_breaks_under_it_is_sent_again_to_a_lone_endpoint(tmp_path: Path) -> None:
+    """The read is in flight to a frozen etcd when that etcd is killed (the kernel resets the connection: gRPC
+    answers UNAVAILABLE, "Socket closed", at once despite wait_for_ready) and started again on the same port. A
+    bookie's first-contact check is such a read: failing it refused a writer's adds with INTERNAL and made the
+    writer drop a healthy bookie (CI of 71026b1, test_failures)."""
+    proc = EtcdProcess(str(tmp_path / "data"))
+    proc.start()
+    try:
+        async with EtcdClient(proc.endpoint, timeout_s=20.0) as client:
+            await client.put(b"k", b"v")
+            assert proc.proc is not None
+            os.kill(proc.proc.pid, signal.SIGSTOP)
+            read = asyncio.ensure_future(client.get(b"k"))
+            await asyncio.sleep(0.5)
+            assert not read.done()
+            os.kill(proc.proc.pid, signal.SIGKILL)
+            proc.proc.wait()
+            proc.start()
+            try:
+                kv = await asyncio.wait_for(read, 30)
+            except MetadataUnavailableError as e:
+                raise AssertionError(f"the read was not sent again after its connection broke: {e}") from e
+            assert kv is not None and kv.value == b"v"
+    finally:
+        proc.stop()
