@@ -49,7 +49,9 @@ class Host:
     name: str
     handlers: dict[str, Any] = field(default_factory=dict)
     up: bool = True
-    streams: set[SimStreamCall] = field(default_factory=set)
+    # Insertion-ordered (a dict, not a set: a set of objects iterates in address order, which differs from run to
+    # run), so the streams a host's fall breaks break in the same order each time the seed runs.
+    streams: dict[SimStreamCall, None] = field(default_factory=dict)
 
 
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
@@ -373,7 +375,7 @@ class SimStreamCall:
         if self.host is None or not self.host.up:
             self.broken(rpc_error(grpc.StatusCode.UNAVAILABLE, f"{channel.address}: connection refused"))
             return
-        self.host.streams.add(self)
+        self.host.streams[self] = None
         handler = self.host.handlers.get(method)
         if handler is None:
             self.broken(rpc_error(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not served"))
@@ -396,7 +398,7 @@ class SimStreamCall:
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
         if self.host is not None:
-            self.host.streams.discard(self)
+            self.host.streams.pop(self, None)
 
     def finished(self) -> None:
         """The server ended the stream and the client read its end: the call is over, without an error."""
@@ -405,7 +407,7 @@ class SimStreamCall:
             if self._deadline is not None:
                 self._deadline.cancel()
             if self.host is not None:
-                self.host.streams.discard(self)
+                self.host.streams.pop(self, None)
 
     def _send(self, queue: asyncio.Queue[Any], item: Any, src: str, dst: str, up: bool) -> None:
         delay = self.network.fate(src, dst)
