@@ -19,7 +19,9 @@ test_a_seed_replays_exactly checks that claim.
 from __future__ import annotations
 
 import hashlib
+import os
 import random
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -254,3 +256,41 @@ def test_the_seeds_cut_the_power_in_every_kind_of_step(tmp_path: Path) -> None:
     fence and a flush, and after a workload that ended."""
     cuts = {crash_run(tmp_path / str(seed), seed).cut_during for seed in range(SEEDS)}
     assert {"add", "fence", "flusher", "end"} <= cuts, cuts
+
+
+def test_a_directory_sync_that_ends_later_never_undoes_a_newer_one(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The harness itself: the flusher syncs the logs directory while a roll creates the next log and syncs it
+    too. The sync that began first and ends last must not bring back a listing without the new log (SimIO once
+    listed outside its lock: a group-commit power-loss test lost a whole acknowledged log that way in CI)."""
+    sim = SimIO(str(tmp_path))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "old.log").write_bytes(b"x")
+    listed, newer_done = threading.Event(), threading.Event()
+    real_listdir = os.listdir
+
+    def listdir(path: str) -> list[str]:
+        names = real_listdir(path)
+        if threading.current_thread().name == "older":
+            listed.set()
+            newer_done.wait(2)  # listed before the new log exists; stores after the newer sync if it can
+        return names
+
+    monkeypatch.setattr(os, "listdir", listdir)
+
+    def newer() -> None:
+        sim.fsync_dir(str(logs))
+        newer_done.set()
+
+    older = threading.Thread(target=sim.fsync_dir, args=(str(logs),), name="older")
+    older.start()
+    assert listed.wait(10)
+    (logs / "new.log").write_bytes(b"y")
+    second = threading.Thread(target=newer)
+    second.start()
+    older.join(10)
+    second.join(10)
+    monkeypatch.setattr(os, "listdir", real_listdir)
+    report = sim.power_loss(random.Random(0), keep_unsynced=True)
+    assert (logs / "new.log").exists(), report

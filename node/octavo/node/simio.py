@@ -94,9 +94,11 @@ class SimIO(FileIO):
         super().truncate(fd, length)
 
     def _snapshot_fd(self, fd: int) -> None:
-        size = os.fstat(fd).st_size
-        content = os.pread(fd, size, 0) if size else b""
+        # Read under the lock, as fsync_dir lists: of two syncs of one file, the one that stores last saw the
+        # file last, so an older image never replaces a newer one.
         with self._lock:
+            size = os.fstat(fd).st_size
+            content = os.pread(fd, size, 0) if size else b""
             self._inode_durable[self._ident(os.fstat(fd).st_ino)] = content
             self.fsyncs += 1
 
@@ -118,9 +120,13 @@ class SimIO(FileIO):
         self._check()
         super().fsync_dir(path)
         path = os.path.abspath(path)
-        names = {name: self._ident(os.stat(os.path.join(path, name)).st_ino) for name in os.listdir(path)
-                 if os.path.isfile(os.path.join(path, name))}
+        # Listed under the lock: two threads syncing one directory (the flusher after a log, a roll after
+        # creating the next one) store their listings in the order they took them. Listed outside it, a listing
+        # taken before the new log existed could be stored after the roll's and lose the new log's name, and
+        # with it every add acknowledged in it (a group-commit power-loss test saw this once in CI).
         with self._lock:
+            names = {name: self._ident(os.stat(os.path.join(path, name)).st_ino) for name in os.listdir(path)
+                     if os.path.isfile(os.path.join(path, name))}
             self._dir_durable[path] = names
 
     def write_file_atomic(self, path: str, data: bytes) -> None:
