@@ -373,7 +373,7 @@ async def _decommission(client: Any, args: Namespace) -> int:
     result = await _move_off(client, bookie_id, Replicator(client, args.rate_bytes_per_s), args, progress)
     took = time.monotonic() - started
     out = {"bookie_id": bookie_id, "dry_run": False, "ledgers": result.ledgers, "replicated": result.replicated,
-           "left_open": result.left_open,
+           "left_open": result.left_open, "retry": result.retry,
            "lost": _lost_json(result.lost),
            "entries_copied": result.entries_copied, "bytes_copied": result.bytes_copied,
            "retired": result.retired, "took_s": round(took, 3)}
@@ -384,10 +384,16 @@ async def _decommission(client: Any, args: Namespace) -> int:
               f"entries ({fmt_bytes(result.bytes_copied)}) copied in {took:.1f}s; its cookie is removed and its "
               "data directory can never rejoin. Stop its process now.")
     else:
-        print(f"{bookie_id}: NOT decommissioned yet: {len(result.left_open)} ledgers still name it after "
-              f"--wait-s {args.wait_s:g}s (open ledgers whose writers have not moved off): "
-              f"{_ids(result.left_open)}. It stays read-only: run the command again to go on (--recover-open "
-              f"closes those ledgers), or with --cancel to undo it.", file=sys.stderr)
+        why = []
+        if result.left_open:
+            why.append(f"open ledgers whose writers have not moved off: {_ids(result.left_open)} (--recover-open "
+                       "closes them)")
+        if result.retry:
+            why.append(f"ledgers whose copies a registered bookie did not answer for (nothing is lost; they are "
+                       f"tried again): {_ids(result.retry)}")
+        print(f"{bookie_id}: NOT decommissioned yet: {len(result.left_open) + len(result.retry)} ledgers still "
+              f"name it after --wait-s {args.wait_s:g}s: {'; '.join(why)}. It stays read-only: run the command "
+              "again to go on, or with --cancel to undo it.", file=sys.stderr)
     for lost in result.lost:
         print(f"LOST: {lost}", file=sys.stderr)
     return EXIT_OK if result.retired else EXIT_FAILED
@@ -423,14 +429,21 @@ async def _move_off(client: Any, bookie_id: str, replicator: Any, args: Namespac
             break
         now = loop.time()
         if now >= deadline:
-            total.left_open = remaining
+            total.retry = [lid for lid in remaining if lid in run.retry]
+            total.left_open = [lid for lid in remaining if lid not in run.retry]
             break
         if not args.json and now >= next_note:
             next_note = now + DECOMMISSION_PROGRESS_INTERVAL_S
-            print(f"{bookie_id}: waiting on {len(remaining)} open ledgers whose writers have not moved off it yet "
-                  f"(their next add does): {_ids(remaining)}; their grace ends in {fmt_age(deadline - now)} "
-                  f"(--wait-s {args.wait_s:g}), then this stops and they stay marked (--recover-open closes them "
-                  "now)", file=sys.stderr, flush=True)
+            unanswered = [lid for lid in remaining if lid in run.retry]
+            still_open = [lid for lid in remaining if lid not in run.retry]
+            waits = [f"{len(still_open)} open ledgers whose writers have not moved off it yet (their next add "
+                     f"does; --recover-open closes them now): {_ids(still_open)}"] if still_open else []
+            if unanswered:
+                waits.append(f"{len(unanswered)} ledgers whose copies a registered bookie did not answer for, "
+                             f"tried again: {_ids(unanswered)}")
+            print(f"{bookie_id}: waiting on {'; and '.join(waits)}; the grace ends in {fmt_age(deadline - now)} "
+                  f"(--wait-s {args.wait_s:g}), then this stops and what is left stays marked",
+                  file=sys.stderr, flush=True)
         await asyncio.sleep(DECOMMISSION_POLL_S)
     total.ledgers = sorted(seen)
     return total

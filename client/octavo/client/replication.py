@@ -496,7 +496,8 @@ async def decommission_bookie(client: Client, bookie_id: str, replicator: Replic
             total.retired = True
             break
         if loop.time() >= deadline:
-            total.left_open = remaining
+            total.retry = [lid for lid in remaining if lid in run.retry]
+            total.left_open = [lid for lid in remaining if lid not in run.retry]
             break
         await asyncio.sleep(DECOMMISSION_POLL_S)
     total.ledgers = sorted(seen)
