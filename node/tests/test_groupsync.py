@@ -29,6 +29,7 @@ from octavo.node.dataplane import BookieService, bookie_handler
 from octavo.node.disk import DiskMonitor
 from octavo.node.fileio import FileIO
 from octavo.node.groupsync import GroupSync
+from octavo.node.repair import TailRepair
 from octavo.node.simio import SimIO
 from octavo.node.storage import LedgerBatch, Storage
 from octavo.node.syncedadds import fail_unsynced
@@ -420,3 +421,46 @@ async def test_the_synced_stream_over_grpc_traces_fails_unsynced_answers_and_dra
         outbox.put_nowait(None)
         await server.stop(None)
         s.abandon()
+
+
+class SlowSyncIO(FileIO):
+    """Real IO whose fdatasync takes SLOW_SYNC_S: long enough for a blocked loop to show."""
+
+    def fdatasync(self, fd: int) -> None:
+        threading.Event().wait(SLOW_SYNC_S)
+        super().fdatasync(fd)
+
+
+SLOW_SYNC_S = 0.4
+
+
+def test_a_tail_repair_write_waits_for_its_sync_off_the_loop(tmp_path: Path) -> None:
+    """Under batch a repair write (the synchronous engine API) waits for an fdatasync: the tail repair makes it on a
+    thread, so the loop (the bookie's gRPC server) keeps running meanwhile (found in review: it waited on the loop)."""
+    s = Storage.open(batch_config(tmp_path / "b"), io=SlowSyncIO())
+    repair = TailRepair(s, "bookie-0")
+
+    async def run() -> tuple[list[int], int]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0.05)
+        before = ticks
+        codes, _ = await repair._add(7, KEY, [0, 1], [payload_for(7, 0), payload_for(7, 1)])
+        during = ticks - before
+        task.cancel()
+        return codes, during
+
+    try:
+        codes, ticks_during = asyncio.run(run())
+        assert codes == [pb.OK, pb.OK]
+        assert ticks_during >= 5, f"the loop ran {ticks_during} times during a {SLOW_SYNC_S} s sync: it was blocked"
+        assert s.read_entry(7, 1) == payload_for(7, 1)
+    finally:
+        s.close()

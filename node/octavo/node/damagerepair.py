@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import time
@@ -194,11 +195,12 @@ class DamageRepair:
 
     async def _write(self, ledger_id: int, key: bytes, ids: list[int], payloads: list[bytes]) -> tuple[list[int], str]:
         loop = asyncio.get_running_loop()
-        try:
-            codes, message = self.engine.repair_entries(ledger_id, key, ids, payloads)
+        write = functools.partial(self.engine.repair_entries, ledger_id, key, ids, payloads)
+        try:  # on a thread: under fsync_policy=batch the write waits for its fdatasync, never on the loop
+            codes, message = await loop.run_in_executor(None, write)
         except WriteCacheFull:
             await loop.run_in_executor(None, self.engine.wait_for_room, len(ids), REPAIR_ROOM_WAIT_S)
-            codes, message = self.engine.repair_entries(ledger_id, key, ids, payloads)
+            codes, message = await loop.run_in_executor(None, write)
         return list(codes), message
 
     async def _move_share(self, client: Client, ledger_id: int, why: str) -> None:

@@ -16,6 +16,7 @@ peers unreachable) is retried with backoff.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from itertools import pairwise
 
@@ -110,12 +111,14 @@ class TailRepair:
         log.info("ledger %d: copied %d lost entries back from peers", meta.ledger_id, len(missing))
 
     async def _add(self, ledger_id: int, key: bytes, ids: list[int], payloads: list[bytes]) -> tuple[list[int], str]:
+        loop = asyncio.get_running_loop()
         while True:
-            try:
-                codes, message = self.engine.add_entries(ledger_id, key, ids, payloads, recovery=True)
+            try:  # on a thread: under fsync_policy=batch the add waits for its fdatasync, never on the loop
+                codes, message = await loop.run_in_executor(
+                    None, functools.partial(self.engine.add_entries, ledger_id, key, ids, payloads, recovery=True))
                 return list(codes), message
             except WriteCacheFull:
-                await asyncio.get_running_loop().run_in_executor(None, self.engine.wait_for_room, len(ids), 30.0)
+                await loop.run_in_executor(None, self.engine.wait_for_room, len(ids), 30.0)
 
     async def _peers_last_entry(self, client: Client, meta: LedgerMetadata) -> int:
         """For an open ledger: the highest entry any other bookie of the last ensemble holds (the LAC they
