@@ -26,7 +26,7 @@ from octavo.client.datasetmerge import (
     small_runs,
 )
 from octavo.meta.errors import NoSuchLedgerError
-from octavo.node.datasetmaintenance import budget_left, due
+from octavo.node.datasetmaintenance import budget_left, due, merge_order
 from octavo.spark.arrowio import decode_entry, encode_entries
 from octavo.spark.skipping import StatsCollector
 
@@ -85,6 +85,23 @@ def test_the_maintenance_decisions() -> None:
     assert budget_left(100, 30) == 70 and budget_left(100, 130) == 0
     with pytest.raises(ValueError):
         budget_left(-1, 0)
+
+
+def test_a_merge_budget_that_runs_out_every_interval_still_reaches_every_dataset_in_turn() -> None:
+    """Each interval's budget covers two datasets: the next interval starts at the first one it did not reach (the
+    last names were never merged before, whatever the backlog of the first ones)."""
+    names = ["e", "a", "d", "b", "c"]
+    assert merge_order(names, None) == ["a", "b", "c", "d", "e"]
+    assert merge_order(names, "d") == ["d", "e", "a", "b", "c"]
+    assert merge_order(names, "bb") == ["c", "d", "e", "a", "b"]  # it was dropped since: the next name on
+    assert merge_order(names, "z") == ["a", "b", "c", "d", "e"]
+    reached: list[str] = []
+    resume: str | None = None
+    for _ in range(3):
+        order = merge_order(names, resume)
+        reached += order[:2]
+        resume = order[2]
+    assert sorted(set(reached)) == sorted(names)
 
 
 # -- on a cluster ----------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ Spark task, so the elected auditor does it, as it compacts etcd (etcdcompaction.
 - every `dataset_maintenance_interval_s`, for each dataset: fold its log into a checkpoint once it holds
   CHECKPOINT_EVERY_COMMITS records (`DatasetStore.checkpoint`), then merge its runs of small ledgers into
   ledgers of `dataset_merge_target_bytes` (octavo.client.datasetmerge), copying at most
-  `dataset_merge_budget_bytes` per interval over all datasets (what is left waits for the next interval);
+  `dataset_merge_budget_bytes` per interval over all datasets (what is left waits for the next interval, which
+  starts its merges at the first dataset this one's budget did not reach: `merge_order`);
 - every `dataset_orphan_interval_s`: delete the ledgers written for datasets that no version needs any more and
   that are older than `dataset_orphan_grace_s` (`collect_all_orphans`: one pass over the cluster's ledgers).
 
@@ -67,6 +68,17 @@ def budget_left(budget_bytes: int, spent_bytes: int) -> int:
     return max(0, budget_bytes - spent_bytes)
 
 
+def merge_order(names: list[str], resume_from: str | None) -> list[str]:
+    """The datasets in the order the merges of an interval take them: from `resume_from` (the first one the last
+    interval's budget did not reach) round to the one before it, so a budget that runs out every interval
+    still reaches every dataset in turn instead of spending itself on the first names for ever."""
+    ordered = sorted(names)
+    if resume_from is None:
+        return ordered
+    start = next((i for i, name in enumerate(ordered) if name >= resume_from), 0)
+    return ordered[start:] + ordered[:start]
+
+
 @dataclass
 class DatasetMaintenanceSettings:
     interval_s: float
@@ -92,6 +104,8 @@ class DatasetMaintenance:
         self.bytes_merged = 0
         self.orphans_deleted = 0
         self.failures = 0
+        # The first dataset the last interval's merge budget did not reach: the next interval starts there.
+        self.merge_resume_from: str | None = None
 
     async def tick(self, datasets: DatasetPort, merge: Merge, is_auditor: bool, now_s: float) -> None:
         if not is_auditor:
@@ -108,12 +122,14 @@ class DatasetMaintenance:
 
     async def _maintain(self, datasets: DatasetPort, merge: Merge) -> None:
         spent = 0
-        for name in await datasets.names():
+        unreached: str | None = None
+        for name in merge_order(await datasets.names(), self.merge_resume_from):
             try:
                 if await datasets.checkpoint(name) is not None:
                     self.checkpoints += 1
                 left = budget_left(self.settings.merge_budget_bytes, spent)
                 if left <= 0:
+                    unreached = unreached or name
                     continue
                 outcome = await merge(name, self.settings.merge_target_bytes, left)
                 spent += outcome.bytes_merged
@@ -127,3 +143,4 @@ class DatasetMaintenance:
                 text = " ".join(f"{type(e).__name__}: {e}".split())[:ERROR_TEXT_CHARS_MAX]
                 log.warning("dataset maintenance of %s failed (next try in %gs): %s", name, self.settings.interval_s,
                             text)
+        self.merge_resume_from = unreached
