@@ -5,6 +5,8 @@ processes, SIGKILL, deleted data directories; the delays are shrunk by bookie fl
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -72,13 +74,24 @@ async def test_a_bookie_back_within_the_delay_is_not_re_replicated(cluster: Loca
         await writer.append_many([entry_data(writer.ledger_id, i) for i in range(50)])
         await writer.close()
         victim = writer.metadata.last_ensemble[0]
-        cluster.bookies[victim].kill()
+        # Frozen rather than killed: a process started again under load can take longer than the 3 s delay to
+        # register (CI saw it re-replicated), while a frozen one registers again as soon as it runs.
+        proc = cluster.bookies[victim].proc
+        assert proc is not None
+        os.kill(proc.pid, signal.SIGSTOP)
 
         async def unregistered() -> bool:
             return victim not in await client.bookies(refresh=True)
 
-        await wait_for("the registration expires", unregistered, 15)
-        cluster.bookies[victim].start()  # back within lost_bookie_delay_s (3 s)
+        async def registered() -> bool:
+            return victim in await client.bookies(refresh=True)
+
+        try:
+            await wait_for("the registration expires", unregistered, 15)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        took = await wait_for("the bookie registers again", registered, 15)
+        assert took < 3, f"registered again {took:.1f}s after it was seen gone: not within lost_bookie_delay_s"
         await asyncio.sleep(6)
         meta = await client.ledger_metadata(writer.ledger_id)
         assert victim in meta.last_ensemble
