@@ -257,3 +257,7 @@ def test_a_roll_shows_progress_keeps_the_generation_and_is_not_degraded_by_its_r
     assert conditions(halted)[DEGRADED]["reason"] == "RollingUpdateHalted"
     done = with_roll(fresh(), old, progress="", waiting_for="", halted="", restarting="", roll=None, now=NOW)
     assert done["observedGeneration"] == 7 and "roll" not in done
+    # A status that never showed a generation shows none while the roll goes on, not the one being rolled out.
+    first = with_roll(fresh(), {}, progress="0 of 3 bookies updated", waiting_for="logs-2 to serve", halted="",
+                      restarting="logs-2", roll={"generation": 7}, now=NOW)
+    assert "observedGeneration" not in first and first["roll"] == {"generation": 7}

@@ -231,7 +231,11 @@ def with_roll(status: dict[str, Any], old: Mapping[str, Any], *, progress: str, 
               restarting: str, roll: Mapping[str, Any] | None, now: datetime) -> dict[str, Any]:
     """The status during a roll (rolling.py): Progressing True with reason RollingUpdate and "k of n bookies
     updated"; observedGeneration stays at the last generation fully rolled out; the bookie being restarted does
-    not make the cluster Degraded (a halted roll does, reason RollingUpdateHalted). `roll` None: no roll."""
+    not make the cluster Degraded (a halted roll does, reason RollingUpdateHalted). `roll` None: no roll.
+
+    observedGeneration moves only in the status that ends the roll (no `roll`, Progressing no longer
+    RollingUpdate), one write: whoever reads it at the new generation (`kubectl wait`) sees the change rolled out.
+    The RollingUpdateComplete Event is posted apart from this write and may be seen a moment later."""
     old_conditions = list(old.get("conditions") or [])
     if roll is None and not waiting_for:
         status.pop("roll", None)
@@ -240,6 +244,8 @@ def with_roll(status: dict[str, Any], old: Mapping[str, Any], *, progress: str, 
         status["roll"] = dict(roll)
     if "observedGeneration" in old:
         status["observedGeneration"] = old["observedGeneration"]
+    else:  # no generation was ever rolled out: none is shown while this one rolls
+        status.pop("observedGeneration", None)
     message = "; ".join(part for part in (progress, f"waiting for {waiting_for}" if waiting_for else "") if part)
     for i, c in enumerate(status["conditions"]):
         if c["type"] == PROGRESSING:
