@@ -19,6 +19,7 @@ import grpc
 from aetcd import rpc
 
 from octavo.meta.etcd import COMPACTED
+from octavo.sim.network import Aborted, Direct
 
 LEASE_NOT_FOUND = "etcdserver: requested lease not found"
 FUTURE_REVISION = "etcdserver: mvcc: required revision is a future revision"
@@ -284,43 +285,51 @@ class EtcdModel:
         return watcher
 
     # -- the service ---------------------------------------------------------------------------------
-    def handlers(self) -> list[Any]:
-        """The etcd v3 methods the client uses, as grpc generic handlers (served by network.Network.serve)."""
-        def unary(fn: Callable[[Any], Any], request_type: Any) -> Any:
-            async def handle(request: Any, context: Any) -> Any:
+    def direct(self) -> dict[str, Direct]:
+        """The etcd v3 unary methods the client uses, by full method name, answered at once as the request
+        arrives (network.Direct: none of them waits)."""
+        def unary(fn: Callable[[Any], Any], request_type: Any) -> Direct:
+            def handle(request: bytes) -> bytes:
                 try:
-                    return fn(request)
+                    return fn(request_type.FromString(request)).SerializeToString()  # type: ignore[no-any-return]
                 except EtcdError as e:
-                    await context.abort(e.code, e.details)
-            return grpc.unary_unary_rpc_method_handler(handle, request_deserializer=request_type.FromString,
-                                                       response_serializer=lambda m: m.SerializeToString())
+                    raise Aborted(e.code, e.details) from e
+            return handle
 
+        def revoke(request: rpc.LeaseRevokeRequest) -> rpc.LeaseRevokeResponse:
+            self.revoke(request.ID)
+            return rpc.LeaseRevokeResponse(header=self._header())
+
+        def status(_: rpc.StatusRequest) -> rpc.StatusResponse:
+            return rpc.StatusResponse(header=self._header(), dbSize=len(self.keys) * 100,
+                                      dbSizeInUse=len(self.keys) * 100)
+
+        return {
+            "/etcdserverpb.KV/Range": unary(self.range, rpc.RangeRequest),
+            "/etcdserverpb.KV/Put": unary(self.put, rpc.PutRequest),
+            "/etcdserverpb.KV/DeleteRange": unary(self.delete_range, rpc.DeleteRangeRequest),
+            "/etcdserverpb.KV/Txn": unary(self.txn, rpc.TxnRequest),
+            "/etcdserverpb.KV/Compact": unary(self.compact, rpc.CompactionRequest),
+            "/etcdserverpb.Lease/LeaseGrant": unary(self.grant, rpc.LeaseGrantRequest),
+            "/etcdserverpb.Lease/LeaseRevoke": unary(revoke, rpc.LeaseRevokeRequest),
+            "/etcdserverpb.Maintenance/Status": unary(status, rpc.StatusRequest),
+            "/etcdserverpb.Maintenance/Alarm": unary(lambda _: rpc.AlarmResponse(header=self._header()),
+                                                     rpc.AlarmRequest),
+        }
+
+    def handlers(self) -> list[Any]:
+        """The etcd v3 streams the client uses, as grpc generic handlers (served by network.Network.serve)."""
         def streaming(fn: Callable[[AsyncIterator[Any]], AsyncIterator[Any]], request_type: Any) -> Any:
             def handle(requests: AsyncIterator[Any], _context: Any) -> AsyncIterator[Any]:
                 return fn(requests)
             return grpc.stream_stream_rpc_method_handler(handle, request_deserializer=request_type.FromString,
                                                          response_serializer=lambda m: m.SerializeToString())
 
-        def revoke(request: rpc.LeaseRevokeRequest) -> rpc.LeaseRevokeResponse:
-            self.revoke(request.ID)
-            return rpc.LeaseRevokeResponse(header=self._header())
-
         return [
-            grpc.method_handlers_generic_handler("etcdserverpb.KV", {
-                "Range": unary(self.range, rpc.RangeRequest), "Put": unary(self.put, rpc.PutRequest),
-                "DeleteRange": unary(self.delete_range, rpc.DeleteRangeRequest),
-                "Txn": unary(self.txn, rpc.TxnRequest), "Compact": unary(self.compact, rpc.CompactionRequest)}),
             grpc.method_handlers_generic_handler("etcdserverpb.Lease", {
-                "LeaseGrant": unary(self.grant, rpc.LeaseGrantRequest),
-                "LeaseRevoke": unary(revoke, rpc.LeaseRevokeRequest),
                 "LeaseKeepAlive": streaming(self._keep_alive_stream, rpc.LeaseKeepAliveRequest)}),
             grpc.method_handlers_generic_handler("etcdserverpb.Watch", {
                 "Watch": streaming(self._watch_stream, rpc.WatchRequest)}),
-            grpc.method_handlers_generic_handler("etcdserverpb.Maintenance", {
-                "Status": unary(lambda _: rpc.StatusResponse(header=self._header(), dbSize=len(self.keys) * 100,
-                                                             dbSizeInUse=len(self.keys) * 100),
-                                rpc.StatusRequest),
-                "Alarm": unary(lambda _: rpc.AlarmResponse(header=self._header()), rpc.AlarmRequest)}),
         ]
 
     async def _keep_alive_stream(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:

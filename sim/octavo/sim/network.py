@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import contextvars
 import random
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,10 @@ from octavo.sim.crashpoints import CrashPoint
 NODE: contextvars.ContextVar[str] = contextvars.ContextVar("octavo_sim_node", default="sim")
 # How often a call that waits for its target to be ready looks again.
 READY_POLL_S = 0.05
+# A unary method answered at once, on the loop's turn its request arrives: the serialized request in, the
+# serialized answer out, or Aborted (any other exception is answered UNKNOWN, as gRPC does). For handlers that
+# never wait (the etcd model's): no task, no extra loop turn.
+Direct = Callable[[bytes], bytes]
 _END = object()
 
 
@@ -48,6 +52,8 @@ class Host:
 
     name: str
     handlers: dict[str, Any] = field(default_factory=dict)
+    # Unary methods answered at once as the request arrives, without a task (`Direct`): the etcd model's.
+    direct: dict[str, Direct] = field(default_factory=dict)
     up: bool = True
     # Insertion-ordered (a dict, not a set: a set of objects iterates in address order, which differs from run to
     # run), so the streams a host's fall breaks break in the same order each time the seed runs.
@@ -58,7 +64,9 @@ def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
 
 
-class _Abort(Exception):
+class Aborted(Exception):
+    """A handler's refusal: the caller gets this status code and details (ServicerContext.abort)."""
+
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
         super().__init__(details)
         self.code, self.details = code, details
@@ -81,7 +89,7 @@ class SimServicerContext:
         return {}
 
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = None) -> None:
-        raise _Abort(code, details)
+        raise Aborted(code, details)
 
     def set_code(self, code: grpc.StatusCode) -> None:
         pass
@@ -104,10 +112,12 @@ class Network:
         self.crash_point: CrashPoint | None = None  # a client's named crash point (crashpoints.py), when armed
 
     # -- the cluster's shape -------------------------------------------------------------------------
-    def serve(self, node: str, address: str, generic_handlers: Sequence[Any]) -> Host:
-        """Serve the method handlers of grpc generic handlers (as a gRPC server would) at `address`. A node served
-        again (a bookie's new process) replaces its old host: calls and streams still held by the old one (a
-        process that is gone) break, and it never answers again."""
+    def serve(self, node: str, address: str, generic_handlers: Sequence[Any],
+              direct: Mapping[str, Direct] | None = None) -> Host:
+        """Serve the method handlers of grpc generic handlers (as a gRPC server would) at `address`, and the unary
+        methods of `direct` (by full method name) answered as their request arrives. A node served again (a
+        bookie's new process) replaces its old host: calls and streams still held by the old one (a process that
+        is gone) break, and it never answers again."""
         old = self.hosts.get(node)
         if old is not None:
             self.down(node, "restarted")
@@ -116,6 +126,7 @@ class Network:
             # grpc's generic handler keeps its method handlers by full name; ours are all built that way.
             for method, handler in generic._method_handlers.items():
                 host.handlers[method] = handler
+        host.direct.update(direct or {})
         self.hosts[node] = host
         self.addresses[address] = node
         return host
@@ -301,6 +312,13 @@ class _UnaryCall:
             return
         if not host.up:
             return self._fail(rpc_error(grpc.StatusCode.UNAVAILABLE, f"{host.name}: connection reset"))
+        direct = host.direct.get(self.method)
+        if direct is not None:
+            try:
+                response = direct(self.request)
+            except Exception as e:
+                return self._refused(e)
+            return self._respond(host, response)
         handler = host.handlers.get(self.method)
         if handler is None:
             return self._fail(rpc_error(grpc.StatusCode.UNIMPLEMENTED, f"{self.method} is not served by {host.name}"))
@@ -316,13 +334,20 @@ class _UnaryCall:
         error = served.exception()
         if self.future.done():
             return
-        if isinstance(error, _Abort):
+        if error is not None:
+            return self._refused(error)
+        self._respond(host, served.result())
+
+    def _refused(self, error: BaseException) -> None:
+        if isinstance(error, Aborted):
             return self._fail(rpc_error(error.code, error.details))
-        if error is not None:  # what gRPC answers when a handler raises
-            return self._fail(rpc_error(grpc.StatusCode.UNKNOWN, f"Exception calling application: {error}"))
+        # What gRPC answers when a handler raises.
+        return self._fail(rpc_error(grpc.StatusCode.UNKNOWN, f"Exception calling application: {error}"))
+
+    def _respond(self, host: Host, response: bytes) -> None:
         delay = self.network.fate(host.name, self.channel.src)
         if delay is not None:  # else lost: the caller's deadline ends it
-            self.loop.call_at(self.loop.time() + delay, self._answer, served.result())
+            self.loop.call_at(self.loop.time() + delay, self._answer, response)
 
     def _answer(self, response: bytes) -> None:
         if self.future.done():
@@ -488,7 +513,7 @@ class SimStreamCall:
                     return
                 self._send(self.to_client, _serialize(handler.response_serializer, response), src, dst, False)
             self._send(self.to_client, _END, src, dst, False)
-        except _Abort as e:
+        except Aborted as e:
             self.broken(rpc_error(e.code, e.details))
         except Exception as e:  # what gRPC answers when a handler raises
             self.broken(rpc_error(grpc.StatusCode.UNKNOWN, f"Exception iterating responses: {e}"))

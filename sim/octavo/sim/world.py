@@ -43,7 +43,7 @@ class World:
         self.history: list[str] = []
         self.network = Network(random.Random(self.rng.getrandbits(64)), self.record)
         self.etcd = EtcdModel(self.clock)
-        self.network.serve(ETCD_NODE, ETCD_ADDRESS, self.etcd.handlers())
+        self.network.serve(ETCD_NODE, ETCD_ADDRESS, self.etcd.handlers(), self.etcd.direct())
 
     def record(self, line: str) -> None:
         if len(self.history) >= HISTORY_LINES_MAX:
