@@ -305,11 +305,15 @@ class AutoRecovery:
         lease = self.registration.lease_id
         if not lease:
             return
-        registered = set(await client.bookies(refresh=True))
+        # The registrations are read at the first mark to work on, not before the marks: a pass with none (the
+        # usual one) costs one etcd read, and each mark is judged on registrations read after it was listed.
+        registered: set[str] | None = None
         now = time.monotonic()
         async for mark in self._spread(marks):
             if mark.ledger_id in self.worker.in_progress or self._retry_at.get(mark.ledger_id, 0) > now:
                 continue
+            if registered is None:
+                registered = set(await client.bookies(refresh=True))
             if set(mark.missing) <= registered and not mark.names_live_bookies:
                 if await marks.unmark(mark):
                     log.info("ledger %d: %s registered again; mark dropped", mark.ledger_id, ", ".join(mark.missing))

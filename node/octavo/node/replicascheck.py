@@ -185,11 +185,13 @@ class ReplicasCheck:
         """Restore the copies of every mark whose ledger lock this worker gets (module docstring)."""
         if not lease_id:
             return
-        registered = await client.bookies(refresh=True)
+        registered: Mapping[str, object] | None = None  # read at the first mark to work on (as the workers do)
         now = time.monotonic()
         async for current in marks(client):
             if self._retry_at.get(current.ledger_id, 0) > now:
                 continue
+            if registered is None:
+                registered = await client.bookies(refresh=True)
             layout = client.metadata_store.layout
             lock = layout.replication_lock(current.ledger_id)
             key = layout.replicas_missing_ledger(current.ledger_id)
