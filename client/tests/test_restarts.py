@@ -12,11 +12,12 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from typing import Any
 
+import grpc
 import pytest
 
 from octavo.cli.clustertesting import FAILOVER, PASSWORD, read_all, revive
 from octavo.cli.localcluster import LocalCluster, free_port
-from octavo.client import Client, NotEnoughBookiesError
+from octavo.client import BookieUnavailableError, Client, NotEnoughBookiesError
 
 FAST = FAILOVER
 
@@ -93,6 +94,20 @@ async def test_a_close_racing_an_ensemble_change_is_ordered_and_leaves_no_task_e
     gc.collect()
     await asyncio.sleep(0)
     assert not task_errors, task_errors
+
+
+async def test_a_closed_client_has_closed_every_connection_and_opens_none(cluster: LocalCluster) -> None:
+    """What close() opened is closed when it returns; an ensemble change racing the close that asks for a
+    connection afterwards gets none (nothing would close it: its gRPC channel would outlive the event loop, and
+    its completions would fail in the next loop gRPC serves with 'Event loop is closed')."""
+    client = Client(cluster.etcd_endpoint, options=FAST)
+    bookie_id = sorted(await client.bookies())[0]
+    connection = client.bookie_client(bookie_id)
+    assert connection.connectivity(try_to_connect=True) != grpc.ChannelConnectivity.SHUTDOWN
+    await client.close()
+    assert connection.connectivity() == grpc.ChannelConnectivity.SHUTDOWN
+    with pytest.raises(BookieUnavailableError, match="the client is closed"):
+        client.bookie_client(bookie_id)
 
 
 async def test_a_bookie_restarted_on_its_port_is_used_again_at_once(cluster: LocalCluster) -> None:

@@ -87,12 +87,20 @@ class AnswerDroppingProxy:
         return asyncio.run_coroutine_threadsafe(drop(), self._loop).result(10)
 
     def stop(self) -> None:
+        """Stop listening, end every connection's tasks (cancelled and awaited: none is left pending, nor a
+        `_pipe` coroutine never started), then stop and close the proxy's loop."""
         async def close() -> None:
             if self._server is not None:
                 self._server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        assert not self._thread.is_alive(), "the proxy's loop did not stop"
+        self._loop.close()
 
     async def _listen(self) -> None:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)

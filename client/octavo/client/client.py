@@ -112,19 +112,18 @@ class Client:
 
     async def close(self) -> None:
         """Close the client. Appends still in flight on its write handles fail with LedgerClosedError (the
-        ledgers stay open in etcd: a recovery open closes them)."""
+        ledgers stay open in etcd: a recovery open closes them). Every channel it opened is closed on return."""
         self.closed = True
         # Write-closes still lingering go now (they are advisory: a bookie that does not answer in time is left).
         await asyncio.gather(*(c.flush_closes(CLOSE_FLUSH_TIMEOUT_S) for c in self._bookie_clients.values()))
         for writer in list(self._writers):
             writer.abandon(LedgerClosedError("the client was closed with this append in flight"))
         self.write_scheduler.cancel()
-        for task in list(self._drain_tasks):
+        background = [*self._drain_tasks, *([self._registration_reader] if self._registration_reader else [])]
+        for task in background:
             task.cancel()
-        if self._registration_reader is not None:
-            self._registration_reader.cancel()
-        clients, self._bookie_clients = self._bookie_clients, {}
-        await asyncio.gather(*(c.close() for c in clients.values()), return_exceptions=True)
+        clients, self._bookie_clients = list(self._bookie_clients.values()), {}
+        await asyncio.gather(*background, *self._closing, *(c.close() for c in clients), return_exceptions=True)
         await self.etcd.close()
 
     # -- bookies ---------------------------------------------------------------------------------------
@@ -207,9 +206,10 @@ class Client:
     def bookie_client(self, bookie_id: str) -> BookieClient:
         client = self._bookie_clients.get(bookie_id)
         if client is None:
-            info = self._registrations.get(bookie_id)
+            info = None if self.closed else self._registrations.get(bookie_id)  # closed: a new channel would leak
             if info is None:
-                raise BookieUnavailableError(f"bookie {bookie_id} is not registered (down, or unknown)")
+                raise BookieUnavailableError(f"bookie {bookie_id} " + ("cannot be reached: the client is closed"
+                                             if self.closed else "is not registered (down, or unknown)"))
             client = self._bookie_clients[bookie_id] = BookieClient(
                 bookie_id, info.address, self.options.add_timeout_s, self.options.tls,
                 request_entries_max=min(REQUEST_ENTRIES_MAX, info.batch_entries_max or REQUEST_ENTRIES_MAX),
