@@ -10,8 +10,14 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from octavo.cli.localcluster import EtcdProcess
+
+# Property tests check behaviour, never speed: no per-example deadline (200 ms by default) and no "too slow"
+# health check, either of which fails a correct test on a loaded machine (a CI run saw the record encoder's).
+settings.register_profile("octavo", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("octavo")
 
 pytest_plugins = ["pytester"]  # e2e/test_ci_skips.py runs this file's hooks in a pytest of its own
 
