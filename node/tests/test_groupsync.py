@@ -224,16 +224,18 @@ def test_a_failed_sync_acknowledges_nothing_it_covered_nor_anything_after(tmp_pa
 
 
 def test_a_failed_sync_of_a_rolled_log_fails_its_adds(tmp_path: Path) -> None:
-    """The roll syncs the old log before the flusher gets it; if that sync fails, the adds waiting on it fail."""
+    """The roll returns at once and the next round syncs the rolled log; if that sync fails, the adds waiting on it
+    fail."""
     io = FailingIO()
     s = Storage.open(batch_config(tmp_path / "b"), io=io)
     try:
         results = s.add_batch([LedgerBatch(1, KEY, [0], [payload_for(1, 0)])], sync_wait=False)
         point = group_sync(s).point()
-        io.errno_ = errno.EIO
+        syncs = io.datasyncs
         assert s.roll()
-        io.errno_ = None
+        assert io.datasyncs == syncs, "the roll synced on the caller's thread"
         assert s.status()["active_log_id"] > point.log_id
+        io.errno_ = errno.EIO
         error = asyncio.run(group_sync(s).wait(point))
         assert error is not None and error.errno == errno.EIO
         assert s.sync_failed(results, error)[0][0] == [pb.INTERNAL]
@@ -243,7 +245,7 @@ def test_a_failed_sync_of_a_rolled_log_fails_its_adds(tmp_path: Path) -> None:
 
 def test_pending_syncs_across_rolls_lose_nothing(tmp_path: Path) -> None:
     """Adds written, then the log rolled (by size and by hand) before their sync was waited for: each is covered
-    by the roll's sync of its log, and the fd the round thread uses is never one the flusher closed."""
+    by a later round's sync of its rolled log, and the fd a round uses is its own, never one the flusher closed."""
     cfg = batch_config(tmp_path / "bookie")
     sim = StrictSimIO(str(tmp_path))
     s = Storage.open(cfg, io=sim)
@@ -272,6 +274,35 @@ def test_pending_syncs_across_rolls_lose_nothing(tmp_path: Path) -> None:
     try:
         for (ledger, entry), payload in acked.items():
             assert s.read_entry(ledger, entry) == payload
+    finally:
+        s.close()
+
+
+def test_an_add_in_a_new_log_is_answered_only_once_the_logs_name_is_durable(tmp_path: Path) -> None:
+    """A roll creates the next log and returns without syncing anything; an add written to the new log is answered
+    after a round that synced the logs directory too, so the power cut cannot take the new file's name (and every
+    add in it) away. The flusher is stopped: its own directory sync would hide a missing one."""
+    cfg = batch_config(tmp_path / "bookie")
+    sim = StrictSimIO(str(tmp_path))
+    s = Storage.open(cfg, io=sim, start_flusher=False)
+    payloads = {e: payload_for(3, e, 1000) for e in range(4)}
+
+    async def run() -> list[OSError | None]:
+        outcomes = []
+        for e, payload in payloads.items():
+            s.add_batch([LedgerBatch(3, KEY, [e], [payload])], sync_wait=False)
+            outcomes.append(await group_sync(s).wait(group_sync(s).point()))
+            assert s.roll()
+        return outcomes
+
+    assert asyncio.run(run()) == [None] * len(payloads)
+    sim.crash()
+    s.abandon()
+    report = sim.power_loss(random.Random(0), keep_unsynced=False)
+    s = Storage.open(cfg)
+    try:
+        for e, payload in payloads.items():
+            assert s.read_entry(3, e) == payload, report
     finally:
         s.close()
 

@@ -9,10 +9,14 @@ The rules, checked here:
 - `written(log_id, end)` is called under the engine lock right after a write of [.., end) to the active log
   returned; a sync round reads the written end when it begins (under this module's lock), so it covers every
   write noted before it began.
-- A point (log id, end) is covered when its log is older than the active log and was synced whole at its roll,
-  or when it is the active log and a finished round covered `end`.
-- A roll (`roll`, under the engine lock) waits for the round in flight, then syncs the old log itself before the
-  engine hands it to the flusher: no sync thread ever uses an fd the flusher or the read-fd cache may close.
+- The group sync syncs through fds of its own (dups of the engine's), so the flusher closing the engine's fd of
+  a rolled log never pulls one from under a round.
+- A roll (`roll`, under the engine lock, often on the event loop) returns at once: the old log joins the rolled
+  logs the next round syncs whole, and the new log's name is made durable by that round's directory sync before
+  any add in it is answered. (The roll used to sync the old log itself, stalling the loop once a roll.)
+- A point (log id, end) is covered when it is in the active log and a finished round covered `end`, or when its
+  log is older and not among the rolled logs still to sync (synced whole since its roll, or older than this
+  bookie's start).
 - A failed fdatasync fails every add waiting on it and every later one (`failure` is kept until the bookie
   restarts): after EIO the kernel may have dropped the dirty pages and a later fdatasync can succeed without
   them (Linux marks them clean), so nothing written to this disk is acknowledged again in this process. The
@@ -28,7 +32,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -63,20 +69,24 @@ def _settle(future: asyncio.Future[OSError | None], outcome: OSError | None) -> 
 class GroupSync:
     """The group commit of one bookie's active entry log (see the module docstring)."""
 
-    def __init__(self, io: FileIO, log_id: int, fd: int, size: int) -> None:
+    def __init__(self, io: FileIO, log_id: int, fd: int, size: int, sync_dir: Callable[[], None]) -> None:
         self._io = io
+        self._sync_dir = sync_dir  # fsync of the logs directory: a new log's name is durable
         self._cond = threading.Condition(threading.Lock())
         self._log_id = log_id
-        self._fd = fd
+        self._fd = os.dup(fd)  # our own: the engine's fd goes to the flusher at a roll, which may close it
         self._written = size   # bytes of the active log written (noted under the engine lock)
         self._synced = 0       # bytes of the active log a finished round covered
-        self._synced_below = log_id  # every log with a smaller id was synced whole (or is not ours)
+        # Rolled logs not yet synced whole since their roll: log id -> (our fd, its size at the roll). A log older
+        # than the active one and not here is durable (synced, or older than this bookie's start).
+        self._rolled: dict[int, tuple[int, int]] = {}
+        self._dir_pending = False  # a log was created since the last directory sync began
         self._failure: OSError | None = None
         self._in_flight = False
         self._waiters: list[_Waiter] = []
         self._runner = False   # a round loop is queued or running on the executor for the async waiters
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="octavo-groupsync")
-        self.syncs = 0         # finished fdatasync rounds (the rolls' included)
+        self.syncs = 0         # finished fdatasync rounds (the closing roll's included)
         self.waited = 0        # adds that waited for a round
 
     # ------------------------------------------------------------------------------------------------
@@ -96,29 +106,58 @@ class GroupSync:
             return SyncPoint(self._log_id, self._written)
 
     def roll(self, log_id: int | None, fd: int, size: int) -> None:
-        """The engine rolls the active log to `log_id` (None: it closes). Syncs the old log first (after the round
-        in flight), so its fd is no longer ours when the engine hands it over."""
+        """The engine rolled the active log to `log_id`, a file it just created: returns at once (the engine
+        holds its lock, often on the event loop). The old log joins the rolled logs the next round syncs (with
+        the directory, for the new log's name); a round in flight keeps its own fd of it. `None`: the engine
+        closes: everything is synced here and now, and no point taken later is ever covered."""
+        if log_id is None:
+            self._close()
+            return
+        with self._cond:
+            if self._in_flight or self._written > self._synced:
+                self._rolled[self._log_id] = (self._fd, self._written)
+            else:
+                os.close(self._fd)  # synced whole, and no round uses it
+            self._log_id, self._fd, self._written, self._synced = log_id, os.dup(fd), size, 0
+            self._dir_pending = True
+
+    def _close(self) -> None:
         with self._cond:
             while self._in_flight:
                 self._cond.wait()
-            if self._failure is None and self._written > self._synced:
+            if self._failure is None:
                 try:
-                    self._io.fdatasync(self._fd)
-                    self._synced = self._written
+                    if self._dir_pending:
+                        self._sync_dir()
+                        self._dir_pending = False
+                    for lid, (rolled_fd, _) in list(self._rolled.items()):
+                        self._io.fdatasync(rolled_fd)
+                        del self._rolled[lid]
+                        os.close(rolled_fd)
+                    if self._written > self._synced:
+                        self._io.fdatasync(self._fd)
+                        self._synced = self._written
                     self.syncs += 1
                 except OSError as e:
                     self._failure = e
-            if self._failure is None:
-                self._synced_below = self._log_id + 1
-            if log_id is None:
-                self._failure = self._failure or OSError(errno.ESHUTDOWN, "the bookie is shutting down")
-                # No log after it: a point taken from now on is never covered (-1), it gets the failure.
-                self._log_id, self._fd, self._written, self._synced = self._log_id + 1, -1, 0, -1
-            else:
-                self._log_id, self._fd, self._written, self._synced = log_id, fd, size, 0
+            self._failure = self._failure or OSError(errno.ESHUTDOWN, "the bookie is shutting down")
             settled = self._take_settled_locked()
+            self._retire_locked()
             self._cond.notify_all()
         _settle_all(settled)
+
+    def _retire_locked(self) -> None:
+        """No round runs again (the failure is set): close our fds. A log not synced whole stays in `_rolled`, so
+        its points get the failure; a point taken from now on is in a log after the last: never covered."""
+        for rolled_fd, _ in self._rolled.values():
+            if rolled_fd >= 0:
+                os.close(rolled_fd)
+        self._rolled = {lid: (-1, end) for lid, (_, end) in self._rolled.items()}
+        if self._written > self._synced:
+            self._rolled[self._log_id] = (-1, self._written)
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._log_id, self._fd, self._written, self._synced = self._log_id + 1, -1, 0, -1
 
     def abandon(self) -> None:
         """Drop every waiter unanswered (failed) without syncing: a simulated crash (Storage.abandon)."""
@@ -126,9 +165,9 @@ class GroupSync:
             while self._in_flight:
                 self._cond.wait()
             self._failure = self._failure or OSError(errno.ESHUTDOWN, "the bookie stopped")
-            # No later round touches the old fd, and no point taken from now on is covered.
-            self._log_id, self._fd, self._written, self._synced = self._log_id + 1, -1, 0, -1
             settled = self._take_settled_locked()
+            if self._fd >= 0:
+                self._retire_locked()
             self._cond.notify_all()
         _settle_all(settled)
         self._executor.shutdown(wait=False)
@@ -182,8 +221,8 @@ class GroupSync:
                     if not self._in_flight:
                         break
                     self._cond.wait()
-                log_id, fd, covered = self._begin_locked()
-            self._round(log_id, fd, covered)
+                round_ = self._begin_locked()
+            self._round(round_)
 
     # ------------------------------------------------------------------------------------------------
     # Rounds
@@ -199,9 +238,9 @@ class GroupSync:
                     if not self._waiters:
                         self._runner = False
                         break
-                    log_id, fd, covered = self._begin_locked()
+                    round_ = self._begin_locked()
                 _settle_all(settled)
-                self._round(log_id, fd, covered)
+                self._round(round_)
         except BaseException as e:  # an invariant broke: fail the waiters rather than leave them hanging
             with self._cond:
                 self._failure = self._failure or OSError(errno.EIO, f"group sync failed: {e}")
@@ -212,45 +251,68 @@ class GroupSync:
             raise
         _settle_all(settled)
 
-    def _begin_locked(self) -> tuple[int, int, int]:
+    def _begin_locked(self) -> _Round:
         if self._in_flight or self._fd < 0:
             raise RuntimeError(f"group sync: a round began on log {self._log_id} while another was in flight "
                                "or after the last log was handed over")
         self._in_flight = True
-        return self._log_id, self._fd, self._written
+        round_ = _Round(self._dir_pending, [(lid, fd) for lid, (fd, _) in self._rolled.items()],
+                        self._log_id, self._fd, self._written)
+        self._dir_pending = False
+        return round_
 
-    def _round(self, log_id: int, fd: int, covered: int) -> None:
-        """One fdatasync of log `log_id`, covering its bytes [0, covered): no lock is held while it runs, and a
-        roll waits for it (so `fd` stays the active log's)."""
+    def _round(self, round_: _Round) -> None:
+        """One round: the logs directory if a log was created since the last one began, the rolled logs not yet
+        synced whole, then the active log up to what was written when the round began. No lock is held while it
+        runs; the fds are ours, so a roll meanwhile changes nothing under it."""
         error: OSError | None = None
         try:
-            self._io.fdatasync(fd)
+            if round_.sync_dir:
+                self._sync_dir()
+            for _, rolled_fd in round_.rolled:
+                self._io.fdatasync(rolled_fd)
+            self._io.fdatasync(round_.fd)
         except OSError as e:
             error = e
         finally:
             with self._cond:
                 self._in_flight = False
-                if log_id != self._log_id:
-                    raise RuntimeError(f"group sync: log {log_id} was rolled during its round")
                 if error is not None:
                     self._failure = self._failure or error
+                    if round_.sync_dir:
+                        self._dir_pending = True
                 else:
-                    self._synced = max(self._synced, covered)
                     self.syncs += 1
+                    for lid, rolled_fd in round_.rolled:  # each was synced whole: its size was fixed at its roll
+                        del self._rolled[lid]
+                        os.close(rolled_fd)
+                    self._covered_locked(round_.log_id, round_.covered)
                 settled = self._take_settled_locked()
                 self._cond.notify_all()
             _settle_all(settled)
+
+    def _covered_locked(self, log_id: int, covered: int) -> None:
+        """A round synced log `log_id` up to `covered`: the active log, or one rolled while the round ran."""
+        if log_id == self._log_id:
+            self._synced = max(self._synced, covered)
+            return
+        rolled = self._rolled.get(log_id)
+        if rolled is not None and covered >= rolled[1]:  # it got nothing after the round began: whole
+            del self._rolled[log_id]
+            if rolled[0] >= 0:
+                os.close(rolled[0])
 
     def _outcome_locked(self, point: SyncPoint) -> tuple[bool, OSError | None]:
         """(True, None): durable; (True, the failure): it never will be; (False, None): not yet."""
         if point.log_id > self._log_id:
             raise RuntimeError(f"group sync: point in log {point.log_id}, after the active log {self._log_id}")
-        if point.log_id < self._synced_below or (point.log_id == self._log_id and point.end <= self._synced):
+        if point.log_id == self._log_id:
+            if point.end <= self._synced:
+                return True, None
+        elif point.log_id not in self._rolled:
             return True, None
         if self._failure is not None:
             return True, self._failure
-        if point.log_id < self._log_id:  # rolled without its sync: only after a failure, checked above
-            raise RuntimeError(f"group sync: log {point.log_id} was rolled unsynced")
         return False, None
 
     def _take_settled_locked(self) -> list[tuple[_Waiter, OSError | None]]:
@@ -264,6 +326,17 @@ class GroupSync:
                 waiting.append(w)
         self._waiters = waiting
         return settled
+
+
+@dataclass(frozen=True, slots=True)
+class _Round:
+    """What one round syncs, fixed when it begins."""
+
+    sync_dir: bool
+    rolled: list[tuple[int, int]]  # (log id, our fd) of the rolled logs not yet synced whole
+    log_id: int                    # the active log then, and our fd of it
+    fd: int
+    covered: int                   # its bytes written then
 
 
 def failure_message(error: OSError) -> str:

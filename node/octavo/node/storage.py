@@ -168,10 +168,12 @@ class Storage(EngineFlags, StorageStatus):
         replayed = startup.replay_logs(self.io, self.logs_dir, self._cache.recovery_point, unclean, self._table)
         self._cache.adopt_replayed(replayed.logs)
         self._cache.next_log_id = replayed.next_log_id
-        active = self._create_active_log(self._cache.allocate_log_id())
+        active = create_entry_log(self.io, self.logs_dir, self._cache.allocate_log_id())
         self._cache.roll_to(active)
-        if self.config.fsync_policy == FSYNC_POLICY_BATCH:
-            self.group_sync = GroupSync(self.io, active.log_id, active.fd, active.size)
+        if self.config.fsync_policy == FSYNC_POLICY_BATCH:  # the first log's name is durable before an add in it
+            self.io.fsync_dir(self.logs_dir)  # is answered (the group sync does it for the next ones)
+            self.group_sync = GroupSync(self.io, active.log_id, active.fd, active.size,
+                                        lambda: self.io.fsync_dir(self.logs_dir))
         self.recovery = replayed.report
         # The marker says "a bookie runs here"; a start that finds it knows the last stop was unclean.
         self.io.write_file_atomic(running_marker, str(os.getpid()).encode())
@@ -412,8 +414,8 @@ class Storage(EngineFlags, StorageStatus):
 
     def _roll_locked(self) -> EntryLog:
         """Seal the active log, queue it for the flusher and start the next one. Returns the new active log."""
-        new = self._create_active_log(self._cache.allocate_log_id())  # may raise (ENOSPC): the old log stays active
-        if self.group_sync is not None:  # the old log is synced before the flusher gets it (its fd is then theirs)
+        new = create_entry_log(self.io, self.logs_dir, self._cache.allocate_log_id())  # ENOSPC: the old one stays
+        if self.group_sync is not None:  # its next round syncs the old log whole and the new one's name
             self.group_sync.roll(new.log_id, new.fd, new.size)
         self._cache.roll_to(new)
         if self._flusher is not None:
@@ -424,14 +426,6 @@ class Storage(EngineFlags, StorageStatus):
         """The next entry-log id: active logs and compaction logs share one increasing sequence."""
         with self._lock:
             return self._cache.allocate_log_id()
-
-    def _create_active_log(self, log_id: int) -> EntryLog:
-        entry_log = create_entry_log(self.io, self.logs_dir, log_id)
-        if self.config.fsync_policy == FSYNC_POLICY_BATCH:
-            # Under the paranoid policy an acknowledged entry must survive a power loss on its own: the new
-            # file's directory entry has to be durable before the first fdatasync of its records counts.
-            self.io.fsync_dir(self.logs_dir)
-        return entry_log
 
     def roll(self, min_bytes: int = 0, why: Why = Why.ASKED) -> bool:
         """Roll the active log if it holds records and more than `min_bytes`. Returns whether it rolled."""
