@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from octavo.node.config import ConfigError, NodeConfig
-from octavo.node.etcdcompaction import Noted, compaction_target, note, note_due
+from octavo.node.etcdcompaction import EtcdCompaction, Noted, compaction_target, note, note_due
 
 
 def run(script: list[tuple[float, int]], interval_s: float) -> list[tuple[float, int]]:
@@ -84,3 +84,17 @@ def test_the_setting_is_checked(value: int, ok: bool) -> None:
     else:
         with pytest.raises(ConfigError, match=r"etcd_compaction_interval_s must be in \[0, 604800\]"):
             config.validate()
+
+
+@given(st.lists(st.integers(0, 10_000), max_size=4), st.integers(0, 600), st.integers(0, 20_000))
+def test_next_due_is_when_a_tick_would_note_the_revision(times: list[int], interval_s: int, now_s: int) -> None:
+    """The auditor's loop sleeps until next_due (autorecovery.py): a tick before it would have done nothing, and
+    one at or after it notes etcd's revision."""
+    compaction = EtcdCompaction(interval_s)
+    compaction.noted = tuple(Noted(revision, float(at)) for revision, at in enumerate(sorted(times), start=1))
+    assert compaction.next_due(False) is None
+    due = compaction.next_due(True)
+    if interval_s == 0:
+        assert due is None
+    else:
+        assert due is not None and note_due(float(now_s), compaction.noted, interval_s) == (now_s >= due)

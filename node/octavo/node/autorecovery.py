@@ -20,7 +20,8 @@ recovery-opened once its mark is open_ledger_grace_s old.
 The loops that read etcd on each pass (the auditor, the workers, the replicas restore) run when what they depend
 on changes in etcd, when work of theirs falls due, and at least every autorecovery_idle_interval_s, at most once a tick
 (wakeups.py); the loops on intervals of their own (the replicas check, etcd compaction, dataset maintenance)
-look at their clocks every tick without calling etcd.
+sleep until their interval is due or this bookie becomes or stops being the auditor (their work is the
+auditor's), at most once a tick.
 """
 
 from __future__ import annotations
@@ -120,6 +121,8 @@ class AutoRecovery:
         self._tasks: set[asyncio.Task[None]] = set()
         self.wakeups = Wakeups(AUTORECOVERY_TICK_S, config.autorecovery_idle_interval_s,
                                lambda: registration.registered, registration.ttl_s)
+        # Set when this bookie becomes or stops being the auditor: wakes the loops on intervals of their own.
+        self._role_changed: dict[str, asyncio.Event] = {}
 
     @staticmethod
     def watched(layout: Layout) -> list[WatchRange]:
@@ -161,28 +164,59 @@ class AutoRecovery:
                     self._on_change("the auditor", lambda: self._audit(client, marks), self._auditor_due),
                     self._on_change("replication", work, self._work_due),
                     self._every_tick("the replicas check", lambda: self.replicas.tick(
-                        client, self.auditor.is_auditor, time.monotonic())),
+                        client, self.auditor.is_auditor, time.monotonic()), self.replicas.next_due),
                     self._on_change("replicas restore", restore_replicas, self.replicas.next_retry),
                     self._every_tick("etcd compaction", lambda: self.etcd_compaction.tick(
-                        client.etcd, self.auditor.is_auditor, time.monotonic())),
+                        client.etcd, self.auditor.is_auditor, time.monotonic()), self.etcd_compaction.next_due),
                     self._every_tick("dataset maintenance", lambda: self.dataset_maintenance.tick(
-                        client.datasets, merge, self.auditor.is_auditor, time.monotonic())))
+                        client.datasets, merge, self.auditor.is_auditor, time.monotonic()),
+                        self.dataset_maintenance.next_due))
             finally:
                 watch.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watch
 
-    async def _every_tick(self, what: str, step: Callable[[], Awaitable[None]]) -> None:
-        """A loop on a clock of its own: it looks every tick and calls etcd only when its interval is due."""
-        await self._on_change(what, step, None)
+    async def _every_tick(self, what: str, step: Callable[[], Awaitable[None]],
+                          next_due: Callable[[bool], float | None]) -> None:
+        """A loop on a clock of its own, whose work is the auditor's: it passes when `next_due(is_auditor)` says
+        (time.monotonic(); None: not until the auditor role changes) and when this bookie becomes or stops being
+        the auditor (its step then starts or resets its clock), at most once a tick: the passes a tick every
+        second would make, without the wake-ups that found nothing due."""
+        changed = self._role_changed.setdefault(what, asyncio.Event())  # before the first pass: none is missed
+        await self._passes(what, step, lambda began: self._sleep_until(changed, began, next_due(
+            self.auditor.is_auditor)))
+
+    async def _sleep_until(self, changed: asyncio.Event, began: float, due: float | None) -> None:
+        """Until `due` (None: no time) or the auditor role changes, and never sooner than a tick after `began`."""
+        while not changed.is_set() and (due is None or due > time.monotonic()):
+            try:
+                async with asyncio.timeout(None if due is None else due - time.monotonic()):
+                    await changed.wait()
+            except TimeoutError:
+                break
+        await asyncio.sleep(max(0.0, began + AUTORECOVERY_TICK_S - time.monotonic()))
+        changed.clear()
+
+    def _set_auditor(self, is_auditor: bool) -> None:
+        if is_auditor != self.auditor.is_auditor:
+            for event in self._role_changed.values():
+                event.set()
+        self.auditor.is_auditor = is_auditor
 
     async def _on_change(self, what: str, step: Callable[[], Awaitable[None]],
-                         due: Callable[[float], float | None] | None) -> None:
+                         due: Callable[[float], float | None]) -> None:
         """A loop woken by the watch (module docstring; `due(began)`: its next due time after a pass that began
-        then). Without `due` it passes every tick."""
+        then)."""
+        self.wakeups.register(what)  # a change during the first pass wakes it
+        await self._passes(what, step, lambda began: self.wakeups.sleep(what, began, due(began)),
+                           lambda began: self.wakeups.sleep(what, began, began + AUTORECOVERY_TICK_S))
+
+    async def _passes(self, what: str, step: Callable[[], Awaitable[None]],
+                      wait: Callable[[float], Awaitable[None]],
+                      wait_failed: Callable[[float], Awaitable[None]] | None = None) -> None:
+        """`step` again and again, `wait(began)` after each pass (`wait_failed(began)` after one that failed, when
+        given: a failed pass is tried again at the next tick, not after the idle interval)."""
         quiet = False
-        if due is not None:
-            self.wakeups.register(what)  # a change during the first pass wakes it
         while True:
             began = time.monotonic()
             failed = True
@@ -195,10 +229,7 @@ class AutoRecovery:
                 quiet = True
             except Exception:  # the loop goes on: one bad ledger must not stop self-healing
                 log.exception("%s: step failed", what)
-            if due is None:
-                await asyncio.sleep(max(0.0, began + AUTORECOVERY_TICK_S - time.monotonic()))
-            else:  # a failed pass is tried again at the next tick, not after the idle interval
-                await self.wakeups.sleep(what, began, began + AUTORECOVERY_TICK_S if failed else due(began))
+            await (wait_failed if failed and wait_failed is not None else wait)(began)
 
     def _auditor_due(self, began: float) -> float | None:
         """When the auditor has work due: a missing bookie's delay running out, the marks count, the full audit."""
@@ -229,7 +260,7 @@ class AutoRecovery:
             # too: another bookie may be the auditor by now. Never claim it from memory.
             if self.auditor.is_auditor:
                 log.info("bookie %s is no longer the auditor (its registration lapsed)", self.bookie_id)
-            self.auditor.is_auditor = False
+            self._set_auditor(False)
             return
         layout = client.metadata_store.layout
         etcd = client.etcd
@@ -239,7 +270,7 @@ class AutoRecovery:
                                     .get_on_failure(layout.auditor))
         holder = [] if took else resp.responses[0].response_range.kvs
         was = self.auditor.is_auditor
-        self.auditor.is_auditor = took or (bool(holder) and holder[0].value.decode() == self.bookie_id)
+        self._set_auditor(took or (bool(holder) and holder[0].value.decode() == self.bookie_id))
         if self.auditor.is_auditor != was:
             log.info("bookie %s is %s the auditor", self.bookie_id, "now" if self.auditor.is_auditor else "no longer")
             self.auditor.missing_since.clear()

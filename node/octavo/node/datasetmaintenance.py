@@ -13,7 +13,7 @@ Spark task, so the elected auditor does it, as it compacts etcd (etcdcompaction.
   that are older than `dataset_orphan_grace_s` (`collect_all_orphans`: one pass over the cluster's ledgers).
 
 The decisions are pure (`due`, `budget_left`: times passed in, no IO); `DatasetMaintenance` is the thin IO around
-them, called by the auditor at every tick. The datasets and the merge come in as parameters (`DatasetPort`,
+them, called by the auditor when `next_due` says. The datasets and the merge come in as parameters (`DatasetPort`,
 `Merge`), so this module needs nothing of the client library. One dataset's failure is logged in one bounded
 line and the others go on. A bookie that becomes the auditor starts its clocks at once (a new auditor maintains
 at its first tick: the work is idempotent, and a merge or checkpoint racing a former auditor's loses cleanly).
@@ -89,7 +89,7 @@ class DatasetMaintenanceSettings:
 
 
 class DatasetMaintenance:
-    """The auditor's dataset maintenance: `tick` at every auditor tick, with the time passed in. The counters
+    """The auditor's dataset maintenance: `tick` when `next_due` says, with the time passed in. The counters
     are this bookie's (metrics: octavo.bookie.datasets.*)."""
 
     def __init__(self, settings: DatasetMaintenanceSettings) -> None:
@@ -106,6 +106,15 @@ class DatasetMaintenance:
         self.failures = 0
         # The first dataset the last interval's merge budget did not reach: the next interval starts there.
         self.merge_resume_from: str | None = None
+
+    def next_due(self, is_auditor: bool) -> float | None:
+        """When `tick` has something to do (its clock; 0.0: at once), None while the role stays as it is."""
+        if not is_auditor:
+            return None
+        s = self.settings
+        steps = ((self.last_maintenance_s, s.interval_s), (self.last_orphans_s, s.orphan_interval_s))
+        times = [0.0 if last is None else last + interval for last, interval in steps if interval > 0]
+        return min(times, default=None)
 
     async def tick(self, datasets: DatasetPort, merge: Merge, is_auditor: bool, now_s: float) -> None:
         if not is_auditor:

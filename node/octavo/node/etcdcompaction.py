@@ -9,7 +9,7 @@ least one interval always stays, so a watch that broke can resume where it was u
 (then it is cancelled with the compacted revision and its owner falls back to a full scan: server.py).
 
 The decision is pure (`note_due`, `note`, `compaction_target`: times passed in, no IO); `EtcdCompaction` is the
-thin IO around it, called by the auditor at every tick. Only the elected auditor compacts: a bookie that
+thin IO around it, called by the auditor when `next_due` says. Only the elected auditor compacts: a bookie that
 becomes the auditor starts with an empty memory, so a new auditor compacts one interval after it took over at
 the earliest. A compaction to a revision already compacted (by an earlier auditor, or etcd's own
 auto-compaction) is taken as done. Octavo never defragments: that blocks the member (docs/operations.md).
@@ -67,7 +67,7 @@ def compaction_target(now_s: float, noted: tuple[Noted, ...], interval_s: float)
 
 
 class EtcdCompaction:
-    """The auditor's compaction of etcd: `tick` at every auditor tick, with the time passed in."""
+    """The auditor's compaction of etcd: `tick` when `next_due` says, with the time passed in."""
 
     def __init__(self, interval_s: float) -> None:
         if interval_s < 0:
@@ -76,6 +76,12 @@ class EtcdCompaction:
         self.noted: tuple[Noted, ...] = ()
         self.compacted_revision = 0  # the last revision this bookie compacted to (or found compacted)
         self.compactions = 0         # compactions this bookie made (metrics: octavo.bookie.etcd.compactions)
+
+    def next_due(self, is_auditor: bool) -> float | None:
+        """When `tick` has something to do (its clock; 0.0: at once), None while the role stays as it is."""
+        if not is_auditor or self.interval_s <= 0:
+            return None
+        return self.noted[-1].at_s + self.interval_s if self.noted else 0.0
 
     async def tick(self, etcd: EtcdClient, is_auditor: bool, now_s: float) -> None:
         if not is_auditor:

@@ -142,6 +142,12 @@ class ReplicasCheck:
         self._next_pass = now + self.interval_s
         await self.check(client)
 
+    def next_due(self, is_auditor: bool) -> float | None:
+        """When `tick` has something to do (time.monotonic(); 0.0: at once), None while the role stays as it is."""
+        if not self.interval_s or not is_auditor:
+            return None
+        return self._next_pass
+
     async def check(self, client: Client) -> ReplicasState:
         """One pass over every ledger (module docstring)."""
         t0 = time.monotonic()
