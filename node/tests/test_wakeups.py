@@ -9,6 +9,9 @@ import time
 
 import pytest
 
+from octavo.cli.localcluster import EtcdProcess
+from octavo.meta.etcd import EtcdClient
+from octavo.meta.keyrange import WatchRange
 from octavo.node.wakeups import Wakeups
 
 TICK_S = 0.01
@@ -61,3 +64,24 @@ async def test_a_loop_ticks_while_its_watch_is_down_or_not_trusted(how: str) -> 
     w.register("restore")
     for _ in range(3):
         await asyncio.wait_for(w.sleep("restore", time.monotonic()), 5)
+
+
+async def test_a_watch_established_again_counts_as_a_change(etcd: EtcdProcess) -> None:
+    """What changed while the watch was down is not replayed: its establishment counts as a change, so what the
+    loops keep only until the next change (the auditor's marks count) is read afresh, not an idle interval late."""
+    w = Wakeups(TICK_S, IDLE_S)
+    async with EtcdClient(etcd.endpoint) as client:
+        task = asyncio.create_task(w.watch(client, [WatchRange.prefix(b"/wakeups-test/")]))
+        try:
+            deadline = time.monotonic() + 10
+            while not w.watching:
+                assert time.monotonic() < deadline, "the watch was never established"
+                await asyncio.sleep(0.01)
+            assert w.changes_seen == 1
+            await client.put(b"/wakeups-test/a", b"1")
+            while w.changes_seen < 2:
+                assert time.monotonic() < deadline, "the change was never seen"
+                await asyncio.sleep(0.01)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

@@ -95,6 +95,7 @@ class Wakeups:
                         self.watching = True
                         attempt = 0
                         log.debug("autorecovery watch established")
+                        self.changes_seen += 1  # what changed in the gap is unknown: as if something had
                     self.changes_seen += len(keys)
                     self.wake_all()  # established (changes in the gap are unknown) or changed
             except MetadataUnavailableError as e:
