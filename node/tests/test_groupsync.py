@@ -495,3 +495,27 @@ def test_a_tail_repair_write_waits_for_its_sync_off_the_loop(tmp_path: Path) -> 
         assert s.read_entry(7, 1) == payload_for(7, 1)
     finally:
         s.close()
+
+
+def test_a_resend_answered_from_a_log_replayed_after_a_process_crash_survives_power_loss(tmp_path: Path) -> None:
+    """A process crash after the write, before the ack (durability row 2): the restart replays the unsynced log and
+    a resend of the same bytes is answered OK without a second copy. Under the batch policy that answer promises the
+    entry survives a power loss, so the replayed log must be synced before it is given (the flusher is stopped:
+    its own sync would hide a missing one)."""
+    cfg = batch_config(tmp_path / "bookie")
+    sim = StrictSimIO(str(tmp_path))
+    s = Storage.open(cfg, io=sim, start_flusher=False)
+    payload = payload_for(5, 0, 1000)
+    assert s.add_batch([LedgerBatch(5, KEY, [0], [payload])], sync_wait=False)[0][0] == [pb.OK]
+    s.abandon()  # the process dies before the sync and the answer; the page cache stays
+    s = Storage.open(cfg, io=sim, start_flusher=False)
+    codes, _ = s.add_batch([LedgerBatch(5, KEY, [0], [payload])])[0]  # the resend, waiting for its sync
+    assert codes == [pb.OK]
+    sim.crash()
+    s.abandon()
+    report = sim.power_loss(random.Random(0), keep_unsynced=False)
+    s = Storage.open(cfg)
+    try:
+        assert s.read_entry(5, 0) == payload, report
+    finally:
+        s.close()

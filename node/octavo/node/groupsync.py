@@ -15,8 +15,8 @@ The rules, checked here:
   logs the next round syncs whole, and the new log's name is made durable by that round's directory sync before
   any add in it is answered. (The roll used to sync the old log itself, stalling the loop once a roll.)
 - A point (log id, end) is covered when it is in the active log and a finished round covered `end`, or when its
-  log is older and not among the rolled logs still to sync (synced whole since its roll, or older than this
-  bookie's start).
+  log is older and not among the rolled logs still to sync (synced whole since its roll, or below the recovery
+  point). The logs a start replays count as rolled: the last process may have died before syncing them.
 - A failed fdatasync fails every add waiting on it and every later one (`failure` is kept until the bookie
   restarts): after EIO the kernel may have dropped the dirty pages and a later fdatasync can succeed without
   them (Linux marks them clean), so nothing written to this disk is acknowledged again in this process. The
@@ -69,7 +69,12 @@ def _settle(future: asyncio.Future[OSError | None], outcome: OSError | None) -> 
 class GroupSync:
     """The group commit of one bookie's active entry log (see the module docstring)."""
 
-    def __init__(self, io: FileIO, log_id: int, fd: int, size: int, sync_dir: Callable[[], None]) -> None:
+    def __init__(self, io: FileIO, log_id: int, fd: int, size: int, sync_dir: Callable[[], None],
+                 replayed: list[tuple[int, int, int]]) -> None:
+        """`log_id`, `fd`, `size`: the active log, just created. `replayed`: (log id, fd, size) of the logs this
+        start replayed: written by the last process and maybe never synced (it died before the flusher got to
+        them), yet a resend of an entry in them is answered OK without a second copy, so the first round syncs
+        them whole, after the directory (their names and the active log's may not be durable either)."""
         self._io = io
         self._sync_dir = sync_dir  # fsync of the logs directory: a new log's name is durable
         self._cond = threading.Condition(threading.Lock())
@@ -77,10 +82,10 @@ class GroupSync:
         self._fd = os.dup(fd)  # our own: the engine's fd goes to the flusher at a roll, which may close it
         self._written = size   # bytes of the active log written (noted under the engine lock)
         self._synced = 0       # bytes of the active log a finished round covered
-        # Rolled logs not yet synced whole since their roll: log id -> (our fd, its size at the roll). A log older
-        # than the active one and not here is durable (synced, or older than this bookie's start).
-        self._rolled: dict[int, tuple[int, int]] = {}
-        self._dir_pending = False  # a log was created since the last directory sync began
+        # Rolled (or replayed) logs not yet synced whole since their roll: log id -> (our fd, its size then). A log
+        # older than the active one and not here is durable (synced by a round, or below the recovery point).
+        self._rolled: dict[int, tuple[int, int]] = {lid: (os.dup(rfd), rsize) for lid, rfd, rsize in replayed}
+        self._dir_pending = True   # a log was created (or replayed) since the last directory sync began
         self._failure: OSError | None = None
         self._in_flight = False
         self._waiters: list[_Waiter] = []

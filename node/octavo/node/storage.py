@@ -170,10 +170,10 @@ class Storage(EngineFlags, StorageStatus):
         self._cache.next_log_id = replayed.next_log_id
         active = create_entry_log(self.io, self.logs_dir, self._cache.allocate_log_id())
         self._cache.roll_to(active)
-        if self.config.fsync_policy == FSYNC_POLICY_BATCH:  # the first log's name is durable before an add in it
-            self.io.fsync_dir(self.logs_dir)  # is answered (the group sync does it for the next ones)
-            self.group_sync = GroupSync(self.io, active.log_id, active.fd, active.size,
-                                        lambda: self.io.fsync_dir(self.logs_dir))
+        if self.config.fsync_policy == FSYNC_POLICY_BATCH:  # its first round syncs the directory and the replayed
+            self.group_sync = GroupSync(self.io, active.log_id, active.fd, active.size,  # logs (a resend of an
+                                        lambda: self.io.fsync_dir(self.logs_dir),  # entry in them is answered OK)
+                                        [(log.log_id, log.fd, log.size) for log in replayed.logs])
         self.recovery = replayed.report
         # The marker says "a bookie runs here"; a start that finds it knows the last stop was unclean.
         self.io.write_file_atomic(running_marker, str(os.getpid()).encode())

@@ -135,8 +135,9 @@ class SyncedAdds:
                         response = await self.add(request, tenant)
                         span.set_attribute("octavo.entries", len(request.entry_ids) or sum(
                             len(a.entry_ids) for a in request.ledgers))
-                # The point is taken after the write returned, so at or past the request's records (a roll since
-                # then synced them already); nothing was written for a request refused whole.
+                # The point is taken after the write returned, so at or past the request's records (if a roll came
+                # since, a round that covers the point syncs the rolled logs first); nothing was written for a
+                # request refused whole.
                 synced = None if response.error else self.group_sync.waiter(self.group_sync.point())
                 await answers.put(_Answer(request, response, synced, t0, span))
             await answers.put(None)
