@@ -41,6 +41,8 @@ async def main(etcd, worker, start):
             ledgers = [DatasetLedger(worker * 10**7 + k * 100 + i, 1, 10, 1) for i in range(n)]
             await client.datasets.commit("crashy", SCHEMA, ledgers)
             print(k, n, flush=True)
+            if k == start:
+                open(sys.argv[4], "w").close()  # committing: the kill's random delay starts now
             k += 1
 
 asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
@@ -60,11 +62,20 @@ def test_committers_killed_at_random_lose_no_acknowledged_commit(cluster: LocalC
     rng = random.Random(39)
     acked: dict[int, set[int]] = {}  # worker -> acknowledged commit numbers
     next_k = {w: 0 for w in range(3)}
-    for _ in range(5):
-        procs = {w: subprocess.Popen([sys.executable, str(script), cluster.etcd_endpoint, str(w), str(next_k[w])],
+    for round_ in range(5):
+        ready = {w: tmp_path / f"ready-{round_}-{w}" for w in range(3)}
+        procs = {w: subprocess.Popen([sys.executable, str(script), cluster.etcd_endpoint, str(w), str(next_k[w]),
+                                      str(ready[w])],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)
                  for w in range(3)}
+        # The delay counts from each committer's first commit, not from its start: under load the imports alone
+        # could take the whole delay, and a round would kill committers that never committed (CI load saw it).
+        deadline = time.monotonic() + 120
+        while not all(path.exists() for path in ready.values()):
+            assert time.monotonic() < deadline, "a committer made no commit within 120 s"
+            assert all(p.poll() is None for p in procs.values()), "a committer exited"
+            time.sleep(0.05)
         time.sleep(rng.uniform(2.0, 4.0))
         for p in procs.values():
             os.killpg(p.pid, signal.SIGKILL)
