@@ -28,6 +28,7 @@ from octavo.node.config import KIB, NodeConfig
 from octavo.node.dataplane import BookieService, bookie_handler
 from octavo.node.disk import DiskMonitor
 from octavo.node.fileio import FileIO
+from octavo.node.files import log_file_name
 from octavo.node.groupsync import GroupSync
 from octavo.node.repair import TailRepair
 from octavo.node.simio import SimIO
@@ -65,6 +66,73 @@ class FailingIO(FileIO):
         self.datasyncs += 1
         if self.errno_ is not None:
             raise OSError(self.errno_, os.strerror(self.errno_))
+        super().fdatasync(fd)
+
+
+class WritebackErrorIO(FileIO):
+    """Real IO with Linux's reporting of writeback errors (errseq, since 4.13): when the kernel fails to write an
+    inode's dirty pages back (`writeback_failed`), it drops them and marks them clean, and the next fsync or
+    fdatasync through each open file description reports EIO once; a description that has reported it never
+    reports it again. Dup'd fds share one description (found here by their shared file offset), so one that reports
+    the error hides it from the others. An fd it did not open, nor dup'd from one it did, is a description of its
+    own from its first sync."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._errors: dict[int, int] = {}            # inode -> writeback errors so far
+        self._seen: dict[int, list[int]] = {}        # fd this IO opened -> [inode, errors it reported]
+
+    def open_append(self, path: str, create: bool) -> int:
+        return self._opened(super().open_append(path, create))
+
+    def open_read(self, path: str) -> int:
+        return self._opened(super().open_read(path))
+
+    def _opened(self, fd: int) -> int:
+        ino = os.fstat(fd).st_ino
+        with self._lock:
+            self._seen[fd] = [ino, self._errors.get(ino, 0)]
+        return fd
+
+    def close(self, fd: int) -> None:
+        with self._lock:
+            self._seen.pop(fd, None)
+        super().close(fd)
+
+    def writeback_failed(self, path: str) -> None:
+        ino = os.stat(path).st_ino
+        with self._lock:
+            self._errors[ino] = self._errors.get(ino, 0) + 1
+
+    def _description(self, fd: int) -> list[int]:
+        ino = os.fstat(fd).st_ino
+        if fd in self._seen and self._seen[fd][0] == ino:
+            return self._seen[fd]
+        for other, seen in self._seen.items():  # a dup: it moves the offset of the fd it was dup'd from
+            if seen[0] == ino and other != fd:
+                here = os.lseek(fd, 0, os.SEEK_CUR)
+                os.lseek(fd, here + 1, os.SEEK_SET)
+                shared = os.lseek(other, 0, os.SEEK_CUR) == here + 1
+                os.lseek(fd, here, os.SEEK_SET)
+                if shared:
+                    return seen
+        self._seen[fd] = [ino, self._errors.get(ino, 0)]  # opened elsewhere (a temporary file's fd)
+        return self._seen[fd]
+
+    def _report(self, fd: int) -> None:
+        with self._lock:
+            seen = self._description(fd)
+            errors = self._errors.get(seen[0], 0)
+            if errors > seen[1]:
+                seen[1] = errors
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    def fsync(self, fd: int) -> None:
+        self._report(fd)
+        super().fsync(fd)
+
+    def fdatasync(self, fd: int) -> None:
+        self._report(fd)
         super().fdatasync(fd)
 
 
@@ -519,3 +587,25 @@ def test_a_resend_answered_from_a_log_replayed_after_a_process_crash_survives_po
         assert s.read_entry(5, 0) == payload, report
     finally:
         s.close()
+
+
+def test_a_writeback_error_the_flusher_reported_first_still_fails_the_adds_of_its_log(tmp_path: Path) -> None:
+    """The kernel fails to write back a page of an add, then the log rolls and the flusher's fsync of it reports
+    the EIO (Linux reports it once per open file description, then the pages count as clean). The group sync's own
+    sync of the rolled log comes after: it must still see the error and fail the add, so it syncs through an open
+    file description of its own, not a dup of the engine's (which the flusher's fsync shares)."""
+    io = WritebackErrorIO()
+    s = Storage.open(batch_config(tmp_path / "b"), io=io, start_flusher=False)
+    try:
+        results = s.add_batch([LedgerBatch(1, KEY, [0], [payload_for(1, 0)])], sync_wait=False)
+        point = group_sync(s).point()
+        io.writeback_failed(os.path.join(s.logs_dir, log_file_name(point.log_id)))
+        assert s.roll()
+        with pytest.raises(OSError) as flusher_error:
+            s.flush_one()
+        assert flusher_error.value.errno == errno.EIO
+        error = group_sync(s).wait_blocking(point)
+        assert error is not None and error.errno == errno.EIO, "an add whose page the kernel dropped was acknowledged"
+        assert s.sync_failed(results, error)[0][0] == [pb.INTERNAL]
+    finally:
+        s.abandon()

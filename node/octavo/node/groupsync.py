@@ -9,8 +9,10 @@ The rules, checked here:
 - `written(log_id, end)` is called under the engine lock right after a write of [.., end) to the active log
   returned; a sync round reads the written end when it begins (under this module's lock), so it covers every
   write noted before it began.
-- The group sync syncs through fds of its own (dups of the engine's), so the flusher closing the engine's fd of
-  a rolled log never pulls one from under a round.
+- The group sync syncs through fds of its own, each a separate open of the log's file (never a dup of the
+  engine's fd), so the flusher closing the engine's fd of a rolled log never pulls one from under a round, and a
+  writeback error is reported to the group sync even when the flusher's fsync of the log reported it first
+  (Linux reports it once per open file description, and dup'd fds share one).
 - A roll (`roll`, under the engine lock, often on the event loop) returns at once: the old log joins the rolled
   logs the next round syncs whole, and the new log's name is made durable by that round's directory sync before
   any add in it is answered. (The roll used to sync the old log itself, stalling the loop once a roll.)
@@ -32,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -69,9 +70,9 @@ def _settle(future: asyncio.Future[OSError | None], outcome: OSError | None) -> 
 class GroupSync:
     """The group commit of one bookie's active entry log (see the module docstring)."""
 
-    def __init__(self, io: FileIO, log_id: int, fd: int, size: int, sync_dir: Callable[[], None],
-                 replayed: list[tuple[int, int, int]]) -> None:
-        """`log_id`, `fd`, `size`: the active log, just created. `replayed`: (log id, fd, size) of the logs this
+    def __init__(self, io: FileIO, log_id: int, path: str, size: int, sync_dir: Callable[[], None],
+                 replayed: list[tuple[int, str, int]]) -> None:
+        """`log_id`, `path`, `size`: the active log, just created. `replayed`: (log id, path, size) of the logs this
         start replayed: written by the last process and maybe never synced (it died before the flusher got to
         them), yet a resend of an entry in them is answered OK without a second copy, so the first round syncs
         them whole, after the directory (their names and the active log's may not be durable either)."""
@@ -79,12 +80,12 @@ class GroupSync:
         self._sync_dir = sync_dir  # fsync of the logs directory: a new log's name is durable
         self._cond = threading.Condition(threading.Lock())
         self._log_id = log_id
-        self._fd = os.dup(fd)  # our own: the engine's fd goes to the flusher at a roll, which may close it
+        self._fd = io.open_read(path)  # our own open file description (see the module docstring)
         self._written = size   # bytes of the active log written (noted under the engine lock)
         self._synced = 0       # bytes of the active log a finished round covered
         # Rolled (or replayed) logs not yet synced whole since their roll: log id -> (our fd, its size then). A log
         # older than the active one and not here is durable (synced by a round, or below the recovery point).
-        self._rolled: dict[int, tuple[int, int]] = {lid: (os.dup(rfd), rsize) for lid, rfd, rsize in replayed}
+        self._rolled: dict[int, tuple[int, int]] = {lid: (io.open_read(rpath), rsize) for lid, rpath, rsize in replayed}
         self._dir_pending = True   # a log was created (or replayed) since the last directory sync began
         self._failure: OSError | None = None
         self._in_flight = False
@@ -110,20 +111,21 @@ class GroupSync:
         with self._cond:
             return SyncPoint(self._log_id, self._written)
 
-    def roll(self, log_id: int | None, fd: int, size: int) -> None:
-        """The engine rolled the active log to `log_id`, a file it just created: returns at once (the engine
+    def roll(self, log_id: int | None, path: str, size: int) -> None:
+        """The engine rolled the active log to `log_id`, the file `path` it just created: returns at once (the engine
         holds its lock, often on the event loop). The old log joins the rolled logs the next round syncs (with
         the directory, for the new log's name); a round in flight keeps its own fd of it. `None`: the engine
         closes: everything is synced here and now, and no point taken later is ever covered."""
         if log_id is None:
             self._close()
             return
+        fd = self._io.open_read(path)  # may raise (EMFILE): nothing changed
         with self._cond:
             if self._in_flight or self._written > self._synced:
                 self._rolled[self._log_id] = (self._fd, self._written)
             else:
-                os.close(self._fd)  # synced whole, and no round uses it
-            self._log_id, self._fd, self._written, self._synced = log_id, os.dup(fd), size, 0
+                self._io.close(self._fd)  # synced whole, and no round uses it
+            self._log_id, self._fd, self._written, self._synced = log_id, fd, size, 0
             self._dir_pending = True
 
     def _close(self) -> None:
@@ -138,7 +140,7 @@ class GroupSync:
                     for lid, (rolled_fd, _) in list(self._rolled.items()):
                         self._io.fdatasync(rolled_fd)
                         del self._rolled[lid]
-                        os.close(rolled_fd)
+                        self._io.close(rolled_fd)
                     if self._written > self._synced:
                         self._io.fdatasync(self._fd)
                         self._synced = self._written
@@ -156,12 +158,12 @@ class GroupSync:
         its points get the failure; a point taken from now on is in a log after the last: never covered."""
         for rolled_fd, _ in self._rolled.values():
             if rolled_fd >= 0:
-                os.close(rolled_fd)
+                self._io.close(rolled_fd)
         self._rolled = {lid: (-1, end) for lid, (_, end) in self._rolled.items()}
         if self._written > self._synced:
             self._rolled[self._log_id] = (-1, self._written)
         if self._fd >= 0:
-            os.close(self._fd)
+            self._io.close(self._fd)
         self._log_id, self._fd, self._written, self._synced = self._log_id + 1, -1, 0, -1
 
     def abandon(self) -> None:
@@ -290,7 +292,7 @@ class GroupSync:
                     self.syncs += 1
                     for lid, rolled_fd in round_.rolled:  # each was synced whole: its size was fixed at its roll
                         del self._rolled[lid]
-                        os.close(rolled_fd)
+                        self._io.close(rolled_fd)
                     self._covered_locked(round_.log_id, round_.covered)
                 settled = self._take_settled_locked()
                 self._cond.notify_all()
@@ -305,7 +307,7 @@ class GroupSync:
         if rolled is not None and covered >= rolled[1]:  # it got nothing after the round began: whole
             del self._rolled[log_id]
             if rolled[0] >= 0:
-                os.close(rolled[0])
+                self._io.close(rolled[0])
 
     def _outcome_locked(self, point: SyncPoint) -> tuple[bool, OSError | None]:
         """(True, None): durable; (True, the failure): it never will be; (False, None): not yet."""

@@ -171,9 +171,9 @@ class Storage(EngineFlags, StorageStatus):
         active = create_entry_log(self.io, self.logs_dir, self._cache.allocate_log_id())
         self._cache.roll_to(active)
         if self.config.fsync_policy == FSYNC_POLICY_BATCH:  # its first round syncs the directory and the replayed
-            self.group_sync = GroupSync(self.io, active.log_id, active.fd, active.size,  # logs (a resend of an
+            self.group_sync = GroupSync(self.io, active.log_id, active.path, active.size,  # logs (a resend of an
                                         lambda: self.io.fsync_dir(self.logs_dir),  # entry in them is answered OK)
-                                        [(log.log_id, log.fd, log.size) for log in replayed.logs])
+                                        [(log.log_id, log.path, log.size) for log in replayed.logs])
         self.recovery = replayed.report
         # The marker says "a bookie runs here"; a start that finds it knows the last stop was unclean.
         self.io.write_file_atomic(running_marker, str(os.getpid()).encode())
@@ -198,7 +198,7 @@ class Storage(EngineFlags, StorageStatus):
             self._closed = True
             active = self._cache.active
             if self.group_sync is not None:  # syncs the active log's waiters; no round uses its fd after this
-                self.group_sync.roll(None, -1, 0)
+                self.group_sync.roll(None, "", 0)
             if active is not None and active.size == LOG_HEADER_BYTES:
                 self.io.close(active.fd)  # nothing in it: no need to flush, leave no empty file behind
                 self.io.unlink(active.path)
@@ -416,7 +416,7 @@ class Storage(EngineFlags, StorageStatus):
         """Seal the active log, queue it for the flusher and start the next one. Returns the new active log."""
         new = create_entry_log(self.io, self.logs_dir, self._cache.allocate_log_id())  # ENOSPC: the old one stays
         if self.group_sync is not None:  # its next round syncs the old log whole and the new one's name
-            self.group_sync.roll(new.log_id, new.fd, new.size)
+            self.group_sync.roll(new.log_id, new.path, new.size)
         self._cache.roll_to(new)
         if self._flusher is not None:
             self._flusher.wake()
