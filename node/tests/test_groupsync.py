@@ -609,3 +609,104 @@ def test_a_writeback_error_the_flusher_reported_first_still_fails_the_adds_of_it
         assert s.sync_failed(results, error)[0][0] == [pb.INTERNAL]
     finally:
         s.abandon()
+
+
+class GatedSimIO(StrictSimIO):
+    """StrictSimIO whose next fdatasync, once `gate` is set, takes its snapshot (what it will make durable) and then
+    blocks until the gate opens: a sync in flight, for a deterministic interleaving."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.gate: threading.Event | None = None
+        self.entered = threading.Event()
+
+    def fdatasync(self, fd: int) -> None:
+        super().fdatasync(fd)
+        gate, self.gate = self.gate, None
+        if gate is not None:
+            self.entered.set()
+            assert gate.wait(30), "the gate never opened"
+
+
+@pytest.mark.parametrize("power_cut_before_the_next_round", [True, False])
+def test_a_roll_during_a_round_waits_for_nothing_and_its_late_adds_wait_for_the_next_round(
+        tmp_path: Path, power_cut_before_the_next_round: bool) -> None:
+    """A round is in flight on log A (its sync took A's bytes when it began); an add is written to A after that, and
+    A rolls. The roll returns while the round still runs, without syncing; the round's end answers the add it
+    covered at once (not after another round syncs A whole: one round, not two) and not the late one, which only a
+    later round (syncing A whole through the group sync's own fd) can answer: with the power cut before that round,
+    the late add gets the failure and the first survives."""
+    cfg = batch_config(tmp_path / "bookie")
+    sim = GatedSimIO(str(tmp_path))
+    s = Storage.open(cfg, io=sim, start_flusher=False)
+    gs = group_sync(s)
+    first, late = payload_for(9, 0, 1000), payload_for(9, 1, 1000)
+    s.add_batch([LedgerBatch(9, KEY, [0], [first])], sync_wait=False)
+    p0 = gs.point()
+    release = threading.Event()
+    sim.gate = release
+    outcomes: list[OSError | None] = []
+    rounds = gs.syncs
+    round_thread = threading.Thread(target=lambda: outcomes.append(gs.wait_blocking(p0)))
+    round_thread.start()
+    try:
+        assert sim.entered.wait(30)
+        s.add_batch([LedgerBatch(9, KEY, [1], [late], 0)], sync_wait=False)
+        p1 = gs.point()
+        assert p1.log_id == p0.log_id and p1.end > p0.end
+        syncs = sim.fsyncs
+        assert s.roll()  # would deadlock here if the roll waited for the round in flight
+        assert sim.fsyncs == syncs, "the roll synced on the caller's thread"
+    finally:
+        release.set()
+        round_thread.join(30)
+    assert outcomes == [None]
+    assert gs.syncs == rounds + 1, "the add the round covered waited for a second round"
+    if power_cut_before_the_next_round:
+        sim.crash()
+        error = gs.wait_blocking(p1)
+        assert error is not None, "the late add was answered by a round that began before its write"
+        s.abandon()
+    else:
+        assert gs.wait_blocking(p1) is None
+        sim.crash()
+        s.abandon()
+    report = sim.power_loss(random.Random(0), keep_unsynced=False)
+    s = Storage.open(cfg)
+    try:
+        assert s.read_entry(9, 0) == first, report
+        if not power_cut_before_the_next_round:
+            assert s.read_entry(9, 1) == late, report
+    finally:
+        s.close()
+
+
+class RaisingIO(FileIO):
+    """Real IO whose fdatasync raises something other than an OSError once armed (a bug below the engine)."""
+
+    def __init__(self) -> None:
+        self.armed = False
+
+    def fdatasync(self, fd: int) -> None:
+        if self.armed:
+            raise RuntimeError("simulated bug in the IO layer")
+        super().fdatasync(fd)
+
+
+def test_a_round_that_raises_anything_but_an_oserror_acknowledges_nothing(tmp_path: Path) -> None:
+    """A round's sync that ends with an exception other than OSError did not make anything durable: it must not
+    count as a finished round (the add it covered is answered with a failure, for good), and it reaches its caller."""
+    io = RaisingIO()
+    s = Storage.open(batch_config(tmp_path / "b"), io=io)
+    try:
+        s.add_batch([LedgerBatch(1, KEY, [0], [payload_for(1, 0)])], sync_wait=False)
+        point = group_sync(s).point()
+        io.armed = True
+        with pytest.raises(RuntimeError, match="simulated bug"):
+            group_sync(s).wait_blocking(point)
+        io.armed = False
+        error = group_sync(s).wait_blocking(point)
+        assert error is not None, "an add was acknowledged after a round that never finished its fdatasync"
+        assert group_sync(s).failure is error
+    finally:
+        s.abandon()

@@ -16,9 +16,10 @@ The rules, checked here:
 - A roll (`roll`, under the engine lock, often on the event loop) returns at once: the old log joins the rolled
   logs the next round syncs whole, and the new log's name is made durable by that round's directory sync before
   any add in it is answered. (The roll used to sync the old log itself, stalling the loop once a roll.)
-- A point (log id, end) is covered when it is in the active log and a finished round covered `end`, or when its
-  log is older and not among the rolled logs still to sync (synced whole since its roll, or below the recovery
-  point). The logs a start replays count as rolled: the last process may have died before syncing them.
+- A point (log id, end) is covered when a finished round covered `end` of its log (the active one, or one rolled
+  while that round ran), or when its log is older and not among the rolled logs still to sync (synced whole
+  since its roll, or below the recovery point). The logs a start replays count as rolled: the last process may
+  have died before syncing them.
 - A failed fdatasync fails every add waiting on it and every later one (`failure` is kept until the bookie
   restarts): after EIO the kernel may have dropped the dirty pages and a later fdatasync can succeed without
   them (Linux marks them clean), so nothing written to this disk is acknowledged again in this process. The
@@ -83,9 +84,11 @@ class GroupSync:
         self._fd = io.open_read(path)  # our own open file description (see the module docstring)
         self._written = size   # bytes of the active log written (noted under the engine lock)
         self._synced = 0       # bytes of the active log a finished round covered
-        # Rolled (or replayed) logs not yet synced whole since their roll: log id -> (our fd, its size then). A log
-        # older than the active one and not here is durable (synced by a round, or below the recovery point).
-        self._rolled: dict[int, tuple[int, int]] = {lid: (io.open_read(rpath), rsize) for lid, rpath, rsize in replayed}
+        # Rolled (or replayed) logs not yet synced whole since their roll: log id -> (our fd, its size then, the bytes
+        # of it a finished round covered). A log older than the active one and not here is durable (synced by a
+        # round, or below the recovery point).
+        self._rolled: dict[int, tuple[int, int, int]] = {
+            lid: (io.open_read(rpath), rsize, 0) for lid, rpath, rsize in replayed}
         self._dir_pending = True   # a log was created (or replayed) since the last directory sync began
         self._failure: OSError | None = None
         self._in_flight = False
@@ -122,7 +125,7 @@ class GroupSync:
         fd = self._io.open_read(path)  # may raise (EMFILE): nothing changed
         with self._cond:
             if self._in_flight or self._written > self._synced:
-                self._rolled[self._log_id] = (self._fd, self._written)
+                self._rolled[self._log_id] = (self._fd, self._written, self._synced)
             else:
                 self._io.close(self._fd)  # synced whole, and no round uses it
             self._log_id, self._fd, self._written, self._synced = log_id, fd, size, 0
@@ -137,7 +140,7 @@ class GroupSync:
                     if self._dir_pending:
                         self._sync_dir()
                         self._dir_pending = False
-                    for lid, (rolled_fd, _) in list(self._rolled.items()):
+                    for lid, (rolled_fd, _, _) in list(self._rolled.items()):
                         self._io.fdatasync(rolled_fd)
                         del self._rolled[lid]
                         self._io.close(rolled_fd)
@@ -156,12 +159,12 @@ class GroupSync:
     def _retire_locked(self) -> None:
         """No round runs again (the failure is set): close our fds. A log not synced whole stays in `_rolled`, so
         its points get the failure; a point taken from now on is in a log after the last: never covered."""
-        for rolled_fd, _ in self._rolled.values():
+        for rolled_fd, _, _ in self._rolled.values():
             if rolled_fd >= 0:
                 self._io.close(rolled_fd)
-        self._rolled = {lid: (-1, end) for lid, (_, end) in self._rolled.items()}
+        self._rolled = {lid: (-1, end, synced) for lid, (_, end, synced) in self._rolled.items()}
         if self._written > self._synced:
-            self._rolled[self._log_id] = (-1, self._written)
+            self._rolled[self._log_id] = (-1, self._written, self._synced)
         if self._fd >= 0:
             self._io.close(self._fd)
         self._log_id, self._fd, self._written, self._synced = self._log_id + 1, -1, 0, -1
@@ -263,7 +266,7 @@ class GroupSync:
             raise RuntimeError(f"group sync: a round began on log {self._log_id} while another was in flight "
                                "or after the last log was handed over")
         self._in_flight = True
-        round_ = _Round(self._dir_pending, [(lid, fd) for lid, (fd, _) in self._rolled.items()],
+        round_ = _Round(self._dir_pending, [(lid, fd) for lid, (fd, _, _) in self._rolled.items()],
                         self._log_id, self._fd, self._written)
         self._dir_pending = False
         return round_
@@ -272,42 +275,51 @@ class GroupSync:
         """One round: the logs directory if a log was created since the last one began, the rolled logs not yet
         synced whole, then the active log up to what was written when the round began. No lock is held while it
         runs; the fds are ours, so a roll meanwhile changes nothing under it."""
-        error: OSError | None = None
+        # Failed until every sync returned: anything else raised (a bug, an interrupt) must not count as synced.
+        error: OSError | None = OSError(errno.EIO, "group sync: a round did not finish")
         try:
             if round_.sync_dir:
                 self._sync_dir()
             for _, rolled_fd in round_.rolled:
                 self._io.fdatasync(rolled_fd)
             self._io.fdatasync(round_.fd)
+            error = None
         except OSError as e:
             error = e
         finally:
             with self._cond:
-                self._in_flight = False
-                if error is not None:
-                    self._failure = self._failure or error
-                    if round_.sync_dir:
-                        self._dir_pending = True
-                else:
-                    self.syncs += 1
-                    for lid, rolled_fd in round_.rolled:  # each was synced whole: its size was fixed at its roll
-                        del self._rolled[lid]
-                        self._io.close(rolled_fd)
-                    self._covered_locked(round_.log_id, round_.covered)
-                settled = self._take_settled_locked()
-                self._cond.notify_all()
+                try:
+                    if error is not None:
+                        self._failure = self._failure or error
+                        if round_.sync_dir:
+                            self._dir_pending = True
+                    else:
+                        self.syncs += 1
+                        for lid, rolled_fd in round_.rolled:  # each synced whole: its size was fixed at its roll
+                            del self._rolled[lid]
+                            self._io.close(rolled_fd)
+                        self._covered_locked(round_.log_id, round_.covered)
+                finally:  # even if an invariant broke above: no waiter is left waiting for a round that ended
+                    self._in_flight = False
+                    settled = self._take_settled_locked()
+                    self._cond.notify_all()
             _settle_all(settled)
 
     def _covered_locked(self, log_id: int, covered: int) -> None:
-        """A round synced log `log_id` up to `covered`: the active log, or one rolled while the round ran."""
+        """A round synced log `log_id` up to `covered`: the active log, or one rolled while the round ran (whose
+        adds the round covered are answered now, not after the next round syncs the log whole)."""
         if log_id == self._log_id:
             self._synced = max(self._synced, covered)
             return
         rolled = self._rolled.get(log_id)
-        if rolled is not None and covered >= rolled[1]:  # it got nothing after the round began: whole
-            del self._rolled[log_id]
-            if rolled[0] >= 0:
-                self._io.close(rolled[0])
+        if rolled is None:
+            raise RuntimeError(f"group sync: a round synced log {log_id}, neither active nor rolled")
+        fd, size, synced = rolled
+        if covered < size:
+            self._rolled[log_id] = (fd, size, max(synced, covered))
+            return
+        del self._rolled[log_id]  # it got nothing after the round began: whole
+        self._io.close(fd)
 
     def _outcome_locked(self, point: SyncPoint) -> tuple[bool, OSError | None]:
         """(True, None): durable; (True, the failure): it never will be; (False, None): not yet."""
@@ -316,7 +328,7 @@ class GroupSync:
         if point.log_id == self._log_id:
             if point.end <= self._synced:
                 return True, None
-        elif point.log_id not in self._rolled:
+        elif point.log_id not in self._rolled or point.end <= self._rolled[point.log_id][2]:
             return True, None
         if self._failure is not None:
             return True, self._failure
