@@ -565,6 +565,14 @@ def test_a_tail_repair_write_waits_for_its_sync_off_the_loop(tmp_path: Path) -> 
         s.close()
 
 
+def power_cut_and_restart(sim: SimIO, s: Storage, cfg: NodeConfig) -> tuple[Storage, dict[str, str]]:
+    """Cut the power (nothing unsynced survives) and start the bookie again on the real disk."""
+    sim.crash()
+    s.abandon()
+    report = sim.power_loss(random.Random(0), keep_unsynced=False)
+    return Storage.open(cfg), report
+
+
 def test_a_resend_answered_from_a_log_replayed_after_a_process_crash_survives_power_loss(tmp_path: Path) -> None:
     """A process crash after the write, before the ack (durability row 2): the restart replays the unsynced log and
     a resend of the same bytes is answered OK without a second copy. Under the batch policy that answer promises the
@@ -579,10 +587,7 @@ def test_a_resend_answered_from_a_log_replayed_after_a_process_crash_survives_po
     s = Storage.open(cfg, io=sim, start_flusher=False)
     codes, _ = s.add_batch([LedgerBatch(5, KEY, [0], [payload])])[0]  # the resend, waiting for its sync
     assert codes == [pb.OK]
-    sim.crash()
-    s.abandon()
-    report = sim.power_loss(random.Random(0), keep_unsynced=False)
-    s = Storage.open(cfg)
+    s, report = power_cut_and_restart(sim, s, cfg)
     try:
         assert s.read_entry(5, 0) == payload, report
     finally:
@@ -666,13 +671,9 @@ def test_a_roll_during_a_round_waits_for_nothing_and_its_late_adds_wait_for_the_
         sim.crash()
         error = gs.wait_blocking(p1)
         assert error is not None, "the late add was answered by a round that began before its write"
-        s.abandon()
     else:
         assert gs.wait_blocking(p1) is None
-        sim.crash()
-        s.abandon()
-    report = sim.power_loss(random.Random(0), keep_unsynced=False)
-    s = Storage.open(cfg)
+    s, report = power_cut_and_restart(sim, s, cfg)
     try:
         assert s.read_entry(9, 0) == first, report
         if not power_cut_before_the_next_round:
