@@ -56,6 +56,25 @@ async def test_a_change_wakes_a_sleeping_loop_once() -> None:
         await asyncio.wait_for(w.sleep("worker", time.monotonic()), 0.3)
 
 
+async def test_a_loop_with_a_filter_wakes_only_for_the_keys_it_wants() -> None:
+    """The auditor's pass on a bookie that is not the auditor only tries the election: it wants the auditor key's
+    delete, not every registration or lock that changes (autorecovery.py)."""
+    w = watching()
+    w.register("auditor", lambda key: key == b"/auditor")
+    w.register("worker")
+    auditor = asyncio.ensure_future(w.sleep("auditor", time.monotonic()))
+    worker = asyncio.ensure_future(w.sleep("worker", time.monotonic()))
+    w.wake_for([b"/bookies/writable/b1", b"/locks/7"])
+    await asyncio.wait_for(worker, 5)
+    await asyncio.sleep(0.1)
+    assert not auditor.done()
+    w.wake_for([b"/locks/8", b"/auditor"])
+    await asyncio.wait_for(auditor, 5)
+    began = time.monotonic()
+    w.wake_all()  # the watch established again: every loop passes
+    await asyncio.wait_for(w.sleep("auditor", began), 5)
+
+
 @pytest.mark.parametrize("how", ["watch down", "not trusted"])
 async def test_a_loop_ticks_while_its_watch_is_down_or_not_trusted(how: str) -> None:
     w = watching(trusted=how != "not trusted")

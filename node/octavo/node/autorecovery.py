@@ -159,9 +159,12 @@ class AutoRecovery:
             # round.
             watch = asyncio.create_task(self.wakeups.watch(client.etcd, self.watched(client.metadata_store.layout)),
                                         name="octavo-autorecovery-watch")
+            auditor_key = client.metadata_store.layout.auditor
             try:
                 await asyncio.gather(
-                    self._on_change("the auditor", lambda: self._audit(client, marks), self._auditor_due),
+                    # Not the auditor, its pass only tries the election: only the auditor key's delete wakes it.
+                    self._on_change("the auditor", lambda: self._audit(client, marks), self._auditor_due,
+                                    lambda key: self.auditor.is_auditor or key == auditor_key),
                     self._on_change("replication", work, self._work_due),
                     self._every_tick("the replicas check", lambda: self.replicas.tick(
                         client, self.auditor.is_auditor, time.monotonic()), self.replicas.next_due),
@@ -204,10 +207,10 @@ class AutoRecovery:
         self.auditor.is_auditor = is_auditor
 
     async def _on_change(self, what: str, step: Callable[[], Awaitable[None]],
-                         due: Callable[[float], float | None]) -> None:
+                         due: Callable[[float], float | None], wants: Callable[[bytes], bool] | None = None) -> None:
         """A loop woken by the watch (module docstring; `due(began)`: its next due time after a pass that began
-        then)."""
-        self.wakeups.register(what)  # a change during the first pass wakes it
+        then; `wants`: the changed keys that wake it, Wakeups.register)."""
+        self.wakeups.register(what, wants)  # a change during the first pass wakes it
         await self._passes(what, step, lambda began: self.wakeups.sleep(what, began, due(began)),
                            lambda began: self.wakeups.sleep(what, began, began + AUTORECOVERY_TICK_S))
 

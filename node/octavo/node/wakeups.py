@@ -7,7 +7,9 @@ ZooKeeper watches instead; these wait on one etcd watch stream per bookie over t
 (registrations, cookies, the auditor key, the marks, the replication locks).
 
 A loop's next pass starts at the earliest of:
-- a change under a watched range (any watched change wakes every loop: changes there are rare);
+- a change under a watched range that the loop wants (every change, unless it registered a filter: the
+  auditor's pass of a bookie that is not the auditor wants only the auditor key's delete, as it does nothing but
+  try the election);
 - its own next due time (a mark's retry, a missing bookie's delay running out, the next full audit);
 - `idle_s` after its last pass, a safety net for what no watch shows (this bookie turning writable again, a
   watch stream that stalls without breaking);
@@ -51,10 +53,14 @@ class Wakeups:
         self.watching = False
         self.changes_seen = 0
         self._events: dict[str, asyncio.Event] = {}
+        self._wants: dict[str, Callable[[bytes], bool]] = {}
 
-    def register(self, loop: str) -> None:
-        """Before `loop`'s first pass: a change from then on wakes it (wake_all sets the events that exist)."""
+    def register(self, loop: str, wants: Callable[[bytes], bool] | None = None) -> None:
+        """Before `loop`'s first pass: a change from then on wakes it (wake_all sets the events that exist), or
+        only a change of a key `wants` accepts (asked at the change, so it may depend on the loop's state)."""
         self._event(loop)
+        if wants is not None:
+            self._wants[loop] = wants
 
     def _event(self, loop: str) -> asyncio.Event:
         event = self._events.get(loop)
@@ -65,6 +71,13 @@ class Wakeups:
     def wake_all(self) -> None:
         for event in self._events.values():
             event.set()
+
+    def wake_for(self, keys: Sequence[bytes]) -> None:
+        """Wake the loops that want one of these changed keys."""
+        for loop, event in self._events.items():
+            wants = self._wants.get(loop)
+            if wants is None or any(wants(key) for key in keys):
+                event.set()
 
     async def sleep(self, loop: str, began: float, due: float | None = None) -> None:
         """Wait before `loop`'s next pass (its last one began at `began`, time.monotonic(); `due`: when it has
@@ -95,9 +108,11 @@ class Wakeups:
                         self.watching = True
                         attempt = 0
                         log.debug("autorecovery watch established")
-                        self.changes_seen += 1  # what changed in the gap is unknown: as if something had
+                        self.changes_seen += 1 + len(keys)  # what changed in the gap is unknown: as if something had
+                        self.wake_all()
+                        continue
                     self.changes_seen += len(keys)
-                    self.wake_all()  # established (changes in the gap are unknown) or changed
+                    self.wake_for(keys)
             except MetadataUnavailableError as e:
                 if self.watching:
                     log.warning("the autorecovery watch broke (%s): its loops run every %gs until it is back",
