@@ -202,6 +202,11 @@ class Txn:
         self.failure.append(rpc.RequestOp(request_range=rpc.RangeRequest(key=key)))
         return self
 
+    @property
+    def reads_only(self) -> bool:
+        """Every op is a read: the transaction changes nothing, so sending it again is safe."""
+        return all(op.WhichOneof("request") == "request_range" for op in (*self.success, *self.failure))
+
 
 class EtcdClient:
     """Use as an async context manager, or call close()."""
@@ -490,9 +495,11 @@ class EtcdClient:
 
     async def txn(self, txn: Txn, read_only: bool = False) -> tuple[bool, Any]:
         """Run a transaction; returns (succeeded, raw response). A transaction that writes is not retried (its
-        answer may be lost after it was applied: the caller decides); a `read_only` one is, like a get."""
+        answer may be lost after it was applied: the caller decides); one that only reads is, like a get (whether
+        or not the caller says `read_only`: a bookie's lookup of ledgers in one transaction was not retried)."""
         request = rpc.TxnRequest(compare=txn.compare, success=txn.success, failure=txn.failure)
-        resp = await self._call("transaction", lambda kv, _: kv.Txn(request, **self._opts), retry=read_only)
+        resp = await self._call("transaction", lambda kv, _: kv.Txn(request, **self._opts),
+                                retry=read_only or txn.reads_only)
         return bool(resp.succeeded), resp
 
     async def cas_put(self, key: bytes, value: bytes, expected_mod_revision: int, lease: int = 0) -> bool:
