@@ -6,8 +6,7 @@ timeouts, retries and failover are ours. (The older `etcd3` package fails on cur
 
 Every call waits for its channel to be ready, up to its timeout: a call made while etcd restarts succeeds once
 it is back instead of failing at once. Failover: on UNAVAILABLE or a deadline the client moves to the next
-endpoint and, for reads, retries there (up to one pass over the endpoints, and once more after a short pause
-when the connection broke under the read). A failed transaction is not retried here:
+endpoint and, for reads, retries there (one pass over the endpoints; BROKEN_READ_RESENDS). A failed write is not:
 whether it applied is unknown, so the caller re-reads and decides (every metadata update is a CAS, so a
 repeated one cannot overwrite anything).
 """
@@ -57,8 +56,8 @@ CHANNEL_OPTIONS = [
     ("grpc.dns_min_time_between_resolutions_ms", DNS_RESOLUTION_INTERVAL_MS_MIN),
 ]
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-BROKEN_READ_RESENDS = 1
-BROKEN_READ_PAUSE_S = 0.1
+# A read that got UNAVAILABLE though it waits for a ready channel (its connection broke) is sent again, after a pause.
+BROKEN_READ_RESENDS, BROKEN_READ_PAUSE_S = 1, 0.1
 # Before the first call succeeds, every endpoint gets a plain TCP connect of at most this long: if each one is
 # refused or cannot be resolved, the call fails at once with that reason instead of waiting out its timeout.
 PROBE_TIMEOUT_S = 1.0
@@ -203,8 +202,7 @@ class Txn:
         return self
 
     @property
-    def reads_only(self) -> bool:
-        """Every op is a read: the transaction changes nothing, so sending it again is safe."""
+    def reads_only(self) -> bool:  # every op reads: the transaction changes nothing, sending it again is safe
         return all(op.WhichOneof("request") == "request_range" for op in (*self.success, *self.failure))
 
 
@@ -295,9 +293,7 @@ class EtcdClient:
         if self.auth.username and not self._token:
             await self._authenticate()
         attempts = len(self.endpoints) if retry else 1
-        # A read whose connection broke under it (UNAVAILABLE although the call waits for a ready channel: etcd
-        # restarted, "Stream removed") is sent once more after a short jittered pause, even to a lone endpoint.
-        resends = BROKEN_READ_RESENDS if retry else 0
+        resends = BROKEN_READ_RESENDS if retry else 0  # a read whose connection broke under it: once more
         last: grpc.aio.AioRpcError | None = None
         reauthenticated = False
         attempt = 0
@@ -495,11 +491,10 @@ class EtcdClient:
 
     async def txn(self, txn: Txn, read_only: bool = False) -> tuple[bool, Any]:
         """Run a transaction; returns (succeeded, raw response). A transaction that writes is not retried (its
-        answer may be lost after it was applied: the caller decides); one that only reads is, like a get (whether
-        or not the caller says `read_only`: a bookie's lookup of ledgers in one transaction was not retried)."""
+        answer may be lost after it was applied: the caller decides); one that only reads is, like a get."""
         request = rpc.TxnRequest(compare=txn.compare, success=txn.success, failure=txn.failure)
-        resp = await self._call("transaction", lambda kv, _: kv.Txn(request, **self._opts),
-                                retry=read_only or txn.reads_only)
+        retry = read_only or txn.reads_only
+        resp = await self._call("transaction", lambda kv, _: kv.Txn(request, **self._opts), retry=retry)
         return bool(resp.succeeded), resp
 
     async def cas_put(self, key: bytes, value: bytes, expected_mod_revision: int, lease: int = 0) -> bool:
