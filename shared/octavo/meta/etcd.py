@@ -6,7 +6,7 @@ timeouts, retries and failover are ours. (The older `etcd3` package fails on cur
 
 Every call waits for its channel to be ready, up to its timeout: a call made while etcd restarts succeeds once
 it is back instead of failing at once. Failover: on UNAVAILABLE or a deadline the client moves to the next
-endpoint and, for reads, retries there (one pass over the endpoints; BROKEN_READ_RESENDS). A failed write is not:
+endpoint and, for reads, retries there (a pass over the endpoints; BROKEN_READ_PAUSE_S). A failed write is not:
 whether it applied is unknown, so the caller re-reads and decides (every metadata update is a CAS, so a
 repeated one cannot overwrite anything).
 """
@@ -56,8 +56,7 @@ CHANNEL_OPTIONS = [
     ("grpc.dns_min_time_between_resolutions_ms", DNS_RESOLUTION_INTERVAL_MS_MIN),
 ]
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-# A read that got UNAVAILABLE though it waits for a ready channel (its connection broke) is sent again, after a pause.
-BROKEN_READ_RESENDS, BROKEN_READ_PAUSE_S = 1, 0.1
+BROKEN_READ_PAUSE_S, BROKEN_READ_PAUSE_S_MAX = 0.05, 1.0  # a read resent while its timeout lasts (_call)
 # Before the first call succeeds, every endpoint gets a plain TCP connect of at most this long: if each one is
 # refused or cannot be resolved, the call fails at once with that reason instead of waiting out its timeout.
 PROBE_TIMEOUT_S = 1.0
@@ -293,7 +292,8 @@ class EtcdClient:
         if self.auth.username and not self._token:
             await self._authenticate()
         attempts = len(self.endpoints) if retry else 1
-        resends = BROKEN_READ_RESENDS if retry else 0  # a read whose connection broke under it: once more
+        now = asyncio.get_running_loop().time
+        resend_until = now() + self.timeout_s if retry else 0.0  # UNAVAILABLE though waiting for ready: broken
         last: grpc.aio.AioRpcError | None = None
         reauthenticated = False
         attempt = 0
@@ -322,10 +322,10 @@ class EtcdClient:
                 last = e
                 attempt += 1
                 await self._fail_over()
-                if attempt == attempts and resends > 0 and e.code() == grpc.StatusCode.UNAVAILABLE:
-                    resends -= 1
+                pause = backoff_s(attempt - len(self.endpoints), BROKEN_READ_PAUSE_S, BROKEN_READ_PAUSE_S_MAX)
+                if attempt == attempts and e.code() == grpc.StatusCode.UNAVAILABLE and now() + pause < resend_until:
                     attempts += 1
-                    await asyncio.sleep(backoff_s(0, BROKEN_READ_PAUSE_S, BROKEN_READ_PAUSE_S))
+                    await asyncio.sleep(pause)
         assert last is not None
         raise MetadataUnavailableError(
             f"etcd unavailable ({', '.join(self.endpoints)}) for {what}: {last.code().name}: {last.details()}"
