@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,10 @@ async def test_a_read_whose_connection_breaks_under_it_is_sent_again_to_a_lone_e
             await client.put(b"k", b"v")
             assert proc.proc is not None
             os.kill(proc.proc.pid, signal.SIGSTOP)
+            stopped_by = time.monotonic() + 10
+            while _state(proc.proc.pid) != "T":  # really frozen before the read goes out (CI once saw it answered)
+                assert time.monotonic() < stopped_by, "etcd did not stop on SIGSTOP"
+                await asyncio.sleep(0.01)
             async def read_value() -> bytes | None:
                 if how == "get":
                     kv = await client.get(b"k")
@@ -50,4 +55,12 @@ async def test_a_read_whose_connection_breaks_under_it_is_sent_again_to_a_lone_e
                 raise AssertionError(f"the read was not sent again after its connection broke: {e}") from e
             assert value == b"v"
     finally:
+        if proc.proc is not None and proc.proc.poll() is None:
+            os.kill(proc.proc.pid, signal.SIGCONT)  # a frozen etcd would not stop on SIGTERM
         proc.stop()
+
+
+def _state(pid: int) -> str:
+    """The process's state letter in /proc (T: stopped)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
