@@ -190,6 +190,9 @@ def roll(local_kube: LocalKube, change: dict[str, Any], completed_before: int) -
             f"{k.pod_status()}")
         time.sleep(0.25)
     seen["replacements"] = {n: len(u) - 1 for n, u in uids.items() if n in names}
+    # Said now, not as a missing Event a minute later (a CI run: a poll showed the generation before its roll).
+    assert not seen["early_generation"] and not seen["not_replaced_at_generation"], (
+        f"observedGeneration moved before the roll ended: {seen}")
     seen["ended"] = time.monotonic()
     seen["started"] = started
     completed = local_kube.eventually(

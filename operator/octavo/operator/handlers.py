@@ -21,6 +21,7 @@ is given.
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import json
 import logging
@@ -227,6 +228,13 @@ async def apply_owned(kube: Kube, owner: Mapping[str, Any], objects: list[dict[s
     return Applied(changed, current)
 
 
+def frozen(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The object as it is now, for one handler run to read throughout. kopf gives timers a live body, replaced
+    in place whenever a watch event arrives: a poll that read the spec before a change and the generation after
+    it built the old spec under the new generation, and showed that generation as rolled out."""
+    return copy.deepcopy(dict(body))
+
+
 async def reconcile(config: OperatorConfig, state: OperatorState, name: str, namespace: str,
                     body: Mapping[str, Any], status: Mapping[str, Any], patch: kopf.Patch, poll: bool) -> None:
     with state.metrics.reconciling("poll" if poll else "change") as outcome:
@@ -240,6 +248,8 @@ async def _reconcile(config: OperatorConfig, state: OperatorState, name: str, na
     could: it is still polled, forced read-only and compacted in its windows)."""
     kube = state.kube
     async with state.lock((namespace, name)):
+        body = frozen(body)
+        status = body.get("status") or {}
         now = state.now()
         raw = dict(body.get("spec") or {})
         try:
@@ -485,6 +495,8 @@ async def policy_status(state: OperatorState, name: str, namespace: str, body: M
                         status: Mapping[str, Any], patch: kopf.Patch) -> None:
     """The policy's status: valid or why not, the window open now or the next one, and per cluster using it
     each bookie's last compaction run."""
+    body = frozen(body)
+    status = body.get("status") or {}
     now = state.now()
     old_conditions = status.get("conditions") or []
     generation = int(body.get("metadata", {}).get("generation") or 0)
