@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import octavo.client.dataset as ds
+import octavo.client.datasetstreams as datasetstreams
 from octavo.cli.localcluster import LocalCluster
 from octavo.client import Client
 from octavo.client.dataset import (
@@ -206,6 +207,48 @@ async def test_a_commit_whose_answer_was_lost_is_applied_once(cluster: LocalClus
         assert dropped and result.applied and result.version == 2
         manifest = await client.datasets.get("lost")
         assert [x.ledger_id for x in manifest.ledgers] == [1, 2]
+
+
+async def test_idle_streams_are_forgotten_and_a_dataset_keeps_a_bounded_number(cluster: LocalCluster,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The streams map lives in the head every commit reads: a stream idle for STREAM_IDLE_EXPIRY_S is forgotten
+    (a batch it replays after that lands again, as after a Kafka producer id's expiry), and a new stream beyond
+    STREAMS_MAX is refused with nothing committed. A head from before the times were kept counts its streams as
+    seen at its last update."""
+    day_ms = 86_400_000
+    async with Client(cluster.etcd_endpoint) as client:
+        store = client.datasets
+        for k, stream in enumerate(("old", "recent", "kept")):
+            await store.commit("streams", SCHEMA, [fake(10 + k)], stream=(stream, 1))
+        head = await store.head("streams")
+        assert set(head.stream_seen) == {"old", "recent", "kept"}
+        now = head.updated_unix_ms
+        head.stream_seen = {"old": now - 8 * day_ms, "recent": now - day_ms, "kept": now}
+        await client.etcd.put(store.key("streams"), head.encode())
+        result = await store.commit("streams", SCHEMA, [fake(20)], stream=("new", 5))
+        assert result.applied and result.head is not None
+        assert result.head.streams == {"recent": 1, "kept": 1, "new": 5}
+        assert result.head.stream_seen["recent"] == now - day_ms and result.head.stream_seen["new"] >= now
+        assert (await store.commit("streams", SCHEMA, [fake(21)], stream=("old", 1))).applied  # forgotten
+        assert not (await store.commit("streams", SCHEMA, [fake(22)], stream=("recent", 1))).applied  # a replay
+
+        # A head written before the times were kept, last updated 8 days ago: every stream but the committer's
+        # is forgotten at the next stream commit; one updated a day ago forgets none.
+        for age_days, left in ((1, {"old", "recent", "kept", "new", "again"}), (8, {"again"})):
+            head = await store.head("streams")
+            head.stream_seen, head.updated_unix_ms = {}, now - age_days * day_ms
+            await client.etcd.put(store.key("streams"), head.encode())
+            assert (await store.commit("streams", SCHEMA, [fake(30 + age_days)], stream=("again", age_days))).applied
+            assert set((await store.head("streams")).streams) == left
+
+        monkeypatch.setattr(datasetstreams, "STREAMS_MAX", 2)
+        await store.commit("streams", SCHEMA, [fake(40)], stream=("second", 1))
+        version = (await store.head("streams")).version
+        with pytest.raises(DatasetError, match="refuses stream 'third'.*STREAMS_MAX"):
+            await store.commit("streams", SCHEMA, [fake(41)], stream=("third", 1))
+        assert (await store.head("streams")).version == version
+        assert 41 not in [x.ledger_id for x in (await store.get("streams")).ledgers]
+        assert (await store.commit("streams", SCHEMA, [fake(42)], stream=("second", 2))).applied
 
 
 # -- the format before 2 -----------------------------------------------------------------------------------

@@ -25,7 +25,8 @@ and the records before the previous checkpoint are deleted.
 Modes: append, overwrite, error-if-exists, ignore, and `replace` (compaction: swap exactly these ledgers for
 new ones). A commit that loses a race reads the new head and tries again, with backoff, until it lands
 (appends commute); only a real conflict fails it. A streaming batch records its batch id in the head in the
-same transaction; a batch id at or below the stream's last one is a replay and is dropped (exactly once).
+same transaction; a batch id at or below the stream's last one is a replay and is dropped (exactly once). A
+stream idle for 7 days is forgotten, and a dataset keeps at most 10,000 (datasetstreams.py).
 
 Ledgers that leave the dataset (overwrite, replace) are **retired**, not deleted: they stay readable for the
 dataset's retention period (a read planned before the swap still finishes), then orphan collection deletes
@@ -50,6 +51,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from octavo.client.arguments import check_float, check_instance, check_int, check_str, type_name
+from octavo.client.datasetstreams import remember_stream
 from octavo.meta.errors import MetadataUnavailableError, NoSuchLedgerError, OctavoError
 from octavo.meta.etcd import EtcdClient, Txn, prefix_end
 from octavo.meta.layout import Layout
@@ -191,6 +193,7 @@ class DatasetHead:
     schema_version: int = 0
     retention_s: float = RETIRED_RETENTION_S_DEFAULT
     format: int = FORMAT
+    stream_seen: dict[str, int] = field(default_factory=dict)  # stream id -> its last commit, unix ms
 
     @property
     def last_seq(self) -> int:
@@ -663,8 +666,8 @@ class DatasetStore:
             new.payload_bytes += (sum(x.bytes for x in added)
                                   - (sum(x.bytes for x in removed) if op == "replace" else 0))
             new.ledger_count += len(added) - (len(removed) if op == "replace" else 0)
-            if stream is not None:
-                new.streams[stream[0]] = stream[1]
+            if stream is not None and (refused := remember_stream(new, stream, now, head)):
+                raise DatasetError(f"dataset {name!r} refuses stream {stream[0]!r}: {refused}")
             schema_changed = head is None or new.schema != head.schema
             # What `octavo dataset history` shows, and the schema when it changed (a time-travel read needs it).
             record: dict[str, Any] = {"v": new.version, "t": token, "ms": now, "op": op, "seq": seq0,
@@ -1049,11 +1052,8 @@ class _Retry(Exception):
 def _successor(head: DatasetHead | None, name: str, schema: str, key_column: str, now: int) -> DatasetHead:
     if head is None:
         return DatasetHead(name, schema, key_column, version=1, created_unix_ms=now, updated_unix_ms=now)
-    new = DatasetHead(**{**asdict(head), "streams": dict(head.streams)})
-    new.version += 1
-    new.updated_unix_ms = now
-    if key_column and not new.key_column:
-        new.key_column = key_column
+    new = DatasetHead(**asdict(head))  # asdict copies the streams' maps
+    new.version, new.updated_unix_ms, new.key_column = new.version + 1, now, new.key_column or key_column
     return new
 
 
