@@ -38,9 +38,10 @@ def test_an_invalid_spec_is_reported_whole_and_the_cluster_and_policies_delete(l
         for plural, name in (("compactionpolicies", "unused"), ("compactionpolicies", "nightly"),
                              ("bookieclusters", "bad")):
             k.delete(API, plural, name)
-            # kopf holds a finalizer on objects with timers and releases it once their timer stopped: a poll
-            # running at the delete finishes first (a clean-clone CI run saw the policy take over 30 s).
-            eventually(lambda plural=plural, name=name: k.get(API, plural, name) is None, 90,
+            # kopf holds a finalizer on objects with timers and releases it once their timer stopped; a timer
+            # mid-run at the delete was checked again 60 s later (a CI run saw a policy take over 30 s) before
+            # the operator set kopf's cancellation_polling to 1 s.
+            eventually(lambda plural=plural, name=name: k.get(API, plural, name) is None, 30,
                        f"{plural}/{name} deleted")
 
 

@@ -95,6 +95,9 @@ async def configure(config: OperatorConfig, state: OperatorState, settings: kopf
     settings.posting.reporting_component = "octavo-operator"
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    # A deleted object's timer that is mid-run when the delete comes is checked again after this (kopf: 60 s),
+    # and the finalizer waits for it: a CompactionPolicy took over 30 s to go.
+    settings.background.cancellation_polling = 1.0
     state.connect(config)
     if config.metrics_port >= 0 and state.telemetry.endpoint is None:
         tls = None
