@@ -18,10 +18,11 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 
 from octavo.meta.errors import MetadataUnavailableError
-from octavo.meta.ledger_metadata import META_DATASET, LedgerMetadata
+from octavo.meta.ledger_metadata import META_DATASET
 from octavo.node.drain import Drain
 from octavo.node.entrylist import list_entries
 from octavo.node.errors import Code, StorageError, WriteCacheFull
+from octavo.node.ledgertrust import LedgerTrust
 from octavo.node.lookups import LedgerLookups
 from octavo.node.registration import Registration
 from octavo.node.requeststats import RequestStats
@@ -37,8 +38,6 @@ from octavo.v1.wire import encode_read_response
 
 log = logging.getLogger(__name__)
 
-# Ledgers remembered as not open (see BookieService._not_open): 8 bytes of id and ~100 of dict slot each.
-NOT_OPEN_LEDGERS_MAX = 100_000
 # Ledgers remembered as write-closed, for tailing reads (an advisory hint: readers check etcd).
 WRITE_CLOSED_LEDGERS_MAX = 100_000
 
@@ -48,13 +47,10 @@ class BookieService(pb_grpc.BookieServicer):
         self.storage = storage
         self.config = storage.config
         self.registration = registration
-        # Ledgers etcd says are not open (IN_RECOVERY or CLOSED), with the master key etcd records (b"": none):
-        # adds without the recovery flag are refused, recovery adds need that key. Bounded by
-        # NOT_OPEN_LEDGERS_MAX, the oldest forgotten first (a forgotten one is looked up again).
-        self._not_open: dict[int, bytes] = {}
-        # First contacts with a ledger are checked in etcd, grouped (lookups.py); None without etcd.
-        self.lookups = LedgerLookups(registration.etcd, registration.store.layout) if registration is not None \
-            else None
+        # First contacts with a ledger are checked in etcd (ledgertrust.py), grouped (lookups.py); None without
+        # etcd.
+        self.trust = None if registration is None else LedgerTrust(
+            LedgerLookups(registration.etcd, registration.store.layout), registration.bookie_id)
         self._write_closed: dict[int, None] = {}
         self.tail_waiters = TailWaiters(storage.config.long_poll_waiters_max)
         self.stats = RequestStats()
@@ -165,9 +161,9 @@ class BookieService(pb_grpc.BookieServicer):
             self._refuse_new_ledgers_unregistered(batches, results)
         unknown = [i for i in self._needing_lookup(batches) if results[i] is None]
         if unknown:  # looked up concurrently: a request may open many ledgers at once
-            refusals = await asyncio.gather(*(self._check_unknown_ledger(batches[i].ledger_id, batches[i].master_key,
-                                                                         batches[i].recovery)
-                                              for i in unknown))
+            assert self.trust is not None
+            refusals = await asyncio.gather(*(self.trust.first_add(batches[i].ledger_id, batches[i].master_key,
+                                                                   batches[i].recovery) for i in unknown))
             for i, refused in zip(unknown, refusals, strict=True):
                 if refused is not None:
                     results[i] = ([refused[0]] * len(batches[i].entry_ids), refused[1])
@@ -243,53 +239,6 @@ class BookieService(pb_grpc.BookieServicer):
             return []
         known = self.storage.ledger_state
         return [i for i, b in enumerate(batches) if known(b.ledger_id) is None]
-
-    async def _first_contact(self, ledger_id: int, master_key: bytes) -> tuple[Code, str] | LedgerMetadata:
-        """A ledger this bookie holds no state for, as etcd has it, before anything is bound to its id here: the
-        refusal if etcd does not have it (never created, or deleted) or records another master key, else its
-        metadata. A bookie takes nothing on faith for an id the cluster did not create: an id squatted with
-        another key would refuse the real writer's adds and the recovery open's fence."""
-        if ledger_id < 0:
-            return pb.INVALID, f"ledger id must be non-negative, got {ledger_id}"
-        assert self.lookups is not None
-        try:
-            meta = await self.lookups.get(ledger_id)
-        except MetadataUnavailableError as e:
-            return pb.INTERNAL, f"cannot check ledger {ledger_id} in etcd before acting on it here: {e}"
-        if meta is None:
-            return pb.NO_SUCH_LEDGER, f"ledger {ledger_id} does not exist in the cluster metadata"
-        # Metadata written before master_key_hex existed has none: its key cannot be checked here.
-        if meta.master_key_hex and bytes.fromhex(meta.master_key_hex) != master_key:
-            return pb.UNAUTHORIZED, f"wrong master key for ledger {ledger_id} (not the one etcd records for it)"
-        return meta
-
-    async def _check_unknown_ledger(self, ledger_id: int, master_key: bytes,
-                                    recovery: bool) -> tuple[Code, str] | None:
-        """The first add here to a ledger: etcd must have it with this master key (_first_contact); an add from
-        its writer needs it OPEN in etcd (a ledger being recovered or closed never takes one, whatever this
-        bookie remembers or forgot) and this bookie in its ensembles. A recovery add (a recovery open
-        re-replicating a tail, or a re-replication copy to a replacement, made BEFORE the CAS that names it)
-        needs only the key."""
-        assert self.registration is not None
-        expected = self._not_open.get(ledger_id)
-        if expected is None:
-            found = await self._first_contact(ledger_id, master_key)
-            if isinstance(found, tuple):
-                return found
-            if recovery:
-                return None
-            if self.registration.bookie_id not in {b for _, bookies in found.ensembles for b in bookies}:
-                return pb.INVALID, f"bookie {self.registration.bookie_id} is not in ledger {ledger_id}'s ensembles"
-            if found.state == "OPEN":
-                return None
-            self._not_open[ledger_id] = bytes.fromhex(found.master_key_hex) if found.master_key_hex else b""
-            if len(self._not_open) > NOT_OPEN_LEDGERS_MAX:
-                del self._not_open[next(iter(self._not_open))]
-        elif expected and expected != master_key:
-            return pb.UNAUTHORIZED, f"wrong master key for ledger {ledger_id} (not the one etcd records for it)"
-        if recovery:
-            return None
-        return pb.FENCED, f"ledger {ledger_id} is being recovered or is closed (etcd): adds from its writer are refused"
 
     async def ReadEntries(self, request: pb.ReadRequest, context: grpc.aio.ServicerContext) -> pb.ReadResponse:
         t0 = time.perf_counter()
@@ -376,10 +325,10 @@ class BookieService(pb_grpc.BookieServicer):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(request.wait_ms, cfg.long_poll_wait_ms_max) / 1000
         storage = self.storage
-        if self.lookups is not None and storage.ledger_state(ledger_id) is None:
+        if self.trust is not None and storage.ledger_state(ledger_id) is None:
             # A reader may wait here for a ledger's first entries, but not for an id etcd never gave out.
             try:
-                exists = await self.lookups.get(ledger_id) is not None
+                exists = await self.trust.exists(ledger_id)
             except MetadataUnavailableError as e:
                 return pb.ReadResponse(ledger_id=ledger_id, error=pb.UNKNOWN, last_add_confirmed=-1, error_message=(
                     f"cannot check ledger {ledger_id} in etcd: {e}"))
@@ -427,10 +376,10 @@ class BookieService(pb_grpc.BookieServicer):
         if self.tenants is not None and (denied := await self._denied(context, request.ledger_id)):
             return pb.ReadLacResponse(code=pb.PERMISSION_DENIED, message=denied, last_add_confirmed=-1,
                                       last_entry_id=-1)
-        if request.fence and request.master_key and self.lookups is not None \
+        if request.fence and request.master_key and self.trust is not None \
                 and self.storage.ledger_state(request.ledger_id) is None:
             # A fence binds the ledger's id and key here: only for a ledger etcd has, with its key.
-            found = await self._first_contact(request.ledger_id, request.master_key)
+            found = await self.trust.first_contact(request.ledger_id, request.master_key)
             if isinstance(found, tuple):
                 return pb.ReadLacResponse(code=found[0], message=found[1], last_add_confirmed=-1, last_entry_id=-1)
         try:

@@ -234,11 +234,16 @@ class BookieServer:
             while True:
                 try:
                     async for keys in registration.etcd.watch_deletes(layout.ledgers, position):
-                        pending.update(layout.ledger_id_of(k) for k in keys)
+                        deleted = [layout.ledger_id_of(k) for k in keys]
+                        if self.service is not None and self.service.trust is not None:
+                            self.service.trust.forget(deleted)  # also those this bookie holds nothing of
+                        pending.update(deleted)
                         arrived.set()
                 except EtcdCompactedError as e:
                     log.warning("watch on deleted ledgers: %s; watching from now, and a GC pass looks for the "
                                 "ledgers deleted meanwhile", e)
+                    if self.service is not None and self.service.trust is not None:
+                        self.service.trust.forget_all()  # a delete in the gap may be of one it remembers
                     try:
                         position.revision = await registration.etcd.revision()  # the new watch starts here
                         await self.collect_garbage()  # so the scan covers every delete before it

@@ -60,6 +60,8 @@ class _ResultCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ResultCode
     """a named limit on concurrent requests was reached (see the message): retry later"""
     PERMISSION_DENIED: _ResultCode.ValueType  # 13
     """this client's identity may not touch this ledger (tenant_prefixes; see the message)"""
+    UNAVAILABLE: _ResultCode.ValueType  # 14
+    """the bookie cannot check the ledger's metadata now (etcd unavailable): retry this bookie"""
 
 class ResultCode(_ResultCode, metaclass=_ResultCodeEnumTypeWrapper):
     """The outcome of one entry (or one ledger operation). Stable numbers: clients switch on them."""
@@ -91,6 +93,8 @@ BUSY: ResultCode.ValueType  # 12
 """a named limit on concurrent requests was reached (see the message): retry later"""
 PERMISSION_DENIED: ResultCode.ValueType  # 13
 """this client's identity may not touch this ledger (tenant_prefixes; see the message)"""
+UNAVAILABLE: ResultCode.ValueType  # 14
+"""the bookie cannot check the ledger's metadata now (etcd unavailable): retry this bookie"""
 Global___ResultCode: _TypeAlias = ResultCode  # noqa: Y015
 
 class _BookieMode:
