@@ -26,7 +26,6 @@ append_many, append_nowait, SyncWriteHandle's queue) is admitted by one rule (ad
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import time
@@ -37,8 +36,9 @@ from typing import Any
 from octavo.client.admission import admit, ensemble_entry_limit, has_room, refusal
 from octavo.client.arguments import check_entry_list, check_str_map
 from octavo.client.bookie_client import AddCallback, AddGroup, Refusal, add_group
+from octavo.client.closing import close_in_etcd
 from octavo.client.context import ClientContext
-from octavo.client.ensemble_change import ENSEMBLE_CHANGE_ATTEMPTS_MAX, EnsembleChanges
+from octavo.client.ensemble_change import EnsembleChanges
 from octavo.client.quorums import AckMarks
 from octavo.client.refusals import refusal_error
 from octavo.client.scheduler import LAC_UPDATE_DELAY_S
@@ -48,8 +48,7 @@ from octavo.meta.errors import (
     LedgerFencedError,
     OctavoError,
 )
-from octavo.meta.ledger_metadata import CLOSED, CUSTOM_METADATA_BYTES_MAX, OPEN, LedgerMetadata, write_set
-from octavo.meta.retry import CasRetry
+from octavo.meta.ledger_metadata import CUSTOM_METADATA_BYTES_MAX, LedgerMetadata, write_set
 from octavo.v1 import bookie_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -504,6 +503,9 @@ class WriteHandle:
     def largest_pending_entry(self) -> int:
         return max(map(len, self._data), default=0)
 
+    def _adopt(self, metadata: LedgerMetadata, revision: int) -> None:
+        self.metadata, self._revision = metadata, revision
+
     def adopt_metadata(self, metadata: LedgerMetadata, revision: int) -> None:
         self.metadata, self._revision = metadata, revision
         self._entry_limit, self._entry_limit_by = ensemble_entry_limit(
@@ -555,35 +557,15 @@ class WriteHandle:
         async with self._changes.lock:
             if self._error is not None:
                 raise self._error
-            await self._close_in_etcd()
+            try:
+                await close_in_etcd(self._client.metadata_store, self.metadata, self._revision, self._lac,
+                                    self._length, self._close_metadata, self._adopt)
+            except LedgerFencedError:
+                self._closed = True
+                raise
             self._closed = True
         for bookie_id in self.metadata.last_ensemble:
             self._write_close(bookie_id)
-
-    async def _close_in_etcd(self) -> None:
-        """CAS the metadata to CLOSED with the last entry and length. Called with the changes' lock held, so no
-        change of ours moves the revision under it: a lost CAS means another party wrote the ledger (a recovery
-        open: LedgerFencedError; anything else that left it OPEN: close on top of what it wrote)."""
-        store = self._client.metadata_store
-        retry = CasRetry(f"ledger {self.ledger_id}: the close", ENSEMBLE_CHANGE_ATTEMPTS_MAX)
-        while True:
-            closed = self.metadata.with_state(CLOSED, last_entry_id=self._lac, length=self._length)
-            if self._close_metadata is not None:
-                closed = dataclasses.replace(closed, custom_metadata=self._close_metadata)
-            revision = await store.update_ledger(closed, self._revision)
-            if revision is not None:
-                self.metadata, self._revision = closed, revision
-                return
-            current, current_revision = await store.read_ledger(self.ledger_id)
-            if current.state == CLOSED and current.last_entry_id == self._lac:
-                self.metadata, self._revision = current, current_revision
-                return
-            if current.state != OPEN:
-                self._closed = True
-                raise LedgerFencedError(f"ledger {self.ledger_id} is {current.state} in etcd (last entry "
-                                        f"{current.last_entry_id}): a recovery open took it over")
-            self.metadata, self._revision = current, current_revision
-            await retry.lost(f"revision {current_revision} ({current.state}, {len(current.ensembles)} segments)")
 
     def _write_close(self, bookie_id: str) -> None:
         """Queue the advisory write-close on the bookie's add stream; not waited for (bookie_client.py)."""
