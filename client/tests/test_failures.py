@@ -4,6 +4,7 @@ a bookie that lost its unsynced tail in a "power loss", etcd stopped."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import signal
@@ -22,6 +23,7 @@ from octavo.client import (
     RecoveryError,
     WriteHandle,
 )
+from octavo.meta.etcd import CALL_TIMEOUT_S
 from octavo.meta.ledger_metadata import CLOSED, master_key, write_set
 from octavo.node.files import LOGS_DIR
 from octavo.node.startup import BOOT_ID_ENV
@@ -367,6 +369,54 @@ def test_the_lac_stands_still_while_an_ensemble_change_is_in_flight(tmp_path: Pa
 
     with LocalCluster(str(tmp_path / "c"), bookies=4, bookie_args=BOOKIE_ARGS) as cluster:
         asyncio.run(scenario(cluster))
+
+
+def test_a_first_add_waits_out_an_etcd_outage_on_the_same_bookies(tmp_path: Path) -> None:
+    """A writer's first adds reach bookies new to its ledger while etcd is frozen for longer than the bookies'
+    etcd read resends (CALL_TIMEOUT_S): they cannot check the ledger, refuse UNAVAILABLE, and the writer sends
+    the adds to the same bookies again (resends.py) instead of replacing healthy bookies. Once etcd is back the
+    adds are acknowledged by the ensemble the ledger was created with, and every entry reads back."""
+    options = dataclasses.replace(FAST, add_timeout_s=30.0)
+
+    async def scenario(cluster: LocalCluster) -> None:
+        async with Client(cluster.etcd_endpoint, options=options) as client:
+            writer = await client.create_ledger(3, 3, 2, password=PW)
+            ledger, ensemble = writer.ledger_id, writer.metadata.last_ensemble
+            assert cluster.etcd is not None and cluster.etcd.proc is not None
+            pid = cluster.etcd.proc.pid
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                stopped_by = time.monotonic() + 10
+                while _process_state(pid) != "T":
+                    assert time.monotonic() < stopped_by, "etcd did not stop on SIGSTOP"
+                    await asyncio.sleep(0.01)
+                first = asyncio.ensure_future(writer.append_many([data(ledger, i) for i in range(20)]))
+                await asyncio.sleep(CALL_TIMEOUT_S + 3)  # past the bookies' lookups' own resends
+                assert not first.done() and writer.ensemble_changes == 0
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert await asyncio.wait_for(first, 30) == list(range(20))
+            assert await writer.append_many([data(ledger, i) for i in range(20, 40)]) == list(range(20, 40))
+            assert writer.ensemble_changes == 0 and writer.metadata.ensembles == ((0, ensemble),)
+            assert writer._resends.sent > 0, "no bookie refused the adds for the moment: etcd was not missed"
+            await quiet(writer)
+            for bookie_id in ensemble:  # Qw = E: every bookie of the ensemble has every entry
+                with BookieConnection(cluster.bookies[bookie_id].address) as conn:
+                    assert conn.read_all(ledger, 0, 39) == {e: (pb.OK, data(ledger, e)) for e in range(40)}
+            await writer.close()
+            assert (await client.ledger_metadata(ledger)).ensembles == ((0, ensemble),)
+            assert await read_back(client, ledger) == [data(ledger, i) for i in range(40)]
+
+    # A registration outlives the freeze: a lapsed one would refuse adds of new ledgers (READ_ONLY) by design.
+    with LocalCluster(str(tmp_path / "c"), bookies=4,
+                      bookie_args=[*BOOKIE_ARGS, "--registration-ttl-s", "60"]) as cluster:
+        asyncio.run(scenario(cluster))
+
+
+def _process_state(pid: int) -> str:
+    """The process's state letter in /proc (T: stopped)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 def test_etcd_stopped(tmp_path: Path) -> None:

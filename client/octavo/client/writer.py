@@ -18,8 +18,9 @@ fails the handle with a typed error carrying the bookie's message, and never cha
 are checked against the ensemble's own entry_size_bytes_max (from the bookies' registrations) before they get
 ids, so an entry too large for a bookie is refused by append() and the ledger goes on.
 A bookie that fails, refuses for its own state (READ_ONLY, INTERNAL, ...) or leaves a request unanswered for
-add_timeout_s (its stream then fails) is replaced (ensemble_change.py). A FENCED answer means a recovery open
-took the ledger over: every pending and later append fails with LedgerFencedError. Every way in (append,
+add_timeout_s (its stream then fails) is replaced (ensemble_change.py); one that refuses for the moment
+(UNAVAILABLE: etcd) gets its adds again after a pause, for a bounded time (resends.py). A FENCED answer means a
+recovery open took the ledger over: every pending and later append fails with LedgerFencedError. Every way in (append,
 append_many, append_nowait, SyncWriteHandle's queue) is admitted by one rule (admission.py).
 """
 
@@ -40,7 +41,8 @@ from octavo.client.closing import close_in_etcd
 from octavo.client.context import ClientContext
 from octavo.client.ensemble_change import EnsembleChanges
 from octavo.client.quorums import AckMarks
-from octavo.client.refusals import refusal_error
+from octavo.client.refusals import Action, judge
+from octavo.client.resends import Resends
 from octavo.client.scheduler import LAC_UPDATE_DELAY_S
 from octavo.meta.errors import (
     BookieUnavailableError,
@@ -95,6 +97,7 @@ class WriteHandle:
         self._closed = False
         self._changes = EnsembleChanges(client, self)
         self._changing = self._changes.changing  # the same set: read on every acknowledgement
+        self._resends = Resends(self._options.add_timeout_s, self._loop, self._resend, self._bookie_failed)
         self.outstanding_requests = 0  # bookie add calls sent and not yet answered
         self._lac_sent = -1
         self._lac_timer_armed = False
@@ -337,6 +340,8 @@ class WriteHandle:
             self._send(bookie, group._replace(trace_parent=trace_parent) if trace_parent else group)
 
     def _send(self, bookie_id: str, group: AddGroup) -> None:
+        if bookie_id in self._resends.paused:
+            return  # its resend carries every unacknowledged entry of its write sets (_resend)
         try:
             bookie = self._client.bookie_client(bookie_id)
         except BookieUnavailableError as e:
@@ -372,32 +377,24 @@ class WriteHandle:
             # If last <= LAC, the LAC is already past everything this answer vouches for.
             if self._acks.stored(bookie_id, last) and last > self._lac:
                 self._advance()
+            if self._resends.streaks:
+                self._resends.end(bookie_id)
             return
         if isinstance(result, BaseException):
             self._bookie_failed(bookie_id, str(result))
             return
         if self._closed:
             return  # a late answer after the close (a copy of an acknowledged entry): nothing depends on it
-        refused = ""
-        for eid, code in zip(group.entry_ids, result.codes, strict=False):
-            if code == pb.OK:
-                continue
-            if code == pb.FENCED:
-                if self._closed or eid <= self._lac:
-                    continue  # a late copy of an acknowledged entry, refused after the close: nothing is lost
-                self.fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced by a recovery open: no more "
-                                            "appends can be acknowledged"))
-                return
-            error = refusal_error(self.ledger_id, bookie_id, eid, code, result.message)
-            if error is not None:
-                log.warning("ledger %d: %s", self.ledger_id, error)
-                self.fail(error)
-                return
-            refused = f"{pb.ResultCode.Name(code)}: {result.message}"  # type: ignore[arg-type]
-        if refused:
-            self._bookie_failed(bookie_id, f"refused adds: {refused}")
-            return
-        if self._acks.stored(bookie_id, group.entry_ids[-1]):
+        judged = judge(self.ledger_id, bookie_id, group.entry_ids, result.codes, result.message, self._lac)
+        if judged.action is Action.FAIL:
+            assert judged.error is not None
+            self.fail(judged.error)
+        elif judged.action is Action.RESEND:
+            self._new_epoch(bookie_id)  # what it was sent no longer counts; its mark stays (it stored up to it)
+            self._resends.refused(bookie_id, judged.reason)
+        elif judged.action is Action.REPLACE:
+            self._bookie_failed(bookie_id, judged.reason)
+        elif self._acks.stored(bookie_id, group.entry_ids[-1]):
             self._advance()
 
     def _advance(self) -> None:
@@ -516,12 +513,22 @@ class WriteHandle:
         acknowledged whose write set now has it goes to it (entries not flushed yet go with their flush)."""
         self._new_epoch(replacement)
         self._acks.replaced(failed, replacement, self._lac)
+        self._send_unacknowledged(replacement)
+
+    def _send_unacknowledged(self, bookie_id: str) -> None:
         base = self._lac + 1
         meta = self.metadata
-        ids = [e for e in range(base, self._sent_to) if replacement in meta.write_set_bookies(e)]
+        ids = [e for e in range(base, self._sent_to) if bookie_id in meta.write_set_bookies(e)]
         if ids:
-            self._send(replacement, add_group(self.ledger_id, self._master_key, ids,
-                                              [self._data[e - base] for e in ids], self._lac))
+            self._send(bookie_id, add_group(self.ledger_id, self._master_key, ids,
+                                            [self._data[e - base] for e in ids], self._lac))
+
+    def _resend(self, bookie_id: str) -> None:
+        """The pause after a refusal for the moment is over (resends.py)."""
+        if self._client.closed or bookie_id in self._changing or self.change_not_needed(bookie_id):
+            self._resends.end(bookie_id)
+        else:
+            self._send_unacknowledged(bookie_id)
 
     def changed(self) -> None:
         self._advance()
