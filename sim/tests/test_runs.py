@@ -3,10 +3,13 @@ readers, recovery opens, deletes; then the checkers) finds no violation. `make s
 
 from __future__ import annotations
 
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+
 import pytest
 
 from octavo.sim.run import WORKLOAD_S, Outcome, keep_arg, run_seed
-from octavo.sim.seeds import base_dir
+from octavo.sim.seeds import _worker_start, base_dir
 from octavo.sim.shrink import shrink
 
 # Seeds the CI smoke run checks, with a shorter workload than `make sim` (3 virtual seconds of faults and
@@ -30,6 +33,22 @@ def test_a_seed_replays_event_for_event() -> None:
     assert first.faults > 0 and first.acked > 0
     assert first.history == second.history
     assert first.digest == second.digest
+
+
+def _digests(seeds: list[int]) -> list[str]:
+    return [run_seed(seed, SMOKE_WORKLOAD_S, base_dir()).digest for seed in seeds]
+
+
+def test_a_seed_replays_alone_and_after_other_seeds() -> None:
+    """A worker process of `make sim` (seeds.py: its GC settings, whatever earlier seeds left in the process) gives
+    a seed the same history whether it is the process's first seed or comes after others."""
+    fork = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(1, mp_context=fork, initializer=_worker_start) as alone:
+        first = alone.submit(_digests, [1004]).result()
+    with ProcessPoolExecutor(1, mp_context=fork, initializer=_worker_start) as after:
+        later = after.submit(_digests, [1001, 1007, 1004]).result()
+    assert len(set(later)) == 3
+    assert first == later[-1:]
 
 
 def test_a_takeover_fences_its_holder_through_a_rolling_restart() -> None:
