@@ -13,6 +13,7 @@ import contextvars
 import heapq
 import itertools
 import selectors
+from asyncio import format_helpers
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -125,8 +126,25 @@ class VirtualLoop(asyncio.SelectorEventLoop):
             ready.append(timer)
         for _ in range(len(ready)):
             handle = ready.popleft()
-            if not handle._cancelled:
-                handle._run()
+            if handle._cancelled:
+                continue
+            # Handle._run inlined (one Python call less for each of about 8,000 callbacks a seed); an exception
+            # goes to the loop's exception handler with the context Handle._run gives it.
+            try:
+                handle._context.run(handle._callback, *handle._args)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self._callback_failed(handle, exc)
+
+    def _callback_failed(self, handle: asyncio.Handle, exc: BaseException) -> None:
+        """What asyncio's Handle._run does with a callback's exception."""
+        source = format_helpers._format_callback_source(handle._callback, handle._args)  # type: ignore[attr-defined]
+        context: dict[str, Any] = {"message": f"Exception in callback {source}", "exception": exc, "handle": handle}
+        source_traceback = getattr(handle, "_source_traceback", None)
+        if source_traceback:
+            context["source_traceback"] = source_traceback
+        self.call_exception_handler(context)
 
     def _livelock(self) -> Stuck:
         ready = sorted({_where(h) for h in self._ready})[:12]  # type: ignore[attr-defined]

@@ -107,6 +107,7 @@ class Network:
         self.hosts: dict[str, Host] = {}
         self.addresses: dict[str, str] = {}  # address -> node name
         self.links: dict[tuple[str, str], Link] = {}
+        self._directed: dict[tuple[str, str], Link] = {}  # (src, dst) in either order -> its link in self.links
         self.default_link = Link()
         self.messages = 0
         self.crash_point: CrashPoint | None = None  # a client's named crash point (crashpoints.py), when armed
@@ -132,11 +133,14 @@ class Network:
         return host
 
     def link(self, src: str, dst: str) -> Link:
-        key = (min(src, dst), max(src, dst))
-        link = self.links.get(key)
+        link = self._directed.get((src, dst))
         if link is None:
-            link = self.links[key] = Link(self.default_link.latency_s_min, self.default_link.latency_s_max,
-                                          self.default_link.drop_ratio)
+            key = (min(src, dst), max(src, dst))
+            link = self.links.get(key)
+            if link is None:
+                link = self.links[key] = Link(self.default_link.latency_s_min, self.default_link.latency_s_max,
+                                              self.default_link.drop_ratio)
+            self._directed[(src, dst)] = link
         return link
 
     def down(self, node: str, why: str) -> None:
@@ -171,7 +175,8 @@ class Network:
         if link.drop_ratio and self.rng.random() < link.drop_ratio:
             self.history(f"drop {src}->{dst}")
             return None
-        return self.rng.uniform(link.latency_s_min, link.latency_s_max)
+        low = link.latency_s_min  # random.uniform(low, high) written out: the same draw, one call less
+        return low + (link.latency_s_max - low) * self.rng.random()
 
     def target(self, address: str) -> Host | None:
         node = self.addresses.get(address)
