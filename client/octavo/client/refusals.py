@@ -10,7 +10,6 @@ not about the bookie (it cannot check the ledger's metadata in etcd now): the sa
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from enum import Enum
 from typing import NamedTuple
@@ -25,8 +24,6 @@ from octavo.meta.errors import (
     WrongPasswordError,
 )
 from octavo.v1 import bookie_pb2 as pb
-
-log = logging.getLogger(__name__)
 
 
 class Action(Enum):
@@ -57,7 +54,6 @@ def judge(ledger_id: int, bookie_id: str, entry_ids: Sequence[int], codes: Seque
                 f"ledger {ledger_id} was fenced by a recovery open: no more appends can be acknowledged"))
         error = refusal_error(ledger_id, bookie_id, eid, code, message)
         if error is not None:
-            log.warning("ledger %d: %s", ledger_id, error)
             return Judgement(Action.FAIL, error)
         resend = resend and code == pb.UNAVAILABLE
         refused = f"{pb.ResultCode.Name(code)}: {message}"  # type: ignore[arg-type]

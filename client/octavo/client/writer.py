@@ -386,8 +386,9 @@ class WriteHandle:
         if self._closed:
             return  # a late answer after the close (a copy of an acknowledged entry): nothing depends on it
         judged = judge(self.ledger_id, bookie_id, group.entry_ids, result.codes, result.message, self._lac)
-        if judged.action is Action.FAIL:
-            assert judged.error is not None
+        if judged.error is not None:  # Action.FAIL
+            if not isinstance(judged.error, LedgerFencedError):
+                log.warning("ledger %d: %s", self.ledger_id, judged.error)
             self.fail(judged.error)
         elif judged.action is Action.RESEND:
             self._new_epoch(bookie_id)  # what it was sent no longer counts; its mark stays (it stored up to it)
