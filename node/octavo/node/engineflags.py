@@ -24,6 +24,9 @@ class EngineFlags:
         self.sync_failed_reason = ""
         # Observability (metrics.py): called with each flush's duration in seconds, from the flusher's thread.
         self.on_flush: Callable[[float], None] | None = None
+        # What the process does once a sync failed for good (synclost.py): the server exits; None (tests, the
+        # simulation's own handling) leaves the engine read-only with nothing flushed again.
+        self.on_sync_lost: Callable[[str], None] | None = None
 
     def set_read_only_reason(self, reason: str) -> None:
         """Refuse adds (not recovery adds) with `reason`; "" makes the bookie writable again."""
@@ -46,6 +49,12 @@ class EngineFlags:
             return
         self.sync_failed_reason = self.sync_failed_reason or f"the entry log's fdatasync failed ({error}); restart " \
                                                              "the bookie"
+        self.read_only_reason = self.read_only_reason or f"read-only: {self.sync_failed_reason}"
+
+    def note_flush_sync_failed(self, reason: str) -> None:
+        """The flusher's fsync of a rolled log (or of the logs directory) failed: sticky like a failed group sync
+        (synclost.py): adds are refused at once and nothing is flushed again in this process."""
+        self.sync_failed_reason = self.sync_failed_reason or reason
         self.read_only_reason = self.read_only_reason or f"read-only: {self.sync_failed_reason}"
 
     def set_flush_error(self, error: str) -> None:

@@ -3,7 +3,9 @@
 For each rolled log (Engine.flush_one): fsync the log and its directory -> commit its index entries and the
 dirty ledger rows in one synced index transaction -> write the recovery point past it. It also rolls an
 active log whose oldest unsynced record is older than log_roll_interval_ms. A failure is logged, kept for
-status, and retried with backoff; the log stays queued and adds wait once the write cache fills.
+status, and retried with backoff; the log stays queued and adds wait once the write cache fills. Except a failed
+sync (SyncLostError, synclost.py): never retried; the thread hands the reason to the engine's on_sync_lost (the
+server exits with EXIT_SYNC_LOST) and ends, the engine read-only.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import threading
 
 from octavo.node.engine import Engine
+from octavo.node.synclost import SyncLostError
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,12 @@ class Flusher:
                 self.step()
                 engine.set_flush_error("")
                 delay_ms = FLUSH_RETRY_DELAY_MS_MIN
+            except SyncLostError as e:  # a retry could succeed over dropped pages ("fsyncgate"): stop for good
+                engine.set_flush_error(f"{type(e).__name__}: {e}")
+                log.critical("background flush stopped: %s", e, extra={"event": "sync_lost"})
+                if engine.on_sync_lost is not None:
+                    engine.on_sync_lost(e.message)
+                return
             except Exception as e:  # keep flushing: a stuck flusher would stall every add (seed 000)
                 engine.set_flush_error(f"{type(e).__name__}: {e}")
                 log.exception("background flush failed; retrying in %d ms", delay_ms)

@@ -37,6 +37,7 @@ from octavo.node.registration import Registration
 from octavo.node.repair import TailRepair
 from octavo.node.rpc import limit_grpc_servicer_errors
 from octavo.node.storage import GcReport, Storage
+from octavo.node.synclost import exit_sync_lost
 from octavo.telemetry import Sampling, ServerTls, Telemetry, make_tracer_provider
 from octavo.v1 import bookie_pb2 as pb
 
@@ -430,6 +431,10 @@ async def serve(config: NodeConfig, ready_file: str | None = None) -> None:
         await node.stop()
         raise
     _tag_log_records("bookie_id", node.bookie_id)
+    if node.storage is not None:  # crash-only after a failed sync (synclost.py): also if it failed during start
+        node.storage.on_sync_lost = exit_sync_lost
+        if node.storage.sync_failed_reason:
+            exit_sync_lost(node.storage.sync_failed_reason)
     # Startup objects (modules, descriptors, the ledger table) live as long as the process: moved out of the
     # collector's reach, a full collection no longer walks them and stalls every add on this bookie.
     gc.collect()

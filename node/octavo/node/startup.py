@@ -41,6 +41,7 @@ from octavo.node.record import ENTRY_ID_COMPACTED_FROM, ENTRY_ID_FENCE, ENTRY_ID
 from octavo.node.recovery import LogScan, apply_scan, scan_log
 from octavo.node.recoverypoint import RecoveryPoint
 from octavo.node.startup_cases import Action, Kind, needs_scan, recovery_point_to_use
+from octavo.node.synclost import SYNC_LOST_KEY
 from octavo.v1 import bookie_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ def take_dir_lock(data_dir: str) -> int:
 class Identity:
     state: NodeState
     fresh: bool            # this start created the data directory's identity
-    tail_maybe_lost: bool  # the last stop was unclean and crossed a reboot
+    tail_maybe_lost: bool  # the last stop was unclean and crossed a reboot, or followed a failed sync
 
 
 def load_identity(io: FileIO, data_dir: str, unclean: bool, now_ms: int, boot: str) -> Identity:
@@ -124,7 +125,12 @@ def load_identity(io: FileIO, data_dir: str, unclean: bool, now_ms: int, boot: s
                     "across a reboot: the unsynced tail may be lost" if tail_maybe_lost
                     else "without a reboot: the page cache kept every acknowledged entry",
                     extra={"event": "unclean_restart"})
-    if state.extra.get("boot_id") != boot or unclean:
+    lost = state.extra.pop(SYNC_LOST_KEY, "")
+    if lost:  # the last run's sync failed (synclost.py): what it wrote after the recovery point may be gone
+        tail_maybe_lost = True
+        log.warning("the last run of this bookie stopped after a failed sync (%s): the unsynced tail may be lost",
+                    lost, extra={"event": "unclean_restart"})
+    if state.extra.get("boot_id") != boot or unclean or lost:
         state.extra["boot_id"] = boot
         write_node_state(io, data_dir, state)
     return Identity(state, fresh, tail_maybe_lost)

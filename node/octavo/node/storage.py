@@ -114,7 +114,7 @@ class Storage(EngineFlags, StorageStatus):
         self._reader = Reader(self._cache, self._table, lambda: self.index, self.read_fds,
                               lambda: self.tail_maybe_lost)
         self._flush = FlushStep(io, self.data_dir, self.logs_dir, self._cache, self._table, lambda: self.index,
-                                self.read_fds, self._lock, self._index_write_lock, self._room)
+                                self.read_fds, self._lock, self._index_write_lock, self._room, self)
         self._closed = False
         self._lock_fd = -1
         self.node_state: NodeState | None = None
@@ -190,8 +190,8 @@ class Storage(EngineFlags, StorageStatus):
     def close(self) -> None:
         """Clean shutdown: flush every log (the active one too), advance the recovery point past all of them,
         remove the running marker. The next start replays nothing."""
-        if self._closed:
-            return
+        if self._closed or self.sync_failed_reason:  # a failed sync: no flush, no checkpoint (synclost.py)
+            return None if self._closed else self.abandon()
         if self._flusher is not None:
             self._flusher.stop()
         with self._lock:

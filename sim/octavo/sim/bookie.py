@@ -19,6 +19,7 @@ import errno
 import logging
 import os
 import random
+from collections.abc import Callable
 from typing import Any
 
 from octavo.node.autorecovery import AutoRecovery
@@ -34,6 +35,7 @@ from octavo.node.server import BookieServer
 from octavo.node.simio import SimIO
 from octavo.node.startup import BOOT_ID_ENV
 from octavo.node.storage import Storage
+from octavo.node.synclost import SyncLostError
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +134,9 @@ class SimBookie:
         self.running = False
         self.starts = 0
         self.tasks: list[asyncio.Task[None]] = []  # the background loops started here (the node owns them all)
+        # The process exits after a failed sync (synclost.py: the real one exits with EXIT_SYNC_LOST): called with
+        # the reason; the fault injector crashes it and restarts it soon, as Kubernetes would.
+        self.on_exit: Callable[[str], None] | None = None
 
     @property
     def storage(self) -> Storage | None:
@@ -176,7 +181,8 @@ class SimBookie:
             self.tasks.append(loop.create_task(server.repair.run(), name="octavo-tail-repair"))
 
     async def _flush_loop(self, storage: Storage) -> None:
-        """The flusher thread's rounds (Flusher._run), on the loop: a failed round is retried next tick."""
+        """The flusher thread's rounds (Flusher._run), on the loop: a failed round is retried next tick, except a
+        failed sync (SyncLostError), after which the process exits (on_exit)."""
         flusher = Flusher(storage)
         tick_s = min(1.0, storage.config.log_roll_interval_ms / 1000 / 4)
         while True:
@@ -184,6 +190,11 @@ class SimBookie:
             try:
                 flusher.step()
                 storage.set_flush_error("")
+            except SyncLostError as e:  # as the thread does: never retried; the process exits
+                storage.set_flush_error(f"{type(e).__name__}: {e}")
+                if self.on_exit is not None:
+                    self.on_exit(e.message)
+                return
             except Exception as e:  # as the thread does: keep flushing
                 storage.set_flush_error(f"{type(e).__name__}: {e}")
 

@@ -21,6 +21,7 @@ KINDS = ("process_crash", "machine_crash", "partition", "isolate", "lossy_link",
 DATA_LOSING = frozenset({"machine_crash", "bookie_lost"})
 # Starts of a crashed bookie tried before the run reports that it cannot start again.
 RESTART_ATTEMPTS_MAX = 20
+EXIT_RESTART_DELAY_S = 1.0  # an exited bookie's pod restarts after this (Kubernetes' first back-off is 10 s)
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,8 @@ class Injector:
         self.down: set[str] = set()
         self.start_failures: dict[str, str] = {}  # bookies that could not start again: why
         self._restarts: dict[str, asyncio.Task[None]] = {}
+        for bookie in cluster.bookies.values():
+            bookie.on_exit = lambda reason, name=bookie.name: self.exited(name, reason)
 
     def record(self, line: str) -> None:
         self.cluster.world.record(line)
@@ -122,6 +125,16 @@ class Injector:
             loop.call_later(fault.duration_s, self._etcd_up)
         elif kind == "leases_expire":
             self.cluster.world.etcd.expire_all()
+
+    def exited(self, name: str, reason: str) -> None:
+        """The bookie's process exited after a failed sync (synclost.py): Kubernetes restarts it after a short
+        delay (and again while its start fails, as a pod's restarts go on)."""
+        if name in self.down or name in self.lost:
+            return
+        self.record(f"bookie {name} exited: {reason}")
+        self.cluster.crash_bookie(name, machine=False)
+        self.down.add(name)
+        asyncio.get_running_loop().call_later(EXIT_RESTART_DELAY_S, self._restart_soon, name)
 
     @staticmethod
     def _pairs(target: str) -> list[tuple[str, str]]:
