@@ -11,10 +11,15 @@ real last commit: nothing is forgotten sooner than it would have been."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from octavo.client.dataset import DatasetHead
+
+class DatasetHead(Protocol):
+    """What this reads and writes of a dataset's head (dataset.DatasetHead)."""
+
+    streams: dict[str, int]
+    stream_seen: dict[str, int]
+    updated_unix_ms: int
 
 STREAM_IDLE_EXPIRY_S = 7 * 24 * 3600
 STREAMS_MAX = 10_000
