@@ -10,6 +10,8 @@ from __future__ import annotations
 import errno
 import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -20,7 +22,7 @@ from octavo.node.dataplane import BookieService, bookie_handler
 from octavo.node.errors import StorageError
 from octavo.node.simio import SimIO
 from octavo.node.storage import LedgerBatch, Storage
-from octavo.node.synclost import SyncLostError
+from octavo.node.synclost import EXIT_SYNC_LOST, SyncLostError
 from octavo.node.testing import payload_for, small_config
 from octavo.v1 import bookie_pb2 as pb
 from octavo.v1 import bookie_pb2_grpc as pb_grpc
@@ -175,3 +177,14 @@ def test_a_marker_that_cannot_be_written_still_refuses_adds_and_keeps_the_point(
         assert s.recovery_point_log_id == point_before
     finally:
         s.abandon()
+
+
+def test_the_process_exits_with_its_own_code_and_says_why() -> None:
+    """What the server installs as on_sync_lost: a real process exits at once with EXIT_SYNC_LOST (no clean close,
+    which would checkpoint past the failed log), the reason on stderr for whoever restarts it."""
+    code = "from octavo.node.synclost import exit_sync_lost; exit_sync_lost('the fsync of entry log 7 failed'); " \
+           "print('still running')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == EXIT_SYNC_LOST == 3
+    assert "octavo node: the fsync of entry log 7 failed; exiting with code 3" in done.stderr
+    assert "still running" not in done.stdout
