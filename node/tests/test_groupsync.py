@@ -713,3 +713,29 @@ def test_a_round_that_raises_anything_but_an_oserror_acknowledges_nothing(tmp_pa
         assert group_sync(s).failure is error
     finally:
         s.abandon()
+
+
+def test_a_failed_round_leaves_the_sticky_state_of_a_failed_flush(tmp_path: Path) -> None:
+    """A failed group-sync round is the same sticky state as a failed flush (synclost.py): the flusher's next round
+    flushes nothing (the recovery point stays), records that the tail may be lost, and the next start says so."""
+    io = FailingIO()
+    cfg = batch_config(tmp_path / "b")
+    s = Storage.open(cfg, io=io, start_flusher=False)
+    try:
+        assert s.add_batch([LedgerBatch(1, KEY, [0], [payload_for(1, 0)])])[0][0] == [pb.OK]
+        point = s.recovery_point_log_id
+        io.errno_ = errno.EIO
+        assert s.add_batch([LedgerBatch(1, KEY, [1], [payload_for(1, 1)])])[0][0] == [pb.INTERNAL]
+        io.errno_ = None  # the disk "recovers": a flush's fsync would now succeed
+        assert s.roll()
+        with pytest.raises(SyncLostError):
+            s.flush_one()
+        assert s.recovery_point_log_id == point
+    finally:
+        s.close()  # abandons: no checkpoint, the running marker stays
+    s = Storage.open(cfg, start_flusher=False)
+    try:
+        assert s.tail_maybe_lost
+        assert s.read_entry(1, 0) == payload_for(1, 0)
+    finally:
+        s.close()
