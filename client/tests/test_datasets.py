@@ -209,8 +209,8 @@ async def test_a_commit_whose_answer_was_lost_is_applied_once(cluster: LocalClus
         assert [x.ledger_id for x in manifest.ledgers] == [1, 2]
 
 
-async def test_idle_streams_are_forgotten_and_a_dataset_keeps_a_bounded_number(cluster: LocalCluster,
-                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_idle_streams_are_forgotten_and_a_dataset_keeps_a_bounded_number(
+        cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """The streams map lives in the head every commit reads: a stream idle for STREAM_IDLE_EXPIRY_S is forgotten
     (a batch it replays after that lands again, as after a Kafka producer id's expiry), and a new stream beyond
     STREAMS_MAX is refused with nothing committed. A head from before the times were kept counts its streams as
@@ -244,7 +244,7 @@ async def test_idle_streams_are_forgotten_and_a_dataset_keeps_a_bounded_number(c
         monkeypatch.setattr(datasetstreams, "STREAMS_MAX", 2)
         await store.commit("streams", SCHEMA, [fake(40)], stream=("second", 1))
         version = (await store.head("streams")).version
-        with pytest.raises(DatasetError, match="refuses stream 'third'.*STREAMS_MAX"):
+        with pytest.raises(DatasetError, match=r"refuses stream 'third'.*STREAMS_MAX"):
             await store.commit("streams", SCHEMA, [fake(41)], stream=("third", 1))
         assert (await store.head("streams")).version == version
         assert 41 not in [x.ledger_id for x in (await store.get("streams")).ledgers]
