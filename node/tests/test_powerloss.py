@@ -184,7 +184,8 @@ def test_power_loss(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) 
         s.close()
     s = Storage.open(cfg)
     try:
-        assert s.read_entry(100, 1) == b"power loss" and s.recovery.logs_scanned == 0 and not s.tail_maybe_lost
+        # A clean stop, but no tail repair ran (it needs peers): the doubt lasts until one goes through.
+        assert s.read_entry(100, 1) == b"power loss" and s.recovery.logs_scanned == 0 and s.tail_maybe_lost
     finally:
         s.close()
 

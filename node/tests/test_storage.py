@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from octavo.node import startup
 from octavo.node.checkpoint import read_recovery_point
 from octavo.node.config import ConfigError, NodeConfig
 from octavo.node.errors import StorageError, WriteCacheFull
@@ -613,8 +614,22 @@ def test_unclean_stop_across_a_reboot_answers_unknown(cfg: NodeConfig, monkeypat
         assert e.value.code == pb.UNKNOWN and "may have lost it" in e.value.message
         assert s.read_entry(1, 4) == payload_for(1, 4)
     finally:
+        s.abandon()
+    # A crash before the tail repair went through, then a start on the same boot: still in doubt (it was sure
+    # again here, and would have answered "no such entry" for what the reboot took), and so after a clean stop.
+    s = Storage.open(cfg)
+    try:
+        assert s.tail_maybe_lost and s.recovery.unclean
+    finally:
         s.close()
-    s = Storage.open(cfg)  # a clean stop, same boot: certain again
+    s = Storage.open(cfg)
+    try:
+        assert s.tail_maybe_lost
+        startup.tail_repair_done(s.io, s.data_dir, s.node_state)  # what repair.py does once it went through
+        s.tail_repaired()
+    finally:
+        s.close()
+    s = Storage.open(cfg)  # repaired, then a clean stop: certain again
     try:
         assert not s.tail_maybe_lost
     finally:

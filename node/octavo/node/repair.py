@@ -28,6 +28,7 @@ from octavo.meta.ledger_metadata import LedgerMetadata, write_set
 from octavo.node.config import NodeConfig
 from octavo.node.engine import Engine
 from octavo.node.errors import StorageError, WriteCacheFull
+from octavo.node.startup import tail_repair_done
 from octavo.v1 import bookie_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,11 @@ class TailRepair:
                 if any(self.bookie_id in bookies for _, bookies in meta.ensembles):
                     await self._repair_ledger(client, meta)
                     self.ledgers_checked += 1
+        try:  # persisted first: a crash before this line makes the next start repair again, which is harmless
+            await asyncio.get_running_loop().run_in_executor(None, tail_repair_done, self.engine.io,
+                                                             self.engine.data_dir, self.engine.node_state)
+        except OSError as e:
+            log.warning("tail repair done, but the node state could not say so (%s): the next start repairs again", e)
         self.engine.tail_repaired()
         log.info("tail repair done: %d ledgers checked, %d entries copied back from peers; this bookie is sure "
                  "of its contents again", self.ledgers_checked, self.entries_restored)

@@ -94,6 +94,13 @@ def take_dir_lock(data_dir: str) -> int:
     return fd
 
 
+# The node state's key that says why the tail after the recovery point may be lost: set by the start that finds
+# it so (an unclean stop across a reboot, a failed sync), removed once tail repair went through (repair.py). A
+# start that still finds it doubts again, whatever the boot id and however the last run stopped: a crash (or a
+# clean stop) before the repair finished does not make the bookie sure of what it may still lack.
+TAIL_MAYBE_LOST_KEY = "tail_maybe_lost"
+
+
 @dataclass(frozen=True)
 class Identity:
     state: NodeState
@@ -130,10 +137,23 @@ def load_identity(io: FileIO, data_dir: str, unclean: bool, now_ms: int, boot: s
         tail_maybe_lost = True
         log.warning("the last run of this bookie stopped after a failed sync (%s): the unsynced tail may be lost",
                     lost, extra={"event": "unclean_restart"})
+    pending = str(state.extra.get(TAIL_MAYBE_LOST_KEY) or "")
+    if pending:
+        log.warning("the tail repair after %s has not finished yet: the unsynced tail may still be lost", pending,
+                    extra={"event": "unclean_restart"})
+    elif tail_maybe_lost:
+        state.extra[TAIL_MAYBE_LOST_KEY] = f"a failed sync ({lost})" if lost else "an unclean stop across a reboot"
     if state.extra.get("boot_id") != boot or unclean or lost:
         state.extra["boot_id"] = boot
         write_node_state(io, data_dir, state)
-    return Identity(state, fresh, tail_maybe_lost)
+    return Identity(state, fresh, tail_maybe_lost or bool(pending))
+
+
+def tail_repair_done(io: FileIO, data_dir: str, state: NodeState | None) -> None:
+    """Tail repair copied back everything the bookie may have lost: the next start need not doubt (the marker
+    TAIL_MAYBE_LOST_KEY goes, synced). Raises OSError when the node state cannot be written."""
+    if state is not None and state.extra.pop(TAIL_MAYBE_LOST_KEY, None) is not None:
+        write_node_state(io, data_dir, state)
 
 
 def open_index(io: FileIO, data_dir: str, map_size_bytes: int) -> Index:
