@@ -5,6 +5,7 @@ CI_SKIPS_ALLOWED (with the reason each skip gives). `make test` installs what th
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -66,11 +67,44 @@ def _runs(config: pytest.Config, folder: str) -> bool:
     return False
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    _DISK.note("the start")
+    disk = f"disk: {_DISK.lowest_gb:.1f} GB free in {_DISK.path} at the start"
     if not ci_strict():
-        return "CI is not true: a test whose prerequisite is missing skips (under CI=true it fails)"
+        return ["CI is not true: a test whose prerequisite is missing skips (under CI=true it fails)", disk]
     allowed = ", ".join(f"{marker} ({folder})" for marker, (folder, _) in CI_SKIPS_ALLOWED.items())
-    return f"CI=true: a skipped test fails the run unless it is marked and placed as one of: {allowed}"
+    return [f"CI=true: a skipped test fails the run unless it is marked and placed as one of: {allowed}", disk]
+
+
+class _DiskWatch:
+    """The free space where the tests write, read after every test: a run that fails because the machine's disk
+    filled says so in its summary instead of leaving only the errors it caused."""
+
+    def __init__(self) -> None:
+        self.path = os.environ.get("TMPDIR") or "/tmp"
+        self.lowest_gb = float("inf")
+        self.lowest_at = ""
+
+    def note(self, at: str) -> None:
+        try:
+            st = os.statvfs(self.path)
+        except OSError:
+            return
+        free_gb = st.f_bavail * st.f_frsize / 1e9
+        if free_gb < self.lowest_gb:
+            self.lowest_gb, self.lowest_at = free_gb, at
+
+
+_DISK = _DiskWatch()
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    _DISK.note(nodeid)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    terminalreporter.write_line(f"disk: lowest free in {_DISK.path} was {_DISK.lowest_gb:.1f} GB (after "
+                                f"{_DISK.lowest_at})")
 
 
 def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
@@ -129,6 +163,8 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
     proc.start()
     yield proc
     proc.stop()
+    # Its preallocated WAL alone is 64 MB; a module's etcd kept to the session's end, for every module, added up.
+    shutil.rmtree(proc.data_dir, ignore_errors=True)
 
 
 @pytest.fixture
