@@ -289,3 +289,50 @@ def test_a_bookie_whose_registration_lapsed_takes_no_new_ledgers(tmp_path: Path)
     finally:
         bookie.stop()
         own.stop()
+
+
+def test_a_registration_whose_put_failed_after_its_lease_was_granted_is_made_again(
+        etcd: EtcdProcess, cluster_name: str, tmp_path: Path) -> None:
+    """etcd goes away between the lease grant and the registration's put (here: the put's answer is lost, as a
+    connection reset loses it). The next keepalive round must register again, not refresh the new lease for ever
+    with no key on it (found by the simulation, seed 1700344: the bookie ran on, unseen by clients and auditor)."""
+    from octavo.meta.errors import MetadataUnavailableError
+    from octavo.node.registration import Registration
+    from octavo.node.storage import Storage
+    from octavo.node.testing import small_config
+
+    cfg = small_config(tmp_path / "bookie", etcd=etcd.endpoint, cluster=cluster_name, registration_ttl_s=2)
+    storage = Storage.open(cfg)
+
+    async def main() -> None:
+        registration = Registration(storage, "bookie-1", "127.0.0.1:1")
+        await registration.start()
+        key = Layout(cluster_name).bookie("bookie-1", False)
+        async with EtcdClient(etcd.endpoint) as admin:
+            assert await admin.get(key) is not None
+            store = registration.store
+            real_register = store.register_bookie
+            lost: list[int] = []
+
+            async def put_then_lose_the_answer_once(info: object, lease_id: int) -> None:
+                if not lost:  # the first re-registration: etcd is gone before the put is made
+                    lost.append(lease_id)
+                    raise MetadataUnavailableError("etcd unavailable (test): connection reset")
+                await real_register(info, lease_id)  # type: ignore[arg-type]
+
+            store.register_bookie = put_then_lose_the_answer_once  # type: ignore[method-assign]
+            assert await admin.revoke_lease(registration.lease_id)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not (lost and await admin.get(key) is not None):
+                await asyncio.sleep(0.1)
+            found = await admin.get(key)
+            assert lost, "the keepalive never noticed the revoked lease"
+            assert found is not None, (
+                f"the bookie refreshed lease {registration.lease_id:x} for 20 s with no registration on it")
+            assert registration.lease_id != lost[0] and found.lease == registration.lease_id
+        await registration.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        storage.close()

@@ -8,7 +8,8 @@
 4. No ledger stays under-replicated: every entry of a closed ledger is held by at least an ack quorum of the
    bookies its metadata names (a copy lost with a machine's unsynced tail, or with a bookie lost for good, is
    copied back by tail repair or re-replication).
-5. Deleted ledgers are gone from etcd and, once GC ran, from every bookie.
+5. Deleted ledgers are gone from etcd and, once GC ran, from every bookie (waited for with checks 3 and 4: a
+   bookie cut from etcd at the delete drops the ledger at its first GC after the heal).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from octavo.sim.cluster import Cluster
 from octavo.sim.workload import PASSWORD, LedgerRecord, Workload
 
 CHECKER = "checker"
-# Attempts at a recovery open before the checker reports the ledger as not recoverable (the cluster is healed:
-# one should succeed at once; a few allow for a bookie still starting).
+# Attempts at a recovery open, and then at reading the ledger, before the checker reports it as not recoverable
+# or not readable (the cluster is healed: one should succeed at once; a few allow for a bookie still starting or
+# registering again).
 OPEN_ATTEMPTS_MAX = 10
 # After the checker's recovery opens, re-replication copies what the ledgers closed just now lack (the replicas
 # check, every 2 s in bookie.py, looks at sealed segments only; a bookie lost for good is re-replicated after
@@ -35,20 +37,24 @@ REPLICATION_SETTLE_S_MAX = 30.0
 
 
 async def check(cluster: Cluster, workload: Workload) -> list[str]:
-    """Recover and read every ledger (checks 1, 2, 5), then compare the replicas (checks 3, 4) until they are
-    whole or REPLICATION_SETTLE_S_MAX has passed."""
+    """Recover and read every ledger (checks 1, 2), then compare the replicas and look for deleted ledgers still
+    held (checks 3, 4, 5) until none is found or REPLICATION_SETTLE_S_MAX has passed."""
     violations: list[str] = []
     client = cluster.client(CHECKER)
     read: list[tuple[int, LedgerMetadata, dict[int, bytes]]] = []
+    gone: list[LedgerRecord] = []
     for lid in sorted(workload.ledgers):
         rec = workload.ledgers[lid]
-        found, opened = await _check_ledger(cluster, client, rec)
+        found, opened = await _check_ledger(cluster, client, rec, gone)
         violations.extend(found)
         if opened is not None:
             read.append((lid, *opened))
     deadline = asyncio.get_running_loop().time() + REPLICATION_SETTLE_S_MAX
     while True:
-        found = await _check_all_replicas(cluster, client, read)
+        # A bookie that was cut from etcd when a ledger was deleted learns of it after the heal and drops it at
+        # its next GC: waited for like the copies re-replication makes, not assumed done by a fixed settle.
+        found = await _check_all_replicas(cluster, client, read) + [
+            v for rec in gone for v in _check_dropped(cluster, rec)]
         if not found or asyncio.get_running_loop().time() >= deadline:
             break
         await asyncio.sleep(REPLICAS_POLL_S)
@@ -71,9 +77,11 @@ async def _check_all_replicas(cluster: Cluster, client: Client,
     return violations
 
 
-async def _check_ledger(cluster: Cluster, client: Client, rec: LedgerRecord
+async def _check_ledger(cluster: Cluster, client: Client, rec: LedgerRecord, gone: list[LedgerRecord]
                         ) -> tuple[list[str], tuple[LedgerMetadata, dict[int, bytes]] | None]:
-    """Checks 1, 2 and 5 on one ledger; its metadata and entries when it could be recovered and read."""
+    """Checks 1 and 2 on one ledger, and the first half of 5 (a deleted ledger's metadata is gone: the ledger
+    goes to `gone`, whose copies the caller checks); its metadata and entries when it could be recovered and
+    read."""
     lid = rec.ledger_id
     out: list[str] = []
     handle = None
@@ -84,7 +92,8 @@ async def _check_ledger(cluster: Cluster, client: Client, rec: LedgerRecord
             break
         except NoSuchLedgerError:
             if rec.deleted:
-                return _check_dropped(cluster, rec), None
+                gone.append(rec)
+                return [], None
             return [f"ledger {lid}: metadata gone, but it was never deleted"], None
         except OctavoError as e:
             error = f"{type(e).__name__}: {e}"
@@ -101,12 +110,17 @@ async def _check_ledger(cluster: Cluster, client: Client, rec: LedgerRecord
         if found != last:
             out.append(f"ledger {lid}: {who}'s recovery open found the end at {found}, it is {last}")
     data: dict[int, bytes] = {}
-    if last >= 0:
+    for attempt in range(OPEN_ATTEMPTS_MAX if last >= 0 else 0):
+        # As for the open: a bookie back from a fault may not have registered again yet (its address is in its
+        # registration), so a failed read is tried again a few times before it counts.
         try:
             data = await handle.read_entries(list(range(last + 1)))
+            break
         except OctavoError as e:
-            return [*out, f"ledger {lid}: entries up to its end {last} cannot be read: {type(e).__name__}: {e} "
-                          f"(ensembles {meta.ensembles}; held: {_holdings(cluster, lid)})"], None
+            if attempt == OPEN_ATTEMPTS_MAX - 1:
+                return [*out, f"ledger {lid}: entries up to its end {last} cannot be read: {type(e).__name__}: "
+                              f"{e} (ensembles {meta.ensembles}; held: {_holdings(cluster, lid)})"], None
+            await asyncio.sleep(1.0)
     for entry_id, payload in data.items():
         if rec.written.get(entry_id) != payload:
             out.append(f"ledger {lid}: entry {entry_id} reads back as bytes its writer never wrote there")

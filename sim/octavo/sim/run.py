@@ -25,8 +25,8 @@ from octavo.sim.world import World
 
 # Virtual seconds of workload and faults, then of settling after the heal, and the bound on a whole run (a run
 # that has not finished by then is stuck: reported as a violation, never waited out).
-WORKLOAD_S = 10.0
-SETTLE_S = 6.0
+WORKLOAD_S = 5.0
+SETTLE_S = 3.0
 RUN_S_MAX = 300.0
 FAULTS_MAX = 6
 # Share of runs in which a client dies at a named point: the client's own (mid ensemble change) or one the
@@ -198,7 +198,7 @@ def _arm_crash_point(cluster: Cluster, spec: str) -> None:
 
 
 def run_seed(seed: int, workload_s: float = WORKLOAD_S, base_dir: str | None = None,
-             keep: frozenset[int] | None = None) -> Outcome:
+             keep: frozenset[int] | None = None, settle_s: float = SETTLE_S) -> Outcome:
     """Run one seed. With `keep`, only those faults of the seed's schedule are applied (indexes into
     Outcome.schedule; the armed client fault point is the last index): everything else is drawn as without it."""
     world = World(seed)
@@ -241,7 +241,7 @@ def run_seed(seed: int, workload_s: float = WORKLOAD_S, base_dir: str | None = N
             results = await asyncio.gather(*tasks, return_exceptions=True)
             crashed = [f"workload task failed: {type(r).__name__}: {r}" for r in results
                        if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)]
-            await asyncio.sleep(SETTLE_S)
+            await asyncio.sleep(settle_s)
             found = [f"bookie {b} could not start again: {why}" for b, why in injector.start_failures.items()]
             return crashed + found + await check(cluster, workload)
 
