@@ -110,3 +110,31 @@ def test_sigkill_right_after_a_fence_is_persisted(tmp_path: Path) -> None:
         assert list(resp.results[0].codes) == [pb.FENCED]
         assert conn.read_all(7, 0, 2) == {0: (pb.OK, b"a"), 1: (pb.OK, b"b"), 2: (pb.OK, b"c")}
     bookie.stop()
+
+
+def test_a_failing_fsync_in_a_real_process_exits_it_and_the_restart_loses_nothing(tmp_path: Path) -> None:
+    """A real bookie under load whose second fsync of a rolled log fails with EIO (the fault point
+    flush.log_sync_fails, not a kill): it refuses adds, exits with code 3 (synclost.py), and the restart, with the
+    same disk, comes up doubting its tail (a sync it relied on failed) and reads back every acknowledged entry
+    byte-identical (the page cache kept them: the process died, not the machine)."""
+    from octavo.node.synclost import EXIT_SYNC_LOST
+
+    bookie = BookieProcess(str(tmp_path / "bookie"), args=ARGS,
+                           env={faults.FAULT_POINTS_ENV: f"{faults.FLUSH_LOG_SYNC_FAILS}@2"})
+    acked: dict[int, int] = {}
+    address = bookie.start()
+    writer = PipelinedWriter(address, acked, [1, 2, 3], seed=3, master_key=KEY)
+    writer.start()
+    writer.join(timeout=60)
+    assert bookie.proc is not None and bookie.proc.wait(timeout=60) == EXIT_SYNC_LOST, "the fsync never failed"
+    bookie.proc = None
+    assert "exiting with code 3" in bookie.log_tail() and "simulated disk error" in bookie.log_tail()
+    assert writer.entries_acked > 0, "nothing was acknowledged before the failure: the test proves nothing"
+    assert not writer.errors or all("read-only" in e.lower() or "read only" in e.lower() for e in writer.errors), \
+        writer.errors
+    bookie.env = {}
+    address = bookie.start()
+    with BookieConnection(address) as conn:
+        assert conn.status().tail_maybe_lost, "the restart after a failed sync must doubt its unsynced tail"
+    assert verify(address, acked) == sum(last + 1 for last in acked.values())
+    assert bookie.stop() == 0

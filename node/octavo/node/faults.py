@@ -1,4 +1,5 @@
-"""Named fault points: places where a test can make the bookie die with SIGKILL, to test crash recovery.
+"""Named fault points: places where a test can make the bookie die with SIGKILL, to test crash recovery, or
+(FLUSH_LOG_SYNC_FAILS) make an fsync fail with EIO, to test what a failing disk does to a real process.
 
 Off unless the environment variable OCTAVO_FAULT_POINTS names them (comma-separated `name` or `name@N` to die
 on the N-th hit). Production processes never set it; `hit()` then costs one set lookup.
@@ -28,11 +29,15 @@ COMPACTION_POINTS = (COMPACTION_DURING_COPY, COMPACTION_AFTER_COPY, COMPACTION_A
                      COMPACTION_AFTER_INDEX_UPDATE, COMPACTION_AFTER_DELETE_SOURCES)
 # The auditor (autorecovery.py), after each under-replication mark it writes for a lost bookie.
 AUDITOR_AFTER_MARK = "auditor.after_mark"
+# An IO point (`fail_io`): the flusher's fsync of a rolled log fails with EIO, at the N-th and every later one,
+# instead of being made; the process is not killed (synclost.py says what the bookie does then).
+FLUSH_LOG_SYNC_FAILS = "flush.log_sync_fails"
 KNOWN_POINTS = frozenset({
     FLUSH_AFTER_LOG_SYNC, FLUSH_AFTER_INDEX_COMMIT, FLUSH_AFTER_RECOVERY_POINT, ADD_AFTER_WRITE,
-    FENCE_AFTER_PERSIST, *COMPACTION_POINTS, AUDITOR_AFTER_MARK,
+    FENCE_AFTER_PERSIST, *COMPACTION_POINTS, AUDITOR_AFTER_MARK, FLUSH_LOG_SYNC_FAILS,
 })
 
 
 _points = FaultPoints(KNOWN_POINTS, FAULT_POINTS_ENV, "fault point")
 hit = _points.hit
+fail_io = _points.fail_io

@@ -59,6 +59,7 @@ class FlushStep:
         if entry_log is None:
             return False
         try:
+            faults.fail_io(faults.FLUSH_LOG_SYNC_FAILS)
             self._io.fsync(entry_log.fd)
             self._io.fsync_dir(self._logs_dir)
         except OSError as e:  # never retried: a second fsync can succeed over the pages the kernel dropped

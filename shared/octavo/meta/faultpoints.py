@@ -1,9 +1,11 @@
 """Named fault points, shared by the bookie's (octavo.node.faults) and the client's (octavo.client.faults): places
-where a test makes the process die with SIGKILL. Off unless the process's environment variable names them
-(comma-separated `name` or `name@N` to die on the N-th hit), read once; `hit()` then costs one dict lookup."""
+where a test makes the process die with SIGKILL (or, at an IO point, makes the call fail with EIO). Off unless
+the process's environment variable names them (comma-separated `name` or `name@N` to act on the N-th hit), read
+once; `hit()` then costs one dict lookup."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import threading
@@ -45,12 +47,22 @@ class FaultPoints:
 
     def hit(self, name: str) -> None:
         """Die here with SIGKILL if this point is armed and this is the hit it waits for."""
+        if self._reached(name):
+            if self._on_hit is not None:
+                self._on_hit(name)
+                return
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def fail_io(self, name: str) -> None:
+        """Raise OSError(EIO) here if this point is armed and this is the hit it waits for, and at every hit after
+        it: a disk that failed once goes on failing (a point for IO calls whose failure the code must survive,
+        such as an fsync; the process is not killed)."""
+        if self._reached(name):
+            raise OSError(errno.EIO, f"{self.label} {name}: simulated disk error")
+
+    def _reached(self, name: str) -> bool:
         if not self._armed or name not in self._armed:
-            return
+            return False
         with self._lock:
             self._hits[name] = self._hits.get(name, 0) + 1
-            if self._hits[name] >= self._armed[name]:
-                if self._on_hit is not None:
-                    self._on_hit(name)
-                    return
-                os.kill(os.getpid(), signal.SIGKILL)
+            return self._hits[name] >= self._armed[name]
