@@ -444,3 +444,34 @@ def test_etcd_stopped(tmp_path: Path) -> None:
         port = cluster.etcd.client_port
         asyncio.run(scenario(cluster))
         assert cluster.etcd.client_port == port and os.path.isdir(cluster.etcd.data_dir)
+
+
+async def test_an_ensemble_change_whose_etcd_answer_was_lost_still_resends_to_the_replacement(
+        cluster: LocalCluster) -> None:
+    """etcd applies the new segment but its answer is lost (the connection breaks after the commit): the change
+    retries, finds the revision moved, and reads back its own segment. The replacement must then be sent the
+    entries in flight; before the fix the change stopped there, as if not needed, and the appends waited for ever
+    with nothing in flight to time out (found by the simulation, seed 2300157)."""
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        writer = await client.create_ledger(2, 2, 2, password=PW)
+        assert await writer.append_many([data(writer.ledger_id, i) for i in range(50)]) == list(range(50))
+        store = client.metadata_store
+        real_update = store.update_ledger
+        lost: list[int] = []
+
+        async def applied_but_answer_lost(meta: object, expected_revision: int) -> int | None:
+            revision = await real_update(meta, expected_revision)  # type: ignore[arg-type]
+            if not lost and revision is not None:
+                lost.append(revision)
+                raise MetadataUnavailableError("etcd unavailable (test): connection reset after the commit")
+            return revision
+
+        store.update_ledger = applied_but_answer_lost  # type: ignore[method-assign]
+        victim = writer.metadata.last_ensemble[1]
+        cluster.bookies[victim].kill()
+        ids = await asyncio.wait_for(writer.append_many([data(writer.ledger_id, i) for i in range(50, 150)]),
+                                     timeout=30)
+        assert ids == list(range(50, 150)) and lost, "the segment's answer was never lost: the test proves nothing"
+        assert victim not in writer.metadata.last_ensemble and len(writer.metadata.ensembles) == 2
+        await asyncio.wait_for(writer.close(), timeout=30)
+        assert await read_back(client, writer.ledger_id) == [data(writer.ledger_id, i) for i in range(150)]

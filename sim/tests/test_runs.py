@@ -27,6 +27,9 @@ FIXED_FINDINGS = {
     1700344: (5.0, 3.0, "a bookie that lost etcd between granting a new lease and putting its registration on it "
                         "kept refreshing that lease with no key on it, unseen by clients and the auditor (fixed: "
                         "registration.py; node/tests/test_membership.py)"),
+    2300157: (5.0, 3.0, "an ensemble change whose etcd answer was lost read its own segment back and stopped as if not "
+                        "needed: the replacement never got the entries in flight and the appends waited for ever "
+                        "(fixed: ensemble_change.py; client/tests/test_failures.py)"),
 }
 SMOKE_SEEDS = list(range(1000, 1013))
 

@@ -214,23 +214,35 @@ class EnsembleChanges:
             if replacement is None:
                 return None
             ensemble = list(handle.metadata.last_ensemble)
-            ensemble[ensemble.index(failed)] = replacement
+            position = ensemble.index(failed)
+            ensemble[position] = replacement
             first = handle.last_add_confirmed + 1
             changed = handle.metadata.with_segment(first, tuple(ensemble))
             revision = await store.update_ledger(changed, handle.revision)
             if revision is not None:
                 handle.adopt_metadata(changed, revision)
-                self._quarantine.pop(replacement, None)
-                log.info("ledger %d: bookie %s replaced by %s from entry %d", handle.ledger_id, failed, replacement,
-                         first, extra={"event": "ensemble_change", "ledger_id": handle.ledger_id,
-                                       "from_bookie": failed, "to_bookie": replacement})
-                return replacement
+                return self._replaced(failed, replacement, first)
             current, current_revision = await store.read_ledger(handle.ledger_id)
             if current.state != OPEN:
                 raise LedgerFencedError(f"ledger {handle.ledger_id} is {current.state} in etcd: a recovery open "
                                         "took it over")
             handle.adopt_metadata(current, current_revision)
+            if failed not in current.last_ensemble:
+                # The segment replacing `failed` is in etcd already: this change's own transaction, applied by
+                # etcd though its answer was lost (the connection broke; the retry after MetadataUnavailableError
+                # finds the revision moved). Only this handle adds segments to its open ledger, one change at a
+                # time, so the bookie at `failed`'s place is its replacement, and it must be sent what it misses.
+                # Returning None here left the replacement without the entries in flight: the appends waited
+                # for ever (found by the simulation, seed 2300157).
+                return self._replaced(failed, current.last_ensemble[position], current.ensembles[-1][0])
             await retry.lost(f"revision {current_revision} ({len(current.ensembles)} segments)")
+
+    def _replaced(self, failed: str, replacement: str, first: int) -> str:
+        self._quarantine.pop(replacement, None)
+        log.info("ledger %d: bookie %s replaced by %s from entry %d", self._handle.ledger_id, failed, replacement,
+                 first, extra={"event": "ensemble_change", "ledger_id": self._handle.ledger_id,
+                               "from_bookie": failed, "to_bookie": replacement})
+        return replacement
 
     def _lift_restarted_quarantines(self, registered: Mapping[str, BookieInfo]) -> None:
         """A quarantined bookie that registered again from a new process (a restart, a rolled pod) is a candidate
