@@ -331,6 +331,49 @@ async def test_bookie_copies_back_the_tail_it_lost(cluster: LocalCluster) -> Non
         await striped.close()
 
 
+async def test_tail_repair_waits_for_every_peer_of_an_open_ledger(cluster: LocalCluster) -> None:
+    """An open ledger E3 Qw2 Qa2 on (alive, victim, other): entry 0 on alive and victim, entry 1 on victim and
+    other, both acknowledged (the LAC the bookies know is still -1). The victim loses its unsynced tail in a power
+    loss, and `other` is down when it starts again. Its tail repair must not take alive's answer (last entry 0)
+    for the ledger's end: entry 1 would never be restored, the victim would stop answering UNKNOWN, and a
+    recovery open would take its "no such entry" as the denial that closes the ledger before acknowledged entry
+    1 (found by the simulation, seed 2600299). It waits for `other`, then restores both entries."""
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        writer = await client.create_ledger(3, 2, 2, password=PW)  # its handle stays idle: adds go directly
+        ledger = writer.ledger_id
+        alive_id, victim_id, other_id = writer.metadata.last_ensemble
+        key = master_key(PW)
+        for entry, bookies in ((0, (alive_id, victim_id)), (1, (victim_id, other_id))):
+            assert [b for b in writer.metadata.last_ensemble
+                    if writer.metadata.last_ensemble.index(b) in write_set(entry, 3, 2)] == sorted(
+                bookies, key=writer.metadata.last_ensemble.index)
+            for bookie_id in bookies:
+                with BookieConnection(cluster.bookies[bookie_id].address) as conn:
+                    assert list(conn.add(ledger, key, [entry], [data(ledger, entry)]).results[0].codes) == [pb.OK]
+        victim, other = cluster.bookies[victim_id], cluster.bookies[other_id]
+        victim.kill()
+        for log_path in (p for p in Path(victim.data_dir, LOGS_DIR).iterdir() if p.name.endswith(".log")):
+            with open(log_path, "r+b") as f:  # nothing was flushed yet: the power loss takes every entry
+                f.truncate(32)
+        victim.env = {BOOT_ID_ENV: "after-a-power-loss-with-a-peer-down"}
+        other.kill()
+        victim.start()
+        with BookieConnection(victim.address) as conn:
+            time.sleep(4)  # the repair's first attempts, with `other` down
+            assert conn.status().tail_maybe_lost, "the tail repair ended without hearing from every peer"
+            assert conn.read_all(ledger, 1, 1)[1][0] == pb.UNKNOWN
+            other.start()
+            deadline = time.monotonic() + 60
+            while conn.status().tail_maybe_lost:
+                assert time.monotonic() < deadline, "the tail repair did not finish once every peer was back"
+                time.sleep(0.2)
+            got = conn.read_all(ledger, 0, 1)
+            assert got == {0: (pb.OK, data(ledger, 0)), 1: (pb.OK, data(ledger, 1))}
+        async with Client(cluster.etcd_endpoint, options=FAST) as other_client:
+            reader = await other_client.open_ledger(ledger, password=PW)
+            assert reader.last_entry_id == 1
+
+
 def test_the_lac_stands_still_while_an_ensemble_change_is_in_flight(tmp_path: Path) -> None:
     """A bookie dies while etcd is down, so the ensemble change cannot land: the two live bookies still store
     every new entry, but none is acknowledged until the new segment is in etcd, and then every entry of the

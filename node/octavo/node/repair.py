@@ -129,13 +129,26 @@ class TailRepair:
     async def _peers_last_entry(self, client: Client, meta: LedgerMetadata) -> int:
         """For an open ledger: the highest entry any other bookie of the last ensemble holds (the LAC they
         know lags the writer's). Restoring an entry that was never acknowledged is harmless: a recovery
-        open would re-replicate it anyway."""
+        open would re-replicate it anyway.
+
+        Every peer must answer: one that is unreachable, unregistered or itself unsure (UNKNOWN) may hold the
+        only other copy of an acknowledged entry this bookie lost (with Qw = 2, the peer it shared that entry's
+        write set with), and a repair that went on without it would end short of that entry and stop answering
+        UNKNOWN; a recovery open then took this bookie's "no such entry" as a denial and closed the ledger
+        before an acknowledged entry (found by the simulation, seed 2600299). The repair is tried again later
+        instead; once the ledger is closed its end comes from etcd."""
         async def one(bookie: str) -> int:
             try:
                 answer = await client.bookie_client(bookie).read_lac(meta.ledger_id)
-            except OctavoError:
+            except OctavoError as e:
+                raise OctavoError(f"ledger {meta.ledger_id}: peer {bookie} did not answer ({e}); its last entry "
+                                  "is not known") from e
+            if answer.code == pb.NO_SUCH_LEDGER:  # it never got an entry of this ledger
                 return -1
-            return max(answer.last_add_confirmed, answer.last_entry_id) if answer.code == pb.OK else -1
+            if answer.code != pb.OK:
+                raise OctavoError(f"ledger {meta.ledger_id}: peer {bookie} cannot tell its last entry "
+                                  f"({pb.ResultCode.Name(answer.code)})")
+            return int(max(answer.last_add_confirmed, answer.last_entry_id))
 
         peers = [b for b in meta.last_ensemble if b != self.bookie_id]
         return max([-1, *await asyncio.gather(*(one(b) for b in peers))])
