@@ -18,12 +18,14 @@ test_a_seed_replays_exactly checks that claim.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -272,16 +274,18 @@ def test_a_directory_sync_that_ends_later_never_undoes_a_newer_one(tmp_path: Pat
     logs.mkdir()
     (logs / "old.log").write_bytes(b"x")
     listed, newer_done = threading.Event(), threading.Event()
-    real_listdir = os.listdir
+    real_scandir = os.scandir
 
-    def listdir(path: str) -> list[str]:
-        names = real_listdir(path)
+    @contextlib.contextmanager
+    def scandir(path: str) -> Iterator[list[os.DirEntry[str]]]:
+        with real_scandir(path) as entries:
+            listing = list(entries)
         if threading.current_thread().name == "older":
             listed.set()
             newer_done.wait(2)  # listed before the new log exists; stores after the newer sync if it can
-        return names
+        yield listing
 
-    monkeypatch.setattr(os, "listdir", listdir)
+    monkeypatch.setattr(os, "scandir", scandir)
 
     def newer() -> None:
         sim.fsync_dir(str(logs))
@@ -295,6 +299,6 @@ def test_a_directory_sync_that_ends_later_never_undoes_a_newer_one(tmp_path: Pat
     second.start()
     older.join(10)
     second.join(10)
-    monkeypatch.setattr(os, "listdir", real_listdir)
+    monkeypatch.setattr(os, "scandir", real_scandir)
     report = sim.power_loss(random.Random(0), keep_unsynced=True)
     assert (logs / "new.log").exists(), report

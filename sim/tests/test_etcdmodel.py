@@ -114,3 +114,52 @@ def test_unavailable_etcd_times_out_then_serves_again() -> None:
             assert kv is not None and kv.value == b"v"
 
     run(main)
+
+
+def test_a_range_answered_as_bytes_is_the_range_message_serialized() -> None:
+    """The Range method's answer is built from each key's cached KeyValue bytes (EtcdModel.range_encoded): it must
+    parse to what range() answers, for every shape of request, and follow a put, a delete and a lease."""
+    from aetcd import rpc
+
+    from octavo.sim.etcdmodel import EtcdModel
+
+    model = EtcdModel(lambda: 0.0)
+    for i in range(7):
+        model.put(rpc.PutRequest(key=b"/r/%d" % i, value=b"v%d" % i * (40 * i)))
+    requests = [rpc.RangeRequest(key=b"/r/", range_end=b"/r0"), rpc.RangeRequest(key=b"/r/3"),
+                rpc.RangeRequest(key=b"/r/", range_end=b"/r0", limit=3),
+                rpc.RangeRequest(key=b"/r/", range_end=b"/r0", keys_only=True),
+                rpc.RangeRequest(key=b"/r/", range_end=b"/r0", count_only=True),
+                rpc.RangeRequest(key=b"/r/", range_end=b"/r0", sort_order=rpc.RangeRequest.DESCEND, limit=2),
+                rpc.RangeRequest(key=b"/none"), rpc.RangeRequest(key=b"\0", range_end=b"\0")]
+    for step in range(3):
+        for request in requests:
+            assert rpc.RangeResponse.FromString(model.range_encoded(request)) == model.range(request), request
+        # What the cache holds must follow the keys: a new value, a deleted key.
+        model.put(rpc.PutRequest(key=b"/r/%d" % step, value=b"changed %d" % step))
+        model.delete_range(rpc.DeleteRangeRequest(key=b"/r/%d" % (6 - step)))
+    assert rpc.RangeResponse.FromString(model.range_encoded(requests[1])).kvs[0].version == 1
+    assert rpc.RangeResponse.FromString(model.range_encoded(requests[0])).kvs[0].value == b"changed 0"
+
+
+def test_only_expired_leases_go_whatever_order_they_were_kept_alive_in() -> None:
+    """expire_due looks at the leases only once one may be due (a lower bound on their expiry times): a lease
+    kept alive past the bound stays, one granted later with a shorter TTL still expires on time."""
+    async def main(world: World) -> None:
+        async with EtcdClient(ETCD_ADDRESS) as etcd:
+            long_lived = await etcd.grant_lease(4)
+            await etcd.put(b"/long", b"1", long_lived)
+            await asyncio.sleep(3)
+            assert await etcd.keep_alive_once(long_lived) == 4  # now due at 7
+            short = await etcd.grant_lease(1)  # due at 4
+            await etcd.put(b"/short", b"1", short)
+            await asyncio.sleep(1.5)
+            assert await etcd.get(b"/short") is None and await etcd.get(b"/long") is not None
+            await asyncio.sleep(3)
+            assert await etcd.get(b"/long") is None
+            again = await etcd.grant_lease(100)
+            await etcd.put(b"/again", b"1", again)
+            world.etcd.expire_all()
+            assert await etcd.get(b"/again") is None
+
+    run(main)

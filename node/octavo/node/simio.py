@@ -125,8 +125,11 @@ class SimIO(FileIO):
         # taken before the new log existed could be stored after the roll's and lose the new log's name, and
         # with it every add acknowledged in it (a group-commit power-loss test saw this once in CI).
         with self._lock:
-            names = {name: self._ident(os.stat(os.path.join(path, name)).st_ino) for name in os.listdir(path)
-                     if os.path.isfile(os.path.join(path, name))}
+            # One scandir: its entries know their type and inode without a stat each (a symlink's inode is its
+            # target's, as os.stat would give).
+            with os.scandir(path) as entries:
+                names = {e.name: self._ident(e.stat().st_ino if e.is_symlink() else e.inode())
+                         for e in entries if e.is_file()}
             self._dir_durable[path] = names
 
     def write_file_atomic(self, path: str, data: bytes) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from aetcd import rpc
 
 from octavo.meta.etcd import COMPACTED
 from octavo.sim.network import Aborted, Direct
+from octavo.v1.wire import varint
 
 LEASE_NOT_FOUND = "etcdserver: requested lease not found"
 FUTURE_REVISION = "etcdserver: mvcc: required revision is a future revision"
@@ -34,6 +36,17 @@ class _Key:
     mod_revision: int
     version: int
     lease: int
+    # The key's KeyValue as serialized in a range answer, made at its first read (a put makes a new _Key).
+    encoded: bytes = b""
+
+
+def _field(tag: bytes, data: bytes) -> bytes:
+    """A length-delimited protobuf field (a message) with its tag."""
+    return tag + varint(len(data)) + data
+
+
+# RangeResponse's fields (etcd's rpc.proto): header = 1, kvs = 2 (messages), more = 3, count = 4 (varints).
+_RANGE_HEADER, _RANGE_KV, _RANGE_MORE, _RANGE_COUNT = b"\x0a", b"\x12", b"\x18", b"\x20"
 
 
 @dataclass
@@ -78,6 +91,9 @@ class EtcdModel:
         self.keys: dict[bytes, _Key] = {}
         self._sorted: list[bytes] = []
         self.leases: dict[int, _Lease] = {}
+        # No lease expires before this time (a lower bound: a keep-alive only moves a lease's expiry later), so
+        # the check every call makes (expire_due) looks at the leases only when one may have expired.
+        self._expiry_floor = math.inf
         self._next_lease = 0x1000
         # Every event since the last compaction: (revision, type, key snapshot).
         self.events: list[tuple[int, int, rpc.KeyValue]] = []
@@ -101,17 +117,41 @@ class EtcdModel:
         hi = len(self._sorted) if end == b"\0" else bisect.bisect_left(self._sorted, end)
         return self._sorted[lo:hi]
 
-    def range(self, request: rpc.RangeRequest) -> rpc.RangeResponse:
+    def _range_keys(self, request: rpc.RangeRequest) -> tuple[list[bytes], bool, int]:
+        """A range's keys (none when it counts only), whether more matched than its limit, and how many did."""
         self.expire_due()
         if request.revision:
             raise EtcdError(grpc.StatusCode.UNIMPLEMENTED, "the model reads only at the current revision")
         keys = self._matching(request.key, request.range_end)
         if request.sort_order == rpc.RangeRequest.DESCEND:
             keys = keys[::-1]
-        limit = request.limit or RANGE_KEYS_MAX
-        page = keys[:limit]
-        kvs = [] if request.count_only else [self._kv(k, request.keys_only) for k in page]
-        return rpc.RangeResponse(header=self._header(), kvs=kvs, more=len(keys) > len(page), count=len(keys))
+        page = keys[:request.limit or RANGE_KEYS_MAX]
+        return [] if request.count_only else page, len(keys) > len(page), len(keys)
+
+    def range(self, request: rpc.RangeRequest) -> rpc.RangeResponse:
+        page, more, count = self._range_keys(request)
+        return rpc.RangeResponse(header=self._header(), kvs=[self._kv(k, request.keys_only) for k in page],
+                                 more=more, count=count)
+
+    def range_encoded(self, request: rpc.RangeRequest) -> bytes:
+        """range(request) serialized, built from each key's serialized KeyValue (made once per version of the
+        key) rather than as a message: most of the model's calls are ranges, and most read keys that did not
+        change since the last read. sim/tests checks it against range()."""
+        page, more, count = self._range_keys(request)
+        parts = [_field(_RANGE_HEADER, self._header().SerializeToString())]
+        for key in page:
+            if request.keys_only:
+                parts.append(_field(_RANGE_KV, self._kv(key, True).SerializeToString()))
+                continue
+            k = self.keys[key]
+            if not k.encoded:
+                k.encoded = _field(_RANGE_KV, self._kv(key).SerializeToString())
+            parts.append(k.encoded)
+        if more:
+            parts.append(_RANGE_MORE + b"\x01")
+        if count:
+            parts.append(_RANGE_COUNT + varint(count))
+        return b"".join(parts)
 
     # -- writes --------------------------------------------------------------------------------------
     def _put(self, revision: int, key: bytes, value: bytes, lease: int) -> None:
@@ -228,6 +268,7 @@ class EtcdModel:
         self._next_lease += 1
         lease_id = request.ID or self._next_lease
         self.leases[lease_id] = _Lease(request.TTL, self.clock() + request.TTL)
+        self._expiry_floor = min(self._expiry_floor, self.clock() + request.TTL)
         asyncio.get_running_loop().call_at(self.clock() + request.TTL, self.expire_due)
         return rpc.LeaseGrantResponse(header=self._header(), ID=lease_id, TTL=request.TTL)
 
@@ -251,14 +292,18 @@ class EtcdModel:
 
     def expire_due(self) -> None:
         now = self.clock()
+        if now < self._expiry_floor:
+            return
         for lease_id in sorted(i for i, lease in self.leases.items() if lease.expires_at <= now):
             self.leases_expired += 1
             self.revoke(lease_id)
+        self._expiry_floor = min((lease.expires_at for lease in self.leases.values()), default=math.inf)
 
     def expire_all(self) -> None:
         """Every lease expires now (an etcd that lost its leader long enough: a fault the run injects)."""
         for lease in self.leases.values():
             lease.expires_at = self.clock()
+        self._expiry_floor = self.clock()
         self.expire_due()
 
     # -- watches -------------------------------------------------------------------------------------
@@ -288,12 +333,14 @@ class EtcdModel:
     def direct(self) -> dict[str, Direct]:
         """The etcd v3 unary methods the client uses, by full method name, answered at once as the request
         arrives (network.Direct: none of them waits)."""
-        def unary(fn: Callable[[Any], Any], request_type: Any) -> Direct:
+        def unary(fn: Callable[[Any], Any], request_type: Any, serialized: bool = False) -> Direct:
+            """`fn` answers a message (or, `serialized`, the answer's bytes)."""
             def handle(request: bytes) -> bytes:
                 try:
-                    return fn(request_type.FromString(request)).SerializeToString()  # type: ignore[no-any-return]
+                    answer = fn(request_type.FromString(request))
                 except EtcdError as e:
                     raise Aborted(e.code, e.details) from e
+                return answer if serialized else answer.SerializeToString()  # type: ignore[no-any-return]
             return handle
 
         def revoke(request: rpc.LeaseRevokeRequest) -> rpc.LeaseRevokeResponse:
@@ -305,7 +352,7 @@ class EtcdModel:
                                       dbSizeInUse=len(self.keys) * 100)
 
         return {
-            "/etcdserverpb.KV/Range": unary(self.range, rpc.RangeRequest),
+            "/etcdserverpb.KV/Range": unary(self.range_encoded, rpc.RangeRequest, serialized=True),
             "/etcdserverpb.KV/Put": unary(self.put, rpc.PutRequest),
             "/etcdserverpb.KV/DeleteRange": unary(self.delete_range, rpc.DeleteRangeRequest),
             "/etcdserverpb.KV/Txn": unary(self.txn, rpc.TxnRequest),
