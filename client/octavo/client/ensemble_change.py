@@ -40,8 +40,12 @@ log = logging.getLogger(__name__)
 
 ENSEMBLE_CHANGE_ATTEMPTS_MAX = 10
 ENSEMBLE_CHANGE_METADATA_WAIT_S = 30.0
-# How often an ensemble change that waits for a usable bookie reads the registrations again.
+# How often an ensemble change that waits for a usable bookie looks at the registrations again, and its
+# shortest pause: the registrations come from memory while the client's watch is live, so no time passes in
+# the look itself, and a pause of the float rounding left of ensemble_change_wait_s would not move the clock
+# (the simulation's virtual clock did not move at all: a livelock, seed 2600299).
 ENSEMBLE_CHANGE_POLL_S = 0.2
+ENSEMBLE_CHANGE_POLL_S_MIN = 0.001
 
 
 def connection_state(client: ClientContext, bookie_id: str) -> str:
@@ -259,8 +263,8 @@ class EnsembleChanges:
 
     async def _wait_for_replacement(self, failed: str) -> str | None:
         """A bookie to take `failed`'s place (choose_replacement). With none, wait up to ensemble_change_wait_s
-        for one (a bookie restarting, a connection coming back), re-reading the registrations every
-        ENSEMBLE_CHANGE_POLL_S; then NotEnoughBookiesError names every bookie and why it could not be used. None
+        for one (a bookie restarting, a connection coming back), looking at the registrations as they are now
+        every ENSEMBLE_CHANGE_POLL_S; then NotEnoughBookiesError names every bookie and why it could not be used. None
         if the change stopped being needed meanwhile."""
         handle = self._handle
         loop = asyncio.get_running_loop()
@@ -288,4 +292,4 @@ class EnsembleChanges:
             if waited == 0:
                 log.info("ledger %d: no bookie can replace %s now; waiting up to %gs: %s", handle.ledger_id, failed,
                          wait_s, choice.reason)
-            await asyncio.sleep(min(ENSEMBLE_CHANGE_POLL_S, wait_s - waited))
+            await asyncio.sleep(max(ENSEMBLE_CHANGE_POLL_S_MIN, min(ENSEMBLE_CHANGE_POLL_S, wait_s - waited)))
