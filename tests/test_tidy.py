@@ -25,7 +25,7 @@ MODULE_LINES_MAX = 600
 # path::Qualified.name.
 EXCEPTIONS: dict[str, int] = {
     'cli/octavo/cli/dev.py::cmd_up': 85,
-    'client/octavo/client/client.py': 681,
+    'client/octavo/client/client.py': 649,
     'client/octavo/client/dataset.py': 1074,
     'client/octavo/client/dataset.py::DatasetStore': 660,
     'client/octavo/client/dataset.py::DatasetStore.commit': 136,

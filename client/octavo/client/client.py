@@ -37,6 +37,7 @@ from octavo.client.instruments import ClientTracing, client_metrics
 from octavo.client.options import ClientOptions
 from octavo.client.reader import Entry, ReadHandle
 from octavo.client.recovery import recover_ledger
+from octavo.client.registrations import RegistrationView
 from octavo.client.scheduler import WriteScheduler
 from octavo.client.writer import WriteHandle
 from octavo.meta.errors import (
@@ -91,11 +92,9 @@ class Client:
         self.datasets = DatasetStore(self.etcd, self.metadata_store.layout, self.delete_ledger,
                                      self.metadata_store.iter_ledgers, BlobLedgers(self))
         self._bookie_clients: dict[str, BookieClient] = {}
-        self._registrations: dict[str, BookieInfo] = {}
-        self._registrations_at = -1e9
-        # The registration read that callers arriving now will share, and the task that makes the reads.
-        self._next_registration_read: asyncio.Future[None] | None = None
-        self._registration_reader: asyncio.Task[None] | None = None
+        # The registrations, kept by an etcd watch (registrations.py).
+        self._registration_view = RegistrationView(self.metadata_store, self.options.bookie_list_ttl_s,
+                                                   self._registrations_changed)
         self._closing: set[asyncio.Task[None]] = set()
         self._writers: weakref.WeakSet[WriteHandle] = weakref.WeakSet()
         # Draining bookies (drain.py on the bookie): when their writers were last asked to move off each.
@@ -119,54 +118,22 @@ class Client:
         for writer in list(self._writers):
             writer.abandon(LedgerClosedError("the client was closed with this append in flight"))
         self.write_scheduler.cancel()
-        background = [*self._drain_tasks, *([self._registration_reader] if self._registration_reader else [])]
+        background = [*self._drain_tasks]
         for task in background:
             task.cancel()
         clients, self._bookie_clients = list(self._bookie_clients.values()), {}
-        await asyncio.gather(*background, *self._closing, *(c.close() for c in clients), return_exceptions=True)
+        await asyncio.gather(*background, self._registration_view.close(), *self._closing,
+                             *(c.close() for c in clients), return_exceptions=True)
         await self.etcd.close()
 
     # -- bookies ---------------------------------------------------------------------------------------
     async def bookies(self, refresh: bool = False) -> dict[str, BookieInfo]:
-        """Registered bookies (writable and read-only), cached for bookie_list_ttl_s."""
-        loop = asyncio.get_running_loop()
-        if refresh or loop.time() - self._registrations_at > self.options.bookie_list_ttl_s:
-            await self._read_registrations()
-        return self._registrations
+        """Registered bookies (writable and read-only). refresh: as they are now (the watched view while the
+        watch vouches for it, else read from etcd); otherwise as known, read again after bookie_list_ttl_s."""
+        return await self._registration_view.bookies(refresh)
 
-    async def _read_registrations(self) -> None:
-        """Read the registrations from etcd: a read that starts after this call did, shared with every caller
-        that arrived while an earlier read was in flight. Hundreds of concurrent creators then cost one etcd
-        read per round trip, not one each, none of them sees registrations older than its call, and all of them
-        go on in the same event-loop turn (their creations then share etcd transactions and add requests)."""
-        if self._next_registration_read is None:
-            self._next_registration_read = asyncio.get_running_loop().create_future()
-            if self._registration_reader is None or self._registration_reader.done():
-                self._registration_reader = asyncio.get_running_loop().create_task(
-                    self._registration_reads(), name="octavo-registrations")
-        await asyncio.shield(self._next_registration_read)
-
-    async def _registration_reads(self) -> None:
-        while self._next_registration_read is not None:
-            done, self._next_registration_read = self._next_registration_read, None
-            try:
-                self._apply_registrations(await self.metadata_store.bookies())
-            except Exception as e:
-                done.set_exception(e)
-                done.exception()  # retrieved: a read nobody waits for any more must not warn
-            except BaseException:  # cancelled: its waiters, and those of the next read, are cancelled too
-                done.cancel()
-                if self._next_registration_read is not None:
-                    self._next_registration_read.cancel()
-                    self._next_registration_read = None
-                raise
-            else:
-                done.set_result(None)
-
-    def _apply_registrations(self, registrations: dict[str, BookieInfo]) -> None:
-        before, self._registrations = self._registrations, registrations
-        self._registrations_at = asyncio.get_running_loop().time()
-        for bookie_id, info in self._registrations.items():
+    def _registrations_changed(self, before: dict[str, BookieInfo], registrations: dict[str, BookieInfo]) -> None:
+        for bookie_id, info in registrations.items():
             known = self._bookie_clients.get(bookie_id)
             if known is None:
                 continue
@@ -183,22 +150,23 @@ class Client:
         return before is not None and now.started_unix_ms != before.started_unix_ms and now.started_unix_ms > 0
 
     def _replace_connection(self, bookie_id: str, known: BookieClient, why: str) -> None:
-        log.info("bookie %s %s: new connection to %s", bookie_id, why, self._registrations[bookie_id].address)
+        log.info("bookie %s %s: new connection to %s", bookie_id, why, self.registrations[bookie_id].address)
         self._bookie_clients.pop(bookie_id)
         self._closing.add(task := asyncio.get_running_loop().create_task(known.close()))
         task.add_done_callback(self._closing.discard)
 
     @property
     def registrations(self) -> dict[str, BookieInfo]:
-        """The registrations as last read from etcd (no etcd call)."""
-        return self._registrations
+        """The registrations as last known (watched, or read from etcd; no etcd call)."""
+        return self._registration_view.current
 
     async def writable_bookies(self) -> list[str]:
         return sorted(b for b, info in (await self.bookies(refresh=True)).items() if not info.readonly)
 
     async def moved(self, bookie_id: str) -> bool:
-        """After a call to a bookie failed: re-read the registrations and say whether the bookie now has
-        another address (it restarted elsewhere), in which case bookie_client() gives the new connection."""
+        """After a call to a bookie failed: look at the registrations as they are now (bookies(refresh=True)) and
+        say whether the bookie has another address (it restarted elsewhere); bookie_client() then gives the new
+        connection."""
         old = self._bookie_clients.get(bookie_id)
         info = (await self.bookies(refresh=True)).get(bookie_id)
         return info is not None and (old is None or old.address != info.address)
@@ -206,7 +174,7 @@ class Client:
     def bookie_client(self, bookie_id: str) -> BookieClient:
         client = self._bookie_clients.get(bookie_id)
         if client is None:
-            info = None if self.closed else self._registrations.get(bookie_id)  # closed: a new channel would leak
+            info = None if self.closed else self.registrations.get(bookie_id)  # closed: a new channel would leak
             if info is None:
                 raise BookieUnavailableError(f"bookie {bookie_id} " + ("cannot be reached: the client is closed"
                                              if self.closed else "is not registered (down, or unknown)"))
@@ -219,7 +187,7 @@ class Client:
 
     def _bookie_draining(self, bookie_id: str) -> None:
         """An add response said the bookie is stopping (controlled shutdown): at most once per
-        DRAIN_CHECK_INTERVAL_S, read the registrations again (one read shared by every caller) and ask each
+        DRAIN_CHECK_INTERVAL_S, look at the registrations as they are now (bookies(refresh=True)) and ask each
         write handle with the bookie in its last ensemble to move off it (WriteHandle.bookie_draining)."""
         loop = asyncio.get_running_loop()
         now = loop.time()

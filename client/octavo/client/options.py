@@ -16,7 +16,8 @@ class ClientOptions:
     add_timeout_s: float = 10.0
     read_timeout_s: float = 10.0
     speculative_read_delay_s: float = 0.2
-    # How long the client trusts its list of bookie registrations before asking etcd again.
+    # How long the client trusts its view of the bookie registrations (kept by an etcd watch) without a confirmation
+    # (a read, or a watch response) before it reads them again: a watch can go silent without breaking.
     bookie_list_ttl_s: float = 2.0
     # How long one etcd call may wait (for etcd to be reachable, and for its answer).
     metadata_timeout_s: float = 5.0

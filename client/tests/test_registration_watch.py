@@ -1,0 +1,233 @@
+"""The client's registrations kept by an etcd watch (client/octavo/client/registrations.py), on a real etcd: a
+live, recently confirmed watch serves bookies(refresh=True) with no etcd read; registrations and leaves reach
+the view by themselves; a broken watch falls back to reads and catches up once it is back; a view not confirmed
+for bookie_list_ttl_s is read again; close() leaves no task.
+
+The etcd reads are counted at the client's own EtcdClient (every read of the registrations prefix goes through
+its iter_prefix); the bookies are registrations written by a second etcd client, on leases, as bookies write
+them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from octavo.cli.localcluster import EtcdProcess, free_port
+from octavo.client import Client, ClientOptions
+from octavo.meta.errors import MetadataUnavailableError
+from octavo.meta.etcd import EtcdClient
+from octavo.meta.layout import Layout
+from octavo.meta.metadata import BookieInfo, MetadataStore
+
+WAIT_S = 10.0
+
+
+def count_registration_reads(client: Client) -> list[int]:
+    """Count the client's etcd reads of the registrations prefix (one element, the count so far)."""
+    counter = [0]
+    etcd = client.etcd
+    read = etcd.iter_prefix
+    prefix = client.metadata_store.layout.registrations
+
+    def counting(start: bytes, *args: Any, **kwargs: Any) -> Any:
+        if start == prefix:
+            counter[0] += 1
+        return read(start, *args, **kwargs)
+
+    etcd.iter_prefix = counting  # type: ignore[method-assign]
+    return counter
+
+
+async def wait_until(what: str, condition: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g}s"
+        await asyncio.sleep(0.02)
+
+
+def watching(client: Client) -> Callable[[], bool]:
+    return lambda: client._registration_view.live
+
+
+class Bookies:
+    """Registrations in etcd as bookies make them: each on a lease of its own."""
+
+    def __init__(self, endpoint: str, cluster: str) -> None:
+        self.etcd = EtcdClient(endpoint)
+        self.store = MetadataStore(self.etcd, Layout(cluster))
+        self.leases: dict[str, int] = {}
+
+    async def register(self, bookie_id: str, port: int = 3181) -> None:
+        lease_id = self.leases.get(bookie_id) or await self.etcd.grant_lease(60)
+        self.leases[bookie_id] = lease_id
+        await self.store.register_bookie(BookieInfo(bookie_id, f"127.0.0.1:{port}", started_unix_ms=1), lease_id)
+
+    async def leave(self, bookie_id: str) -> None:
+        assert await self.etcd.revoke_lease(self.leases.pop(bookie_id))
+
+
+@contextlib.asynccontextmanager
+async def bookies(endpoint: str, cluster: str, *ids: str) -> AsyncIterator[Bookies]:
+    registry = Bookies(endpoint, cluster)
+    try:
+        for bookie_id in ids:
+            await registry.register(bookie_id)
+        yield registry
+    finally:
+        await registry.etcd.close()
+
+
+class CuttableProxy:
+    """A TCP proxy to etcd in the test's own event loop. cut() ends every connection and refuses new ones (the
+    client's watch breaks and its reads fail, while the test's own etcd client still reaches etcd); resume()
+    passes connections again."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream_host, port = upstream.rsplit(":", 1)
+        self.upstream_port = int(port)
+        self.port = free_port()
+        self.open = True
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._server: asyncio.AbstractServer | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+
+    def cut(self) -> None:
+        self.open = False
+        for writer in self._writers:
+            writer.transport.abort()
+
+    def resume(self) -> None:
+        self.open = True
+
+    async def stop(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.open:
+            writer.transport.abort()
+            return
+        up_reader, up_writer = await asyncio.open_connection(self.upstream_host, self.upstream_port)
+        self._writers.update((writer, up_writer))
+        pipes = [asyncio.create_task(self._pipe(reader, up_writer)), asyncio.create_task(self._pipe(up_reader, writer))]
+        self._tasks.update(pipes)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.transport.abort()
+            self._writers.discard(writer)
+
+
+async def test_refreshes_are_served_by_the_live_watch(etcd: EtcdProcess, cluster_name: str) -> None:
+    async with bookies(etcd.endpoint, cluster_name, "b1", "b2", "b3"), \
+            Client(etcd.endpoint, cluster_name, ClientOptions(bookie_list_ttl_s=60.0)) as client:
+        reads = count_registration_reads(client)
+        assert set(await client.bookies(refresh=True)) == {"b1", "b2", "b3"}
+        await wait_until("the registrations watch is live", watching(client))
+        before = reads[0]
+        for _ in range(100):
+            assert set(await client.bookies(refresh=True)) == {"b1", "b2", "b3"}
+        assert await client.writable_bookies() == ["b1", "b2", "b3"]
+        client.bookie_client("b1")  # a connection (never used): moved() compares its address
+        assert not await client.moved("b1")
+        # Before the watch, each of these calls was an etcd read of the whole prefix.
+        assert reads[0] == before, f"{reads[0] - before} etcd reads of the registrations for 102 refreshes"
+
+
+async def test_registrations_and_leaves_reach_the_view_by_themselves(etcd: EtcdProcess, cluster_name: str) -> None:
+    async with bookies(etcd.endpoint, cluster_name, "b1", "b2") as registry, \
+            Client(etcd.endpoint, cluster_name, ClientOptions(bookie_list_ttl_s=60.0)) as client:
+        await client.bookies()
+        await wait_until("the registrations watch is live", watching(client))
+        # No call to bookies() from here on: only the watch can bring the changes.
+        await registry.register("b3")
+        await wait_until("b3's registration is seen", lambda: "b3" in client.registrations)
+        await registry.leave("b1")
+        await wait_until("b1's leave is seen", lambda: "b1" not in client.registrations)
+        await registry.register("b2", port=4181)  # moved: restarted elsewhere
+        await wait_until("b2's new address is seen", lambda: client.registrations["b2"].address.endswith(":4181"))
+        assert set(client.registrations) == {"b2", "b3"}
+
+
+async def test_a_broken_watch_falls_back_to_reads_and_catches_up(etcd: EtcdProcess, cluster_name: str) -> None:
+    proxy = CuttableProxy(etcd.endpoint)
+    await proxy.start()
+    options = ClientOptions(bookie_list_ttl_s=60.0, metadata_timeout_s=1.0)
+    try:
+        async with bookies(etcd.endpoint, cluster_name, "b1", "b2") as registry, \
+                Client(proxy.endpoint, cluster_name, options) as client:
+            reads = count_registration_reads(client)
+            await client.bookies(refresh=True)
+            await wait_until("the registrations watch is live", watching(client))
+            proxy.cut()
+            await wait_until("the watch is seen broken", lambda: not watching(client)())
+            # Registered while the client cannot see etcd: no watch will report it, the read after the next
+            # watch is created must find it.
+            await registry.register("b3")
+            before = reads[0]
+            with pytest.raises(MetadataUnavailableError):
+                await client.bookies(refresh=True)  # not served from the view: read, and etcd is not reachable
+            assert reads[0] > before
+            assert "b3" not in client.registrations
+            proxy.resume()
+            await wait_until("the watch is back", watching(client), 30.0)
+            assert set(client.registrations) == {"b1", "b2", "b3"}
+            before = reads[0]
+            assert set(await client.bookies(refresh=True)) == {"b1", "b2", "b3"}
+            assert reads[0] == before, "the watch is back, yet a refresh read etcd"
+    finally:
+        await proxy.stop()
+
+
+async def test_a_view_not_confirmed_for_the_ttl_is_read_again(etcd: EtcdProcess, cluster_name: str) -> None:
+    ttl_s = 1.0
+    async with bookies(etcd.endpoint, cluster_name, "b1"), \
+            Client(etcd.endpoint, cluster_name, ClientOptions(bookie_list_ttl_s=ttl_s)) as client:
+        reads = count_registration_reads(client)
+        await client.bookies(refresh=True)
+        await wait_until("the registrations watch is live", watching(client))
+        before = reads[0]
+        await client.bookies(refresh=True)
+        assert reads[0] == before
+        # Nothing changes, so the watch says nothing: a stream that went silent would look the same.
+        await asyncio.sleep(ttl_s * 1.2)
+        await asyncio.gather(*(client.bookies(refresh=True) for _ in range(10)))
+        assert reads[0] == before + 1, "a view not confirmed for the ttl must be read again (once, shared)"
+        await client.bookies(refresh=True)
+        assert reads[0] == before + 1, "the read confirmed the view"
+
+
+async def test_close_leaves_no_task(etcd: EtcdProcess, cluster_name: str) -> None:
+    before = asyncio.all_tasks()
+    async with bookies(etcd.endpoint, cluster_name, "b1"):
+        client = Client(etcd.endpoint, cluster_name, ClientOptions(bookie_list_ttl_s=60.0))
+        await client.bookies(refresh=True)
+        await wait_until("the registrations watch is live", watching(client))
+        assert any(t.get_name() == "octavo-registrations-watch" for t in asyncio.all_tasks())
+        await client.close()
+        await client.bookies()  # a closed client serves what it knows; it never watches again
+        left = [t for t in asyncio.all_tasks() - before if not t.done()]
+        assert not left, f"tasks left after close(): {[(t.get_name(), t.get_coro()) for t in left]}"
+
