@@ -52,6 +52,7 @@ class Registration:
         self.draining = False
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._cookie_checked = False  # check_cookie passed: start() need not read the cookie again
 
     async def check_cookie(self) -> None:
         """Raise CookieMismatchError unless this data directory and this bookie id are bound to each other,
@@ -67,6 +68,7 @@ class Registration:
             mine = Cookie(self.bookie_id, state.instance_id, self.storage.data_dir, state.created_unix_ms)
             if await self.store.create_cookie(mine):
                 log.info("bookie %s: cookie created for instance %s", self.bookie_id, state.instance_id)
+                self._cookie_checked = True
                 return
             cookie = await self.store.read_cookie(self.bookie_id)
         if cookie is not None and cookie.instance_id != state.instance_id:
@@ -77,12 +79,13 @@ class Registration:
                 f"(at {cookie.data_dir}), but {self.storage.data_dir} holds instance {state.instance_id}; {why} "
                 "Refusing to start: serving this disk as that bookie would lose acknowledged entries. To replace "
                 f"the bookie on purpose, delete the key {layout.cookie(self.bookie_id).decode()} in etcd first.")
-        await self._check_instance_owner(state.instance_id)
-        if await self.store.instance_owner(state.instance_id) is None:  # a cookie from before instance keys
+        if await self._check_instance_owner(state.instance_id) is None:  # a cookie from before instance keys
             await self.store.bind_instance(state.instance_id, self.bookie_id)
             await self._check_instance_owner(state.instance_id)
+        self._cookie_checked = True
 
-    async def _check_instance_owner(self, instance_id: str) -> None:
+    async def _check_instance_owner(self, instance_id: str) -> str | None:
+        """The bookie id the instance is bound to (None: to none yet), unless it is another's: then refuse."""
         owner = await self.store.instance_owner(instance_id)
         if owner is not None and owner.startswith(DECOMMISSIONED_PREFIX):
             raise CookieMismatchError(
@@ -98,6 +101,7 @@ class Registration:
                 f"serving {owner}'s ledgers under another id would count as a replica it is not. To move {owner}'s "
                 f"disk to the id {self.bookie_id} on purpose, stop {owner} for good and delete the keys "
                 f"{layout.instance(instance_id).decode()} and {layout.cookie(owner).decode()} in etcd first.")
+        return owner
 
     def info(self) -> BookieInfo:
         return BookieInfo(self.bookie_id, self.address, readonly=bool(self.storage.read_only_reason) or self.draining,
@@ -128,7 +132,9 @@ class Registration:
                  self.ttl_s)
 
     async def start(self) -> None:
-        await self.check_cookie()
+        """Register, after the cookie check (unless it already passed: the server checks before it serves)."""
+        if not self._cookie_checked:
+            await self.check_cookie()
         await self.register()
         self._task = asyncio.create_task(self._keepalive(), name="octavo-registration")
 

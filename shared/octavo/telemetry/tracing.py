@@ -33,7 +33,9 @@ class Sampling:
         if not 0.0 <= ratio <= 1.0:
             raise ValueError(f"trace_sample_ratio must be in [0, 1], got {ratio}")
         self.ratio = ratio
-        self._random = random.Random()
+        # Only a ratio strictly between 0 and 1 draws (seeding a generator reads the OS's entropy: made once
+        # per process part that traces, not for every client or bookie service that never samples).
+        self._random = random.Random() if 0.0 < ratio < 1.0 else None
 
     @property
     def enabled(self) -> bool:
@@ -41,7 +43,7 @@ class Sampling:
 
     def root(self) -> bool:
         """Whether a root operation (no sampled parent) is sampled."""
-        return self.ratio >= 1.0 or (self.ratio > 0.0 and self._random.random() < self.ratio)
+        return self.ratio >= 1.0 or (self._random is not None and self._random.random() < self.ratio)
 
     def wants_span(self) -> bool:
         """For an operation inside the current context: yes under a recording span, else at the ratio."""

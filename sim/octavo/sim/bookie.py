@@ -137,14 +137,18 @@ class SimBookie:
         # The process exits after a failed sync (synclost.py: the real one exits with EXIT_SYNC_LOST): called with
         # the reason; the fault injector crashes it and restarts it soon, as Kubernetes would.
         self.on_exit: Callable[[str], None] | None = None
+        self._config: NodeConfig | None = None
 
     @property
     def storage(self) -> Storage | None:
         return self.server.storage if self.server is not None else None
 
     def config(self, etcd_address: str) -> NodeConfig:
-        return NodeConfig(data_dir=self.data_dir, etcd=etcd_address, cluster=CLUSTER, bookie_id=self.name,
-                          advertised_address=self.address, **self.settings).validate()
+        """The bookie's settings, validated at its first start (every restart runs with the same ones)."""
+        if self._config is None or self._config.etcd != etcd_address:
+            self._config = NodeConfig(data_dir=self.data_dir, etcd=etcd_address, cluster=CLUSTER,
+                                      bookie_id=self.name, advertised_address=self.address, **self.settings).validate()
+        return self._config
 
     async def start(self, network: Any, etcd_address: str) -> None:
         """Open the storage (recovery runs), check the cookie, serve, register, start the background loops.
