@@ -228,6 +228,7 @@ async def test_close_leaves_no_task(etcd: EtcdProcess, cluster_name: str) -> Non
         assert any(t.get_name() == "octavo-registrations-watch" for t in asyncio.all_tasks())
         await client.close()
         await client.bookies()  # a closed client serves what it knows; it never watches again
-        left = [t for t in asyncio.all_tasks() - before if not t.done()]
+        # gRPC's own Cython tasks that collect a cancelled call's status end a moment later: not ours to wait for.
+        left = [t for t in asyncio.all_tasks() - before if not t.done() and hasattr(t.get_coro(), "cr_code")]
         assert not left, f"tasks left after close(): {[(t.get_name(), t.get_coro()) for t in left]}"
 
