@@ -146,6 +146,8 @@ async def test_refreshes_are_served_by_the_live_watch(etcd: EtcdProcess, cluster
         reads = count_registration_reads(client)
         assert set(await client.bookies(refresh=True)) == {"b1", "b2", "b3"}
         await wait_until("the registrations watch is live", watching(client))
+        # The first call waited for the watch's first view (the read after etcd created the watch).
+        assert reads[0] == 1, f"{reads[0]} etcd reads of the registrations to start the watch"
         before = reads[0]
         for _ in range(100):
             assert set(await client.bookies(refresh=True)) == {"b1", "b2", "b3"}

@@ -7,7 +7,8 @@ etcd's load grow with the creations. As BookKeeper's RegistrationClient does wit
 is kept by one watch on the registrations prefix and served from memory:
 
 - The watch starts with the first `bookies()` call. Once etcd has created it, the prefix is read once: a change
-  made after that read is reported by the watch, one made before it is in the read.
+  made after that read is reported by the watch, one made before it is in the read. The first calls wait for
+  that read (up to WATCH_FIRST_VIEW_WAIT_S, then they read on their own) rather than make one more.
 - On each response with changes the prefix is read again (one snapshot: a bookie changing mode puts one key and
   deletes the other in one transaction, and the read-only key wins if both are seen). Registrations change
   rarely (a bookie starts, stops or changes mode; leases are refreshed without a change), so a read per change
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 # last); it is retried for as long as the client is open, and reads serve the callers meanwhile.
 WATCH_RETRY_S_INITIAL = 0.5
 WATCH_RETRY_S_MAX = 10.0
+# How long the calls that started the watch wait for its first view (created, then read) before they read etcd
+# themselves: etcd answers in milliseconds, so a wait this long means etcd is away and the read fails as before.
+WATCH_FIRST_VIEW_WAIT_S = 1.0
 
 Registrations = dict[str, BookieInfo]
 
@@ -70,6 +74,8 @@ class RegistrationView:
         self._reader: asyncio.Task[None] | None = None
         self._change_read: asyncio.Future[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
+        # Done when the watch's first attempt gave a view, or failed to.
+        self._first_view: asyncio.Future[None] | None = None
 
     async def bookies(self, refresh: bool = False) -> Registrations:
         """The registrations. refresh: as they are now (the watched view if it can vouch for that, else read);
@@ -77,10 +83,13 @@ class RegistrationView:
         self._start_watch()
         if self._serves(refresh):
             return self.current
-        pending = self._change_read
-        if refresh and self.live and pending is not None and not pending.done():
-            # The watch reported a change whose read is in flight: it is the read this caller needs.
-            await asyncio.wait([pending])  # never cancels it: other callers may share it
+        # A read this caller needs may be in flight already: the watch's first view (the read after etcd created
+        # it), or the read of a change the watch reported.
+        pending = self._first_view
+        if pending is None or pending.done():
+            pending = self._change_read if refresh and self.live else None
+        if pending is not None and not pending.done():
+            await asyncio.wait([pending], timeout=WATCH_FIRST_VIEW_WAIT_S)  # never cancels it: others share it
             if self._serves(refresh):
                 return self.current
         await self.read()
@@ -137,6 +146,7 @@ class RegistrationView:
     # -- the watch -------------------------------------------------------------------------------------
     def _start_watch(self) -> None:
         if self._watcher is None and not self.closed:
+            self._first_view = asyncio.get_running_loop().create_future()
             self._watcher = asyncio.get_running_loop().create_task(self._watch(), name="octavo-registrations-watch")
 
     async def _watch(self) -> None:
@@ -149,6 +159,7 @@ class RegistrationView:
                     if not self.live:  # created: from now on no change is missed, so read what is there
                         await self.read()
                         self.live = True
+                        self._first_viewed()
                         attempt = 0
                         log.debug("registrations watch established")
                         continue
@@ -163,8 +174,13 @@ class RegistrationView:
                 log.exception("the registrations watch failed: reading etcd until it is back")
             finally:
                 self.live = False
+                self._first_viewed()
             await asyncio.sleep(backoff_s(attempt, WATCH_RETRY_S_INITIAL, WATCH_RETRY_S_MAX))
             attempt += 1
+
+    def _first_viewed(self) -> None:
+        if self._first_view is not None and not self._first_view.done():
+            self._first_view.set_result(None)
 
     async def close(self) -> None:
         """Stop the watch and the reader (their waiters see CancelledError); the watch is never started again."""
