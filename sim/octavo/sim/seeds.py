@@ -21,10 +21,10 @@ SECTION_END = "<!-- octavo.sim figures: end -->"
 # Python's cyclic GC in a worker process (docs/simulation.md, "Fourth round" and "Sixth round"): what the imports
 # made is frozen out of the collections, a collection runs between seeds, and one starts during a seed only after
 # this many new container objects. Python's default is 700 (a seed made about 18 collections, about 4% of its CPU);
-# 10,000 still made about 0.7 a seed, which cost about 9% of a seed's CPU (40 seeds with and without, measured
-# 2026-11-27). At 200,000 a typical seed makes none (its peak memory is unchanged: most of its garbage is freed by
-# reference counting), while a run that goes on for long is still collected. A seed's garbage is collected at the
-# latest before the next seed starts, so the memory stays bounded.
+# 10,000 still made about 0.7 a seed. At 200,000 a typical seed makes none (its peak memory is unchanged: most of its
+# garbage is freed by reference counting; counted in instructions the saving is under 1%, as the collection between
+# seeds does most of that work anyway), while a run that goes on for long is still collected. A seed's garbage is
+# collected at the latest before the next seed starts, so the memory stays bounded.
 GC_GEN0_THRESHOLD = 200_000
 GC_GEN1_THRESHOLD = 20
 GC_GEN2_THRESHOLD = 20
