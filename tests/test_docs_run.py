@@ -173,8 +173,9 @@ class Reader:
                                      f"{output.decode(errors='replace')}")
             output += chunk
         text, _, verdict = (b"\n" + output).partition(marker)
-        while not verdict.endswith(b"\n"):  # the rest of the sentinel line
+        while b"\n" not in verdict:  # the rest of the sentinel line (what follows it is not this block's)
             verdict += os.read(fd, 1 << 10)
+        verdict = verdict.split(b"\n", 1)[0]
         print(f"{block.where}: python, {time.monotonic() - started:.1f}s")
         assert verdict.strip() == b"ok", (f"{block.where}: the Python block failed:\n{block.code}\n--- output\n"
                                           f"{text.decode(errors='replace')}")
@@ -213,7 +214,10 @@ DRIVER = textwrap.dedent(f"""\
             verdict = "failed"
         sys.stdout.flush()
         sys.stderr.flush()
-        print("\\n" + {SENTINEL!r} + verdict, flush=True)  # on a line of its own, whatever came before
+        # One write (atomic on a pipe), on a line of its own: the JVM of a Spark block writes its log lines to the
+        # same pipe from its own threads, and print's two writes (text, then newline) let one land in between.
+        sys.stdout.write("\\n" + {SENTINEL!r} + verdict + "\\n")
+        sys.stdout.flush()
     """)
 
 
