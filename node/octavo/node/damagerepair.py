@@ -93,8 +93,9 @@ class DamageRepair:
                         await self.pass_once(client)
                         delay = 1.0
                         self._wake.clear()
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(self._wake.wait(), self.interval_s)
+                        with contextlib.suppress(TimeoutError):  # no task per wait, as wait_for makes
+                            async with asyncio.timeout(self.interval_s):
+                                await self._wake.wait()
             except (OctavoError, StorageError, OSError) as e:
                 self.stats.last_error = str(e)
                 log.warning("damage repair pass failed (%s); retrying in %.0fs", e, delay)

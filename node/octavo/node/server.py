@@ -193,8 +193,11 @@ class BookieServer:
         next_gc = time.monotonic() + self.config.gc_interval_ms / 1000
         loop = asyncio.get_running_loop()
         while True:
-            with contextlib.suppress(TimeoutError):  # woken early when a compaction window opens
-                await asyncio.wait_for(self.space_wake.wait(), interval_s)
+            # Woken early when a compaction window opens. asyncio.timeout, not wait_for: in Python 3.11 wait_for
+            # wraps the wait in a task of its own at every pass.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval_s):
+                    await self.space_wake.wait()
             self.space_wake.clear()
             if self.registration is not None and time.monotonic() >= next_gc:
                 next_gc = time.monotonic() + self.config.gc_interval_ms / 1000
