@@ -180,9 +180,14 @@ class NodeConfig:
 
     def validate(self) -> NodeConfig:
         """Self, or ConfigError naming every setting out of its range (all of them, "; "-separated)."""
+        # A start validates the same settings in each part it builds (the server, the storage); they are frozen,
+        # so the checks (pure, over every field) run once per instance.
+        if self.__dict__.get("_validated"):
+            return self
         problems = self.problems()
         if problems:
             raise ConfigError("; ".join(problems))
+        object.__setattr__(self, "_validated", True)
         return self
 
     def problems(self) -> list[str]:
