@@ -18,6 +18,7 @@ from octavo.node.config import ConfigError, NodeConfig
 from octavo.node.errors import StorageError, WriteCacheFull
 from octavo.node.fileio import FileIO
 from octavo.node.files import LOGS_DIR, RECOVERY_POINT_FILE, log_file_name
+from octavo.node.flusher import Flusher
 from octavo.node.record import LOG_HEADER_BYTES
 from octavo.node.recovery import scan_log
 from octavo.node.storage import LedgerBatch, Storage
@@ -460,6 +461,29 @@ def test_roll_interval_rolls_a_quiet_log(tmp_path: Path) -> None:
         while s.status()["recovery_point_log_id"] == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert s.status()["recovery_point_log_id"] >= 1
+    finally:
+        s.close()
+
+
+def test_the_flusher_sleeps_until_the_age_roll_is_due_and_a_roll_wakes_it(tmp_path: Path) -> None:
+    """Idle, the flusher sleeps a whole roll interval, not a tick; with records in the active log, until their age
+    roll is due (a tick at least); with a log queued, a tick. Each roll calls the engine's wake hook."""
+    now = [100.0]
+    s = Storage.open(small_config(tmp_path / "b", log_roll_interval_ms=1000), start_flusher=False,
+                     clock=lambda: now[0])
+    try:
+        flusher = Flusher(s)
+        assert flusher.tick_s == 0.25 and flusher.wait_s() == 1.0  # nothing in the active log
+        add(s, 1, 0, 3)
+        now[0] += 0.4
+        assert flusher.wait_s() == pytest.approx(0.6)
+        now[0] += 0.5
+        assert flusher.wait_s() == 0.25  # due in 0.1 s
+        woken: list[int] = []
+        s.wake_on_roll(lambda: woken.append(s.pending_flushes()))
+        assert s.roll()
+        assert woken == [1] and flusher.wait_s() == 0.25  # the queued log is flushed a tick later at the latest
+        assert flusher.step() == 1 and flusher.wait_s() == 1.0
     finally:
         s.close()
 

@@ -24,6 +24,9 @@ class EngineFlags:
         self.sync_failed_reason = ""
         # Observability (metrics.py): called with each flush's duration in seconds, from the flusher's thread.
         self.on_flush: Callable[[float], None] | None = None
+        # Called, under the engine lock, each time the active log rolls (a log queued for the flusher): wakes the
+        # flusher (flusher.py), which otherwise sleeps until the active log is due to roll by age.
+        self.on_roll: Callable[[], None] | None = None
         # What the process does once a sync failed for good (synclost.py): the server exits; None (tests, the
         # simulation's own handling) leaves the engine read-only with nothing flushed again.
         self.on_sync_lost: Callable[[str], None] | None = None
@@ -68,3 +71,7 @@ class EngineFlags:
     def observe_flushes(self, callback: Callable[[float], None] | None) -> None:
         """Call `callback` with each flush's duration in seconds (from the flusher's thread)."""
         self.on_flush = callback
+
+    def wake_on_roll(self, callback: Callable[[], None] | None) -> None:
+        """Call `callback` (quick, no IO: it runs under the engine lock) each time a log is queued for flushing."""
+        self.on_roll = callback

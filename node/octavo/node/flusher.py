@@ -2,7 +2,9 @@
 
 For each rolled log (Engine.flush_one): fsync the log and its directory -> commit its index entries and the
 dirty ledger rows in one synced index transaction -> write the recovery point past it. It also rolls an
-active log whose oldest unsynced record is older than log_roll_interval_ms. A failure is logged, kept for
+active log whose oldest unsynced record is older than log_roll_interval_ms. Between rounds it sleeps until a roll
+wakes it (Engine.wake_on_roll) or the active log is due to roll by age (wait_s): an idle bookie's flusher wakes once a
+roll interval, not every tick. A failure is logged, kept for
 status, and retried with backoff; the log stays queued and adds wait once the write cache fills. Except a failed
 sync (SyncLostError, synclost.py): never retried; the thread hands the reason to the engine's on_sync_lost (the
 server exits with EXIT_SYNC_LOST) and ends, the engine read-only.
@@ -28,8 +30,12 @@ class Flusher:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="octavo-flusher", daemon=True)
+        # The shortest sleep between rounds: a quarter of the roll interval, at most a second (how late an age roll
+        # may be), and how soon a failed flush is tried again.
+        self.tick_s = min(1.0, engine.config.log_roll_interval_ms / 1000 / 4)
 
     def start(self) -> None:
+        self._engine.wake_on_roll(self.wake)
         self._thread.start()
 
     def wake(self) -> None:
@@ -53,12 +59,22 @@ class Flusher:
             flushed += 1
         return flushed
 
+    def wait_s(self) -> float:
+        """How long to sleep before the next round unless a roll wakes it: until the active log is due to roll by
+        age, but at least a tick and at most a roll interval (a record written meanwhile, the log's first, is
+        due no sooner than that). A tick while rolled logs wait (a flush failed: it is tried again)."""
+        engine = self._engine
+        if engine.pending_flushes():
+            return self.tick_s
+        interval_s = engine.config.log_roll_interval_ms / 1000
+        age_s = engine.active_log_age_s()
+        return min(interval_s, max(self.tick_s, interval_s - (age_s or 0.0)))
+
     def _run(self) -> None:
         engine = self._engine
-        tick_s = min(1.0, engine.config.log_roll_interval_ms / 1000 / 4)
         delay_ms = FLUSH_RETRY_DELAY_MS_MIN
         while not self._stop.is_set():
-            self._wake.wait(tick_s)
+            self._wake.wait(self.wait_s())
             self._wake.clear()
             try:
                 self.step()

@@ -418,8 +418,8 @@ class Storage(EngineFlags, StorageStatus):
         if self.group_sync is not None:  # its next round syncs the old log whole and the new one's name
             self.group_sync.roll(new.log_id, new.path, new.size)
         self._cache.roll_to(new)
-        if self._flusher is not None:
-            self._flusher.wake()
+        if self.on_roll is not None:  # the flusher (its thread, or the caller's loop: start_flusher=False)
+            self.on_roll()
         return new
 
     def allocate_log_id(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -15,6 +16,7 @@ from octavo.node.fileio import FileIO
 from octavo.node.files import parse_log_file_name
 from octavo.node.index import Index
 from octavo.node.ledgers import LedgerTable
+from octavo.node.record import LOG_HEADER_BYTES
 from octavo.node.startup import RecoveryReport
 from octavo.node.writecache import WriteCache
 
@@ -44,6 +46,7 @@ class _Engine(Protocol):
     recovery: RecoveryReport
     tail_maybe_lost: bool
     last_flush_error: str
+    clock: Callable[[], float]
 
     @property
     def index(self) -> Index: ...
@@ -65,6 +68,15 @@ class StorageStatus:
             pending_flushes=rolled, write_cache_entries=cache_entries,
             write_cache_bytes=cache_entries * CACHE_ENTRY_BYTES_ESTIMATE, ledgers=len(states),
             fenced_ledgers=sum(1 for state in states if state.fenced))
+
+    def active_log_age_s(self: _Engine) -> float | None:
+        """How old the active log's first unflushed record is (by the engine's clock); None while it holds none
+        (the flusher sleeps until the age roll is due: flusher.py)."""
+        with self._lock:
+            active = self._cache.active
+            if active is None or active.size <= LOG_HEADER_BYTES:
+                return None
+            return self.clock() - active.first_write_monotonic
 
     def status(self: _Engine) -> dict[str, Any]:
         with self._lock:

@@ -185,12 +185,17 @@ class SimBookie:
             self.tasks.append(loop.create_task(server.repair.run(), name="octavo-tail-repair"))
 
     async def _flush_loop(self, storage: Storage) -> None:
-        """The flusher thread's rounds (Flusher._run), on the loop: a failed round is retried next tick, except a
-        failed sync (SyncLostError), after which the process exits (on_exit)."""
+        """The flusher thread's rounds (Flusher._run), on the loop: woken by a roll, or asleep until the active log
+        is due to roll by age (Flusher.wait_s); a failed round is retried next tick, except a failed sync
+        (SyncLostError), after which the process exits (on_exit)."""
         flusher = Flusher(storage)
-        tick_s = min(1.0, storage.config.log_roll_interval_ms / 1000 / 4)
+        rolled = asyncio.Event()
+        storage.wake_on_roll(rolled.set)  # the roll runs on the loop's thread too (executor calls run inline)
         while True:
-            await asyncio.sleep(tick_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(flusher.wait_s()):
+                    await rolled.wait()
+            rolled.clear()
             try:
                 flusher.step()
                 storage.set_flush_error("")
