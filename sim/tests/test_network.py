@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from octavo.sim.network import NODE
+from octavo.sim.network import _END, NODE
 from octavo.sim.world import World
 
 
@@ -68,5 +68,55 @@ def test_calls_streams_errors_deadlines_and_partitions() -> None:
         world.loop.call_later(0.5, world.network.up, "server")
         assert await echo(b"back", timeout=1.0, wait_for_ready=True) == b"BACK"
         await asyncio.sleep(0)
+
+    run(main)
+
+
+def test_a_stream_delivers_in_order_each_message_after_its_latency_and_nothing_once_broken() -> None:
+    """Messages written in a burst are on their way together (one delivery timer per direction, not per message):
+    each arrives no sooner than the link's least latency after it was written and no later than its greatest (or
+    than the message before it), in the order written; a stream that breaks delivers nothing more."""
+    async def main(world: World) -> None:
+        world.network.link("sim", "server").latency_s_min = 0.001
+        world.network.link("sim", "server").latency_s_max = 0.010
+        channel = world.network.channel("server:1", None)
+        call = channel.stream_stream("/t.Echo/Chat")()
+        words = [b"w%d" % i for i in range(40)]
+        for word in words:  # all sent at the same virtual time
+            await call.write(word)
+        t0 = world.clock.now_s
+        got, times = [], []
+        for _ in words:
+            got.append(await call.read())
+            times.append(world.clock.now_s - t0)
+        assert got == [w.upper() for w in words]
+        assert times == sorted(times)
+        # each went there and back: at least two least latencies, at most the slowest trip each way
+        assert times[0] >= 0.002 - 1e-12 and times[-1] <= 0.020 + 1e-12
+        assert len(set(times)) > 1  # not all at once: the latencies were drawn per message
+        for word in words:
+            await call.write(word)
+        call.cancel()  # broken with 40 messages on their way
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await call.read()
+        assert raised.value.code() == grpc.StatusCode.CANCELLED
+        await asyncio.sleep(0.05)  # past every arrival time: nothing was delivered after the break
+        assert list(call.to_client.arrived) == [_END] and not call.to_client.in_flight
+        with pytest.raises(grpc.aio.AioRpcError):
+            await call.read()  # and every later read fails the same way
+
+    run(main)
+
+
+def test_a_stream_read_by_two_readers_at_once_is_refused() -> None:
+    """One reader per direction (as a gRPC call allows): a second read while one waits is a usage error."""
+    async def main(world: World) -> None:
+        call = world.network.channel("server:1", None).stream_stream("/t.Echo/Chat")()
+        first = asyncio.ensure_future(call.read())
+        await asyncio.sleep(0)
+        with pytest.raises(RuntimeError, match="two readers"):
+            await call.read()
+        await call.write(b"x")
+        assert await first == b"X"
 
     run(main)

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import contextvars
 import random
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ import grpc
 
 from octavo.meta.tls import TlsFiles
 from octavo.sim.crashpoints import CrashPoint
+from octavo.sim.loop import VirtualLoop
 
 NODE: contextvars.ContextVar[str] = contextvars.ContextVar("octavo_sim_node", default="sim")
 # How often a call that waits for its target to be ready looks again.
@@ -169,7 +171,7 @@ class Network:
     def fate(self, src: str, dst: str) -> float | None:
         """The delay of one message from src to dst, None when it is lost."""
         self.messages += 1
-        link = self.link(src, dst)
+        link = self._directed.get((src, dst)) or self.link(src, dst)
         if link.partitioned:
             return None
         if link.drop_ratio and self.rng.random() < link.drop_ratio:
@@ -181,6 +183,14 @@ class Network:
     def target(self, address: str) -> Host | None:
         node = self.addresses.get(address)
         return self.hosts.get(node) if node is not None else None
+
+
+def _virtual_loop() -> VirtualLoop:
+    """The running loop, which must be the virtual one: calls and streams read its clock directly."""
+    loop = asyncio.get_running_loop()
+    if not isinstance(loop, VirtualLoop):
+        raise RuntimeError(f"the simulated network runs on octavo.sim.loop.VirtualLoop, not {type(loop).__name__}")
+    return loop
 
 
 def _serialize(serializer: Callable[[Any], bytes] | None, message: Any) -> bytes:
@@ -261,13 +271,13 @@ class _UnaryCall:
     def __init__(self, channel: SimChannel, method: str, request: bytes, deserializer: Any, timeout: float | None,
                  wait_for_ready: bool, metadata: Any) -> None:
         self.channel, self.network = channel, channel.network
-        self.loop = asyncio.get_running_loop()
+        self.loop = loop = _virtual_loop()
         self.method, self.request, self.deserializer, self.metadata = method, request, deserializer, metadata
         self.wait_for_ready = wait_for_ready
-        self.future: asyncio.Future[Any] = self.loop.create_future()
+        self.future: asyncio.Future[Any] = loop.create_future()
         point = self.network.crash_point
         self.point = point if point is not None and point.matches(channel.src, method, request) else None
-        self._deadline = None if timeout is None else self.loop.call_later(timeout, self._expired)
+        self._deadline = None if timeout is None else loop.call_at(loop.clock.now_s + timeout, self._expired)
         self.host: Host | None = None
         self._send()
 
@@ -298,7 +308,7 @@ class _UnaryCall:
         self.host = host
         delay = self.network.fate(channel.src, host.name)
         if delay is not None:  # else lost: the caller's deadline ends it
-            self.loop.call_at(self.loop.time() + delay, self._arrive)
+            self.loop.call_at(self.loop.clock.now_s + delay, self._arrive)
 
     def _fire(self) -> None:
         """The crash point fires: the caller's node dies (its tasks are cancelled; the call with them)."""
@@ -352,7 +362,7 @@ class _UnaryCall:
     def _respond(self, host: Host, response: bytes) -> None:
         delay = self.network.fate(host.name, self.channel.src)
         if delay is not None:  # else lost: the caller's deadline ends it
-            self.loop.call_at(self.loop.time() + delay, self._answer, response)
+            self.loop.call_at(self.loop.clock.now_s + delay, self._answer, response)
 
     def _answer(self, response: bytes) -> None:
         if self.future.done():
@@ -378,6 +388,60 @@ def _on_node(node: str, coro: Any) -> asyncio.Task[Any]:
     return asyncio.get_running_loop().create_task(coro, context=context)
 
 
+class _Direction:
+    """One direction of a stream, in place of an asyncio.Queue and a timer per message: the messages on their way,
+    each with its arrival time (in the order written: a message never overtakes the one before it, as on one
+    HTTP/2 connection), delivered by one timer at the first one's arrival, which delivers every message due then
+    and sets the next; and the messages arrived, for this direction's one reader, woken by one future."""
+
+    __slots__ = ("arrived", "call", "in_flight", "last_at", "loop", "waiter")
+
+    def __init__(self, call: SimStreamCall, loop: VirtualLoop) -> None:
+        self.call = call
+        self.loop = loop
+        self.in_flight: deque[tuple[float, Any]] = deque()  # (arrival time, message), arrival times not decreasing
+        self.last_at = 0.0  # when the last message sent arrives
+        self.arrived: deque[Any] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+
+    def send(self, item: Any, delay_s: float) -> None:
+        at = self.loop.clock.now_s + delay_s
+        if at < self.last_at:
+            at = self.last_at
+        self.last_at = at
+        self.in_flight.append((at, item))
+        if len(self.in_flight) == 1:
+            self.loop.call_at(at, self._deliver)
+
+    def _deliver(self) -> None:
+        """Every message due by now, as the loop runs every timer due in one iteration (within its resolution)."""
+        in_flight = self.in_flight
+        if self.call.done:  # broken: what was on its way is lost
+            in_flight.clear()
+            return
+        loop = self.loop
+        due = loop.clock.now_s + loop._clock_resolution  # type: ignore[attr-defined]
+        while in_flight and in_flight[0][0] < due:
+            self.put(in_flight.popleft()[1])
+        if in_flight:
+            loop.call_at(in_flight[0][0], self._deliver)
+
+    def put(self, item: Any) -> None:
+        self.arrived.append(item)
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def wait(self) -> asyncio.Future[None]:
+        """A future done when a message arrives (await it while `arrived` is empty)."""
+        if self.waiter is not None and not self.waiter.done():
+            raise RuntimeError("two readers wait on one direction of a simulated stream")
+        waiter = self.waiter = self.loop.create_future()
+        return waiter
+
+
 class SimStreamCall:
     """A bidirectional stream: the client writes and reads here; the server's handler runs as a task of the
     server's node, reading what the client wrote and its answers coming back, each message over the link."""
@@ -389,12 +453,11 @@ class SimStreamCall:
         self.method = method
         self.request_serializer = request_serializer
         self.response_deserializer = response_deserializer
-        self.to_server: asyncio.Queue[Any] = asyncio.Queue()
-        self.to_client: asyncio.Queue[Any] = asyncio.Queue()
+        loop = _virtual_loop()
+        self.to_server = _Direction(self, loop)
+        self.to_client = _Direction(self, loop)
         self.error: grpc.aio.AioRpcError | None = None
         self.done = False
-        self._up_at = 0.0  # when the last message written reaches the server (in order)
-        self._down_at = 0.0
         self.host = channel.network.target(channel.address)
         self._server: asyncio.Task[None] | None = None
         self._writer: asyncio.Task[None] | None = None
@@ -422,8 +485,8 @@ class SimStreamCall:
         self.error = error
         if self._deadline is not None:
             self._deadline.cancel()
-        self.to_client.put_nowait(_END)
-        self.to_server.put_nowait(_END)
+        self.to_client.put(_END)
+        self.to_server.put(_END)
         for task in (self._server, self._writer):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
@@ -439,49 +502,41 @@ class SimStreamCall:
             if self.host is not None:
                 self.host.streams.pop(self, None)
 
-    def _send(self, queue: asyncio.Queue[Any], item: Any, src: str, dst: str, up: bool) -> None:
+    def _send(self, direction: _Direction, item: Any, src: str, dst: str) -> None:
         delay = self.network.fate(src, dst)
         if delay is None:
             link = self.network.link(src, dst)
             if not link.partitioned:  # dropped on a live link: the connection breaks
                 self.broken(rpc_error(grpc.StatusCode.UNAVAILABLE, f"connection {src}->{dst} reset"))
             return  # partitioned: the message is lost and the stream goes silent
-        loop = asyncio.get_running_loop()
-        at = max(loop.time() + delay, self._up_at if up else self._down_at)
-        if up:
-            self._up_at = at
-        else:
-            self._down_at = at
-        loop.call_at(at, self._arrive, queue, item)
-
-    def _arrive(self, queue: asyncio.Queue[Any], item: Any) -> None:
-        if not self.done:
-            queue.put_nowait(item)
+        direction.send(item, delay)
 
     # -- the client's side ---------------------------------------------------------------------------
     async def write(self, message: Any) -> None:
         if self.done:
             raise self.error or rpc_error(grpc.StatusCode.CANCELLED, "stream finished")
         assert self.host is not None
-        self._send(self.to_server, _serialize(self.request_serializer, message), self.channel.src, self.host.name,
-                   True)
+        self._send(self.to_server, _serialize(self.request_serializer, message), self.channel.src, self.host.name)
 
     async def done_writing(self) -> None:
         if not self.done and self.host is not None:
-            self._send(self.to_server, _END, self.channel.src, self.host.name, True)
+            self._send(self.to_server, _END, self.channel.src, self.host.name)
 
     async def _write_all(self, request_iterator: AsyncIterator[Any]) -> None:
         async for message in request_iterator:
             await self.write(message)
 
     async def read(self) -> Any:
-        item = await self.to_client.get()
-        if item is _END:
-            self.to_client.put_nowait(_END)
+        direction = self.to_client
+        while not direction.arrived:
+            await direction.wait()
+        item = direction.arrived[0]
+        if item is _END:  # stays, for any later read
             if self.error is not None:
                 raise self.error
             self.finished()
             return grpc.aio.EOF
+        direction.arrived.popleft()
         return _deserialize(self.response_deserializer, item)
 
     def __aiter__(self) -> AsyncIterator[Any]:
@@ -502,11 +557,14 @@ class SimStreamCall:
 
     # -- the server's side ---------------------------------------------------------------------------
     async def _requests(self, deserializer: Any) -> AsyncIterator[Any]:
+        direction = self.to_server
         while True:
-            item = await self.to_server.get()
-            if item is _END:
-                self.to_server.put_nowait(_END)
+            while not direction.arrived:
+                await direction.wait()
+            item = direction.arrived[0]
+            if item is _END:  # stays, for any later read
                 return
+            direction.arrived.popleft()
             yield _deserialize(deserializer, item)
 
     async def _serve(self, handler: Any, context: SimServicerContext) -> None:
@@ -516,8 +574,8 @@ class SimStreamCall:
             async for response in handler.stream_stream(self._requests(handler.request_deserializer), context):
                 if self.done:
                     return
-                self._send(self.to_client, _serialize(handler.response_serializer, response), src, dst, False)
-            self._send(self.to_client, _END, src, dst, False)
+                self._send(self.to_client, _serialize(handler.response_serializer, response), src, dst)
+            self._send(self.to_client, _END, src, dst)
         except Aborted as e:
             self.broken(rpc_error(e.code, e.details))
         except Exception as e:  # what gRPC answers when a handler raises
