@@ -163,3 +163,52 @@ def test_only_expired_leases_go_whatever_order_they_were_kept_alive_in() -> None
             assert await etcd.get(b"/again") is None
 
     run(main)
+
+
+def test_a_watch_gets_each_revision_in_one_response_with_the_changes_themselves() -> None:
+    """As etcd does: a transaction's events, and a lease's keys taken at its expiry, come in one response (the
+    client's registrations view applies a response whole: a bookie changing mode is one change of it); a put
+    carries its value and revision, a delete its key and the delete's revision; puts of a watch that filters
+    them are not sent; and a prefix read says the revision it was read at."""
+    from octavo.meta.etcdwatch import WatchEvent
+    from octavo.meta.keyrange import WatchRange
+
+    async def main(world: World) -> None:
+        async with EtcdClient(ETCD_ADDRESS) as etcd:
+            await etcd.put(b"/m/writable/b1", b"w")
+            responses: list[list[WatchEvent]] = []
+            deletes: list[list[bytes]] = []
+
+            async def watch() -> None:
+                async for events in etcd.watch_events([WatchRange.prefix(b"/m/")]):
+                    responses.append(events)
+
+            async def watch_deletes() -> None:
+                async for keys in etcd.watch_changes([WatchRange.prefix(b"/m/", puts=False)]):
+                    deletes.append(keys)
+
+            tasks = [asyncio.ensure_future(watch()), asyncio.ensure_future(watch_deletes())]
+            await asyncio.sleep(0.1)
+            assert responses == [[]] and deletes == [[]]  # created
+            await etcd.txn(Txn().put(b"/m/readonly/b1", b"r").delete(b"/m/writable/b1"))
+            mode_change = await etcd.revision()
+            lease = await etcd.grant_lease(1)
+            await etcd.put(b"/m/writable/b2", b"2", lease)
+            await etcd.put(b"/m/writable/b3", b"3", lease)
+            await asyncio.sleep(2)  # the lease expires: both keys go at one revision
+            expiry = await etcd.revision()
+            assert responses[1:] == [
+                [WatchEvent(b"/m/readonly/b1", b"r", mode_change, False),
+                 WatchEvent(b"/m/writable/b1", b"", mode_change, True)],
+                [WatchEvent(b"/m/writable/b2", b"2", mode_change + 1, False)],
+                [WatchEvent(b"/m/writable/b3", b"3", mode_change + 2, False)],
+                [WatchEvent(b"/m/writable/b2", b"", expiry, True), WatchEvent(b"/m/writable/b3", b"", expiry, True)]]
+            assert deletes[1:] == [[b"/m/writable/b1"], [b"/m/writable/b2", b"/m/writable/b3"]]
+            position = WatchPosition()
+            assert [kv.key for kv in await etcd.get_prefix(b"/m/", position=position)] == [b"/m/readonly/b1"]
+            assert position.revision == expiry
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    run(main)

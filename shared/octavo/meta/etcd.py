@@ -22,9 +22,10 @@ from typing import Any
 import grpc
 from aetcd import rpc
 
-from octavo.meta import transport
+from octavo.meta import etcdwatch, transport
 from octavo.meta.errors import EtcdCompactedError, EtcdSpaceExceededError, MetadataUnavailableError
 from octavo.meta.etcdhealth import EtcdStatus
+from octavo.meta.etcdwatch import WatchEvent
 
 # Re-exported: these lived here before keyrange.py, and callers still import them from here.
 from octavo.meta.keyrange import WatchPosition as WatchPosition
@@ -354,26 +355,33 @@ class EtcdClient:
             return None
         return _kv(resp.kvs[0])
 
-    async def get_prefix(self, prefix: bytes, limit: int = 0, keys_only: bool = False) -> list[KeyValue]:
+    async def get_prefix(self, prefix: bytes, limit: int = 0, keys_only: bool = False,
+                         position: WatchPosition | None = None) -> list[KeyValue]:
         """Every key under `prefix` (at most `limit`, 0 for all), in key order. Read in pages of at most
         `range_page_keys` keys, so no single etcd response grows with the cluster: one response over the
-        client's 4 MiB message limit would fail the whole read (about 10,000 ledgers' metadata)."""
+        client's 4 MiB message limit would fail the whole read (about 10,000 ledgers' metadata). With a
+        `position`, as iter_prefix."""
         out: list[KeyValue] = []
-        async for page in self.iter_prefix(prefix, keys_only=keys_only, limit=limit):
+        async for page in self.iter_prefix(prefix, keys_only=keys_only, limit=limit, position=position):
             out.extend(page)
         return out
 
-    async def iter_prefix(self, prefix: bytes, keys_only: bool = False,
-                          limit: int = 0) -> AsyncIterator[list[KeyValue]]:
+    async def iter_prefix(self, prefix: bytes, keys_only: bool = False, limit: int = 0,
+                          position: WatchPosition | None = None) -> AsyncIterator[list[KeyValue]]:
         """The keys under `prefix` in key order, one page (at most `range_page_keys` keys) at a time: a caller
-        that handles each page and lets it go holds one page, however many keys there are."""
+        that handles each page and lets it go holds one page, however many keys there are. With a `position`
+        the pages are one snapshot: position.revision is set to the first page's revision and the later pages
+        are read at it (a watch's events up to it are in the pages, the later ones are not)."""
         start, end = prefix, prefix_end(prefix)
         read = 0
         while True:
             page = self.range_page_keys if not limit else min(self.range_page_keys, limit - read)
-            request = rpc.RangeRequest(key=start, range_end=end, limit=page, keys_only=keys_only,
+            at = position.revision if position is not None and read else 0  # 0: the current revision
+            request = rpc.RangeRequest(key=start, range_end=end, limit=page, keys_only=keys_only, revision=at,
                                        sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.KEY)
             resp = await self._call("get prefix", lambda kv, _, r=request: kv.Range(r, **self._opts), retry=True)
+            if position is not None and not read:
+                position.revision = int(resp.header.revision)
             self.range_keys_counted += int(resp.count)
             kvs = [_kv(item) for item in resp.kvs]
             read += len(kvs)
@@ -432,49 +440,39 @@ class EtcdClient:
         watch (from then on no change is missed while the stream lasts), then the keys of each response's
         changes. Ends with MetadataUnavailableError when the stream fails (the caller watches again and, since
         changes in the gap are not replayed, looks at what it watches afresh)."""
-        creates = [rpc.WatchCreateRequest(key=r.start, range_end=r.end,
-                                          filters=([rpc.WatchCreateRequest.NOPUT] if not r.puts else [])
-                                          + ([rpc.WatchCreateRequest.NODELETE] if not r.deletes else []))
-                   for r in ranges]
-        async for events in self._watch(creates, announce_created=True):
+        async for events in self._watch(etcdwatch.create_requests(ranges), announce_created=True):
             yield [ev.kv.key for ev in events]
 
+    async def watch_events(self, ranges: Sequence[WatchRange]) -> AsyncIterator[list[WatchEvent]]:
+        """As watch_changes, with the changes themselves: each response's events in revision order, all the
+        events of one revision (one transaction) in one list (etcdwatch.py)."""
+        async for events in self._watch(etcdwatch.create_requests(ranges), announce_created=True):
+            yield [etcdwatch.event_of(ev) for ev in events]
+
     async def _watch(self, creates: list[Any], announce_created: bool = False) -> AsyncIterator[list[Any]]:
-        """The events of a Watch stream carrying `creates` (announce_created: an empty list first, once every
-        watch is created). Ends with MetadataUnavailableError (EtcdCompactedError: a start revision compacted)."""
+        """The events of a Watch stream carrying `creates` on this client's channel, with its token
+        (announce_created: an empty list first, once every watch is created). Ends with MetadataUnavailableError
+        (EtcdCompactedError: a start revision compacted)."""
         self._stubs()
         assert self._channel is not None
-        watch = rpc.WatchStub(self._channel)
-        requests: asyncio.Queue[Any] = asyncio.Queue()
-        for create in creates:
-            requests.put_nowait(rpc.WatchRequest(create_request=create))
-
-        async def send() -> AsyncIterator[Any]:
-            while True:
-                yield await requests.get()
-
         if self.auth.username and not self._token:
             await self._authenticate()
         # hasleader: a member cut off from its cluster's leader cancels the watch instead of keeping it silent.
         metadata = (*self._opts.get("metadata", ()), ("hasleader", "true"))
-        call = watch.Watch(send(), wait_for_ready=True, metadata=metadata)
+        call = rpc.WatchStub(self._channel).Watch(etcdwatch.requests(creates), wait_for_ready=True, metadata=metadata)
         created = 0
         try:
             async for resp in call:
-                if resp.compact_revision:
-                    raise EtcdCompactedError(
-                        f"etcd compacted its history past this watch's start (the oldest revision it keeps is "
-                        f"{resp.compact_revision}): changes in between are not replayed", int(resp.compact_revision))
-                if resp.canceled:
-                    if self.auth.username and ("auth" in resp.cancel_reason or "permission" in resp.cancel_reason):
-                        self._token = ""  # an expired token: the next watch (or call) takes a new one
-                    raise MetadataUnavailableError(f"etcd cancelled the watch: {resp.cancel_reason}")
-                if resp.created:
+                if etcdwatch.created(resp):
                     created += 1
                     if announce_created and created == len(creates):
                         yield []
                 if resp.events:
                     yield list(resp.events)
+        except etcdwatch.WatchCanceledError as e:
+            if self.auth.username and ("auth" in e.reason or "permission" in e.reason):
+                self._token = ""  # an expired token: the next watch (or call) takes a new one
+            raise
         except grpc.aio.AioRpcError as e:
             if _refused_for_credentials(e) and self.auth.username:
                 self._token = ""  # the next watch (or call) takes a new token

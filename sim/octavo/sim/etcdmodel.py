@@ -25,6 +25,7 @@ from octavo.v1.wire import varint
 
 LEASE_NOT_FOUND = "etcdserver: requested lease not found"
 FUTURE_REVISION = "etcdserver: mvcc: required revision is a future revision"
+_PUT = rpc.Event.PUT
 # Keys per range answer when the request sets no limit (etcd has none; a bound keeps a run's memory in check).
 RANGE_KEYS_MAX = 100_000
 
@@ -98,6 +99,9 @@ class EtcdModel:
         # Every event since the last compaction: (revision, type, key snapshot).
         self.events: list[tuple[int, int, rpc.KeyValue]] = []
         self.watchers: list[_Watcher] = []
+        # The events of the write being applied, (type, key, key snapshot): sent once it is done, each watcher's in
+        # one response (etcd never splits a revision's events, a transaction's or a lease's keys, across two).
+        self._unsent: list[tuple[int, bytes, rpc.KeyValue]] = []
         self._next_watch = 1
         self.leases_expired = 0
 
@@ -182,16 +186,26 @@ class EtcdModel:
 
     def _event(self, revision: int, kind: int, kv: rpc.KeyValue) -> None:
         self.events.append((revision, kind, kv))
-        for watcher in self.watchers:
-            if watcher.covers(kv.key) and not (watcher.no_put if kind == rpc.Event.PUT else watcher.no_delete):
-                watcher.send(rpc.WatchResponse(header=self._header(), watch_id=watcher.watch_id,
-                                               events=[rpc.Event(type=kind, kv=kv)]))
+        if self.watchers:
+            self._unsent.append((kind, kv.key, kv))
+
+    def _notify(self) -> None:
+        """Send the events of the write just applied (one revision) to the watchers that cover them."""
+        unsent, self._unsent = self._unsent, []
+        for watcher in self.watchers if unsent else ():
+            events = []
+            for kind, key, kv in unsent:
+                if watcher.covers(key) and not (watcher.no_put if kind == _PUT else watcher.no_delete):
+                    events.append(rpc.Event(type=kind, kv=kv))
+            if events:
+                watcher.send(rpc.WatchResponse(header=self._header(), watch_id=watcher.watch_id, events=events))
 
     def put(self, request: rpc.PutRequest) -> rpc.PutResponse:
         self.expire_due()
         self._check_lease(request.lease)
         self.revision += 1
         self._put(self.revision, request.key, request.value, request.lease)
+        self._notify()
         return rpc.PutResponse(header=self._header())
 
     def _check_lease(self, lease: int) -> None:
@@ -204,6 +218,7 @@ class EtcdModel:
             return rpc.DeleteRangeResponse(header=self._header(), deleted=0)
         self.revision += 1
         deleted = self._delete(self.revision, request.key, request.range_end)
+        self._notify()
         return rpc.DeleteRangeResponse(header=self._header(), deleted=deleted)
 
     def _compare(self, c: rpc.Compare) -> bool:
@@ -251,6 +266,7 @@ class EtcdModel:
             else:
                 raise EtcdError(grpc.StatusCode.UNIMPLEMENTED, f"the model has no {kind} in a transaction")
         self.revision = revision
+        self._notify()
         return rpc.TxnResponse(header=self._header(), succeeded=succeeded, responses=responses)
 
     def compact(self, request: rpc.CompactionRequest) -> rpc.CompactionResponse:
@@ -289,6 +305,7 @@ class EtcdModel:
             self.revision += 1
             for key in sorted(lease.keys):
                 self._delete(self.revision, key, b"")
+            self._notify()
 
     def expire_due(self) -> None:
         now = self.clock()
