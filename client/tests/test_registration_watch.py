@@ -1,7 +1,8 @@
 """The client's registrations kept by an etcd watch (client/octavo/client/registrations.py), on a real etcd: a
-live, recently confirmed watch serves bookies(refresh=True) with no etcd read; registrations and leaves reach
-the view by themselves; a broken watch falls back to reads and catches up once it is back; a view not confirmed
-for bookie_list_ttl_s is read again; close() leaves no task.
+live, recently confirmed watch serves bookies(refresh=True) with no etcd read; registrations, moves and leaves
+reach the view by themselves, applied from the watch's events with no read; a bookie changing mode is one change
+of the view; a registration that does not decode falls back to a read; a broken watch falls back to reads and
+catches up once it is back; a view not confirmed for bookie_list_ttl_s is read again; close() leaves no task.
 
 The etcd reads are counted at the client's own EtcdClient (every read of the registrations prefix goes through
 its iter_prefix); the bookies are registrations written by a second etcd client, on leases, as bookies write
@@ -19,6 +20,7 @@ import pytest
 
 from octavo.cli.localcluster import EtcdProcess, free_port
 from octavo.client import Client, ClientOptions
+from octavo.client.registrations import Registrations, RegistrationView
 from octavo.meta.errors import MetadataUnavailableError
 from octavo.meta.etcd import EtcdClient
 from octavo.meta.layout import Layout
@@ -62,10 +64,11 @@ class Bookies:
         self.store = MetadataStore(self.etcd, Layout(cluster))
         self.leases: dict[str, int] = {}
 
-    async def register(self, bookie_id: str, port: int = 3181) -> None:
+    async def register(self, bookie_id: str, port: int = 3181, readonly: bool = False) -> None:
         lease_id = self.leases.get(bookie_id) or await self.etcd.grant_lease(60)
         self.leases[bookie_id] = lease_id
-        await self.store.register_bookie(BookieInfo(bookie_id, f"127.0.0.1:{port}", started_unix_ms=1), lease_id)
+        await self.store.register_bookie(BookieInfo(bookie_id, f"127.0.0.1:{port}", readonly, started_unix_ms=1),
+                                         lease_id)
 
     async def leave(self, bookie_id: str) -> None:
         assert await self.etcd.revoke_lease(self.leases.pop(bookie_id))
@@ -161,9 +164,11 @@ async def test_refreshes_are_served_by_the_live_watch(etcd: EtcdProcess, cluster
 async def test_registrations_and_leaves_reach_the_view_by_themselves(etcd: EtcdProcess, cluster_name: str) -> None:
     async with bookies(etcd.endpoint, cluster_name, "b1", "b2") as registry, \
             Client(etcd.endpoint, cluster_name, ClientOptions(bookie_list_ttl_s=60.0)) as client:
+        reads = count_registration_reads(client)
         await client.bookies()
         await wait_until("the registrations watch is live", watching(client))
-        # No call to bookies() from here on: only the watch can bring the changes.
+        before = reads[0]
+        # No call to bookies() from here on: only the watch can bring the changes, and it brings them itself.
         await registry.register("b3")
         await wait_until("b3's registration is seen", lambda: "b3" in client.registrations)
         await registry.leave("b1")
@@ -171,6 +176,62 @@ async def test_registrations_and_leaves_reach_the_view_by_themselves(etcd: EtcdP
         await registry.register("b2", port=4181)  # moved: restarted elsewhere
         await wait_until("b2's new address is seen", lambda: client.registrations["b2"].address.endswith(":4181"))
         assert set(client.registrations) == {"b2", "b3"}
+        assert reads[0] == before, f"{reads[0] - before} etcd reads of the registrations to apply 3 changes"
+        # What the events made is what a read finds.
+        assert await client.metadata_store.bookies() == client.registrations
+
+
+async def test_a_mode_change_is_one_change_of_the_view(etcd: EtcdProcess, cluster_name: str) -> None:
+    """A bookie going read-only puts its read-only key and deletes its writable one in one transaction: the view
+    goes from writable to read-only in one step, never through a view without it (nor with both keys, where the
+    read-only one would win)."""
+    changes: list[tuple[Registrations, Registrations]] = []
+    async with bookies(etcd.endpoint, cluster_name, "b1", "b2") as registry, \
+            EtcdClient(etcd.endpoint) as client_etcd:
+        view = RegistrationView(MetadataStore(client_etcd, Layout(cluster_name)), 60.0,
+                                lambda before, after: changes.append((before, after)))
+        try:
+            await view.bookies(refresh=True)
+            await wait_until("the registrations watch is live", lambda: view.live)
+            reads, changes[:] = view.reads, []
+            await registry.register("b1", readonly=True)
+            await wait_until("b1 is seen read-only", lambda: view.current["b1"].readonly)
+            assert len(changes) == 1, f"the mode change was {len(changes)} changes of the view: {changes}"
+            before, after = changes[0]
+            assert not before["b1"].readonly and after["b1"].readonly and set(after) == {"b1", "b2"}
+            await registry.register("b1")
+            await wait_until("b1 is seen writable again", lambda: not view.current["b1"].readonly)
+            assert len(changes) == 2 and view.reads == reads, "changes applied from events, with no read"
+            assert await view.store.bookies() == view.current
+        finally:
+            await view.close()
+
+
+async def test_a_registration_that_does_not_decode_falls_back_to_a_read(etcd: EtcdProcess,
+                                                                       cluster_name: str) -> None:
+    """The watch goes on: the read says what is wrong to the callers that ask meanwhile, and once the value is
+    gone the view is served from the watch again."""
+    async with bookies(etcd.endpoint, cluster_name, "b1") as registry, \
+            Client(etcd.endpoint, cluster_name, ClientOptions(bookie_list_ttl_s=60.0)) as client:
+        reads = count_registration_reads(client)
+        await client.bookies(refresh=True)
+        await wait_until("the registrations watch is live", watching(client))
+        before = reads[0]
+        bad = client.metadata_store.layout.bookie("bad", False)
+        await registry.etcd.put(bad, b"not a registration")
+        await wait_until("the bad value is read", lambda: reads[0] > before)
+        with pytest.raises(ValueError):  # a read, as before the watch kept the view: the value does not decode
+            await client.bookies(refresh=True)
+        assert watching(client)(), "a value that does not decode broke the watch"
+        await registry.etcd.delete(bad)
+        await registry.register("b2")
+        await wait_until("the registrations are read again", lambda: set(client.registrations) == {"b1", "b2"})
+        await wait_until("the view serves again", lambda: client._registration_view._serves(True))
+        before = reads[0]
+        assert set(await client.bookies(refresh=True)) == {"b1", "b2"}
+        await registry.register("b3")
+        await wait_until("b3's registration is seen", lambda: "b3" in client.registrations)
+        assert reads[0] == before, "the view went back to the watch's events"
 
 
 async def test_a_broken_watch_falls_back_to_reads_and_catches_up(etcd: EtcdProcess, cluster_name: str) -> None:
@@ -199,6 +260,9 @@ async def test_a_broken_watch_falls_back_to_reads_and_catches_up(etcd: EtcdProce
             before = reads[0]
             assert set(await client.bookies(refresh=True)) == {"b1", "b2", "b3"}
             assert reads[0] == before, "the watch is back, yet a refresh read etcd"
+            await registry.leave("b2")
+            await wait_until("b2's leave is seen", lambda: "b2" not in client.registrations)
+            assert reads[0] == before, "the watch is back, yet its events were read"
     finally:
         await proxy.stop()
 

@@ -9,10 +9,15 @@ is kept by one watch on the registrations prefix and served from memory:
 - The watch starts with the first `bookies()` call. Once etcd has created it, the prefix is read once: a change
   made after that read is reported by the watch, one made before it is in the read. The first calls wait for
   that read (up to WATCH_FIRST_VIEW_WAIT_S, then they read on their own) rather than make one more.
-- On each response with changes the prefix is read again (one snapshot: a bookie changing mode puts one key and
-  deletes the other in one transaction, and the read-only key wins if both are seen). Registrations change
-  rarely (a bookie starts, stops or changes mode; leases are refreshed without a change), so a read per change
-  batch costs little; the batches that arrive while a read is in flight share the next read.
+- Each response's changes are applied to the view as they come, with no read (as BookKeeper's
+  RegistrationClient applies its watch's): a put brings the bookie's registration (decoded as a read decodes
+  it), a delete takes it away. A response is applied whole and the view changes once for it: etcd sends the
+  events of one revision in one response, so a bookie changing mode (a transaction that puts one key and
+  deletes the other) is one change, and the read-only key wins if both are there, as in a read. The view knows
+  the revision it reflects (its last read's, then its last event's) and skips events it already holds.
+- The prefix is read again instead when the events cannot be applied on their own: a value that does not
+  decode, or a read in flight (or asked for) that may or may not hold them. The responses that arrive while a
+  read is in flight share the next read.
 - `bookies(refresh=True)` is served without an etcd call while the watch is live, no change it reported is
   unread, and the view was confirmed (by a read, or by a watch response) less than `ttl_s` ago. A stream can
   go silent without breaking (a partition, a frozen etcd), so a view older than that is read again before it is
@@ -33,7 +38,8 @@ import logging
 from collections.abc import Callable
 
 from octavo.meta.errors import MetadataUnavailableError
-from octavo.meta.keyrange import WatchRange
+from octavo.meta.etcdwatch import WatchEvent
+from octavo.meta.keyrange import WatchPosition, WatchRange
 from octavo.meta.metadata import BookieInfo, MetadataStore
 from octavo.meta.retry import backoff_s
 
@@ -50,6 +56,17 @@ WATCH_FIRST_VIEW_WAIT_S = 1.0
 Registrations = dict[str, BookieInfo]
 
 
+def registrations_of(by_key: dict[bytes, BookieInfo], readonly_prefix: bytes) -> Registrations:
+    """The registrations by bookie id, from the registrations by etcd key, as MetadataStore.bookies() makes them
+    from a read: in key order, and a bookie registered under both prefixes counts as read-only."""
+    out: Registrations = {}
+    for key in sorted(by_key):
+        info = by_key[key]
+        if key.startswith(readonly_prefix) or info.bookie_id not in out:
+            out[info.bookie_id] = info
+    return out
+
+
 class RegistrationView:
     def __init__(self, store: MetadataStore, ttl_s: float,
                  on_change: Callable[[Registrations, Registrations], None]) -> None:
@@ -59,13 +76,18 @@ class RegistrationView:
         self.ttl_s = ttl_s
         self.on_change = on_change
         self.current: Registrations = {}
+        # The registrations by etcd key, and the etcd revision they reflect (every change up to it, none after).
+        self.by_key: dict[bytes, BookieInfo] = {}
+        self.revision = 0
         # When the view was last confirmed (the event loop's clock): a read, or a watch response.
         self.confirmed_at = -1e9
         # The watch is established and the prefix was read after etcd created it.
         self.live = False
         self.closed = False
         self.reads = 0  # prefix reads made: what the watch saves is visible in tests and measurements
-        # Change batches the watch reported, and how many of them the view holds (a read that began after them).
+        self._reading = False  # a read is in flight
+        # Change batches the watch reported that only a read can bring (their events could not be applied), and
+        # how many of them the view holds (a read that began after them).
         self._changes = 0
         self._changes_read = 0
         # The read that callers arriving now will share, the task that makes the reads, and the read the watch
@@ -121,8 +143,11 @@ class RegistrationView:
         while self._next_read is not None:
             done, self._next_read = self._next_read, None
             changes = self._changes
+            position = WatchPosition()
+            self._reading = True
             try:
-                registrations = await self.store.bookies()
+                kvs = await self.store.etcd.get_prefix(self.store.layout.registrations, position=position)
+                by_key = {kv.key: BookieInfo.decode(kv.value) for kv in kvs}
             except Exception as e:
                 done.set_exception(e)
                 done.exception()  # retrieved: a read nobody waits for any more must not warn
@@ -135,8 +160,11 @@ class RegistrationView:
             else:
                 self.reads += 1
                 self._changes_read = max(self._changes_read, changes)
-                self._apply(registrations)
+                self.by_key, self.revision = by_key, position.revision
+                self._apply(registrations_of(by_key, self.store.layout.bookies(True)))
                 done.set_result(None)
+            finally:
+                self._reading = False
 
     def _apply(self, registrations: Registrations) -> None:
         before, self.current = self.current, registrations
@@ -155,7 +183,7 @@ class RegistrationView:
         attempt = 0
         while True:
             try:
-                async for keys in self.store.etcd.watch_changes(ranges):
+                async for events in self.store.etcd.watch_events(ranges):
                     if not self.live:  # created: from now on no change is missed, so read what is there
                         await self.read()
                         self.live = True
@@ -164,7 +192,7 @@ class RegistrationView:
                         log.debug("registrations watch established")
                         continue
                     self.confirmed_at = asyncio.get_running_loop().time()
-                    if keys:
+                    if events and not self._applied(events):
                         self._changes += 1
                         self._change_read = self._request_read()
             except MetadataUnavailableError as e:
@@ -177,6 +205,31 @@ class RegistrationView:
                 self._first_viewed()
             await asyncio.sleep(backoff_s(attempt, WATCH_RETRY_S_INITIAL, WATCH_RETRY_S_MAX))
             attempt += 1
+
+    def _applied(self, events: list[WatchEvent]) -> bool:
+        """Apply one watch response's events to the view (one change of it); False when they cannot be applied
+        on their own and a read must bring them."""
+        if self._reading or self._next_read is not None or self._changes_read != self._changes:
+            return False  # a read in flight may or may not hold them; one asked for or failed holds them
+        by_key = dict(self.by_key)
+        revision = self.revision
+        for event in events:
+            if event.mod_revision <= self.revision:
+                continue  # the last read holds it
+            if event.deleted:
+                by_key.pop(event.key, None)
+            else:
+                try:
+                    by_key[event.key] = BookieInfo.decode(event.value)
+                except Exception as e:  # what a read of it will say to its callers
+                    log.warning("the registration %r does not decode (%s): reading the registrations", event.key, e)
+                    return False
+            revision = max(revision, event.mod_revision)
+        self.by_key, self.revision = by_key, revision
+        registrations = registrations_of(by_key, self.store.layout.bookies(True))
+        if registrations != self.current:
+            self._apply(registrations)
+        return True
 
     def _first_viewed(self) -> None:
         if self._first_view is not None and not self._first_view.done():
