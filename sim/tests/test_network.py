@@ -120,3 +120,33 @@ def test_a_stream_read_by_two_readers_at_once_is_refused() -> None:
         assert await first == b"X"
 
     run(main)
+
+
+def test_a_direct_call_sets_its_deadline_timer_only_when_the_deadline_can_matter() -> None:
+    """A Direct handler's answer that arrives in time leaves no timer behind; a call whose request or answer is
+    lost, or whose answer would arrive after its deadline, still fails with DEADLINE_EXCEEDED at the deadline."""
+    async def main(world: World) -> None:
+        world.network.serve("etcd", "etcd:1", [], direct={"/t.Echo/Echo": lambda request: request.upper()})
+        link = world.network.link("sim", "etcd")
+        link.latency_s_min = link.latency_s_max = 0.01
+        echo = world.network.channel("etcd:1", None).unary_unary("/t.Echo/Echo")
+        loop, set_at = world.loop, []
+        call_at = loop.call_at
+        loop.call_at = lambda when, *args, **kw: set_at.append(when) or call_at(when, *args, **kw)  # type: ignore[method-assign]
+        t0 = world.clock.now_s
+        assert await echo(b"hi", timeout=1.0) == b"HI"
+        assert set_at == pytest.approx([t0 + 0.01, t0 + 0.02])  # the request's trip and the answer's: no deadline
+        del loop.call_at
+        t0 = world.clock.now_s
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await echo(b"late", timeout=0.015)  # the answer would arrive at 0.02 s
+        assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert world.clock.now_s - t0 == pytest.approx(0.015)
+        link.drop_ratio = 1.0
+        t0 = world.clock.now_s
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await echo(b"lost", timeout=0.5)
+        assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert world.clock.now_s - t0 == pytest.approx(0.5)
+
+    run(main)

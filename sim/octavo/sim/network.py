@@ -263,10 +263,11 @@ class _UnaryCall:
     READY_POLL_S) or crashes before answering; nothing when the request or the answer is lost (the deadline
     ends it). A request still on its way when the caller gave up (cancelled, or its deadline passed) is not
     delivered. A crash point (crashpoints.py) that matches fires as the request leaves or as the answer
-    arrives: the caller's node dies there."""
+    arrives: the caller's node dies there. The deadline's timer is set only when it can matter (`_arm`): an
+    answer from a `Direct` handler that arrives in time (most calls: the etcd model's) sets none."""
 
-    __slots__ = ("_deadline", "channel", "deserializer", "future", "host", "loop", "metadata", "method", "network",
-                 "point", "request", "wait_for_ready")
+    __slots__ = ("_deadline", "_deadline_at", "channel", "deserializer", "future", "host", "loop", "metadata",
+                 "method", "network", "point", "request", "wait_for_ready")
 
     def __init__(self, channel: SimChannel, method: str, request: bytes, deserializer: Any, timeout: float | None,
                  wait_for_ready: bool, metadata: Any) -> None:
@@ -277,9 +278,18 @@ class _UnaryCall:
         self.future: asyncio.Future[Any] = loop.create_future()
         point = self.network.crash_point
         self.point = point if point is not None and point.matches(channel.src, method, request) else None
-        self._deadline = None if timeout is None else loop.call_at(loop.clock.now_s + timeout, self._expired)
+        self._deadline_at = None if timeout is None else loop.clock.now_s + timeout
+        self._deadline: asyncio.TimerHandle | None = None
         self.host: Host | None = None
         self._send()
+
+    def _arm(self, at: float | None = None) -> None:
+        """Set the deadline's timer (once, if the call has a deadline): for a lost message, a wait for the server,
+        a handler running as a task, or (`at`) a message that would arrive after the deadline. Set before that
+        message's timer: at the same time, the deadline runs first, as when every call set it at its start."""
+        deadline_at = self._deadline_at
+        if deadline_at is not None and self._deadline is None and (at is None or at >= deadline_at):
+            self._deadline = self.loop.call_at(deadline_at, self._expired)
 
     def _expired(self) -> None:
         self._fail(rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
@@ -300,6 +310,7 @@ class _UnaryCall:
         if host is None or not host.up:
             if not self.wait_for_ready:
                 return self._fail(rpc_error(grpc.StatusCode.UNAVAILABLE, f"{channel.address}: connection refused"))
+            self._arm()
             self.loop.call_later(READY_POLL_S, self._send)
             return
         if self.point is not None and self.point.before:
@@ -307,8 +318,11 @@ class _UnaryCall:
             return
         self.host = host
         delay = self.network.fate(channel.src, host.name)
-        if delay is not None:  # else lost: the caller's deadline ends it
-            self.loop.call_at(self.loop.clock.now_s + delay, self._arrive)
+        if delay is None:  # lost: the caller's deadline ends it
+            return self._arm()
+        at = self.loop.clock.now_s + delay
+        self._arm(at)
+        self.loop.call_at(at, self._arrive)
 
     def _fire(self) -> None:
         """The crash point fires: the caller's node dies (its tasks are cancelled; the call with them)."""
@@ -337,6 +351,7 @@ class _UnaryCall:
         handler = host.handlers.get(self.method)
         if handler is None:
             return self._fail(rpc_error(grpc.StatusCode.UNIMPLEMENTED, f"{self.method} is not served by {host.name}"))
+        self._arm()
         context = SimServicerContext(self.channel.src, self.metadata)
         served = _on_node(host.name, _serve_unary(handler, self.request, context))
         served.add_done_callback(self._served)
@@ -361,8 +376,11 @@ class _UnaryCall:
 
     def _respond(self, host: Host, response: bytes) -> None:
         delay = self.network.fate(host.name, self.channel.src)
-        if delay is not None:  # else lost: the caller's deadline ends it
-            self.loop.call_at(self.loop.clock.now_s + delay, self._answer, response)
+        if delay is None:  # lost: the caller's deadline ends it
+            return self._arm()
+        at = self.loop.clock.now_s + delay
+        self._arm(at)
+        self.loop.call_at(at, self._answer, response)
 
     def _answer(self, response: bytes) -> None:
         if self.future.done():
