@@ -4,6 +4,10 @@ readers, recovery opens, deletes; then the checkers) finds no violation. `make s
 from __future__ import annotations
 
 import multiprocessing
+import os
+import platform
+import subprocess
+import sys
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
@@ -108,3 +112,35 @@ def test_shrinking_keeps_the_violation_with_fewer_faults() -> None:
     assert f"--keep {keep_arg(shrunk.last.kept)}" in shrunk.report()
     again = runner(1004, SMOKE_WORKLOAD_S, base_dir(), frozenset(shrunk.last.kept))
     assert again.digest == shrunk.last.digest and again.violations == shrunk.last.violations
+
+
+MMAP_PROBE = """
+import ctypes, sys
+from octavo.sim.seeds import _fix_mmap_threshold
+
+def in_heap(block):
+    addr = ctypes.addressof((ctypes.c_char * len(block)).from_buffer(block))
+    for line in open("/proc/self/maps"):
+        if line.rstrip().endswith("[heap]"):
+            low, high = (int(x, 16) for x in line.split()[0].split("-"))
+            return low <= addr < high
+    return False
+
+fixed = sys.argv[1] == "fixed" and _fix_mmap_threshold()
+big = bytearray(8 << 20)
+del big  # freeing a mapped 8 MB block raises glibc's own threshold past 1 MB (unless it is fixed)
+print(fixed, in_heap(bytearray(1 << 20)))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps") or platform.libc_ver()[0] != "glibc",
+                    reason="the mmap threshold is glibc's, and the probe reads /proc/self/maps")
+def test_a_worker_keeps_large_blocks_out_of_the_reused_heap() -> None:
+    """A worker fixes glibc's mmap threshold (seeds.py, MALLOC_MMAP_THRESHOLD_BYTES): after a large block was freed,
+    a 1 MB block (an LMDB open's lists are 1 and 2 MB) is still a fresh mapping, not reused heap it must zero."""
+    def probe(mode: str) -> list[str]:
+        return subprocess.run([sys.executable, "-c", MMAP_PROBE, mode], capture_output=True, text=True,
+                              check=True).stdout.split()
+
+    assert probe("default") == ["False", "True"]  # the default: glibc raised its threshold, the block is heap
+    assert probe("fixed") == ["True", "False"]

@@ -28,6 +28,13 @@ SECTION_END = "<!-- octavo.sim figures: end -->"
 GC_GEN0_THRESHOLD = 200_000
 GC_GEN1_THRESHOLD = 20
 GC_GEN2_THRESHOLD = 20
+# glibc's malloc in a worker process: blocks of this size and more are mapped fresh (and unmapped when freed) rather
+# than carved from the heap. Every simulated bookie start opens an LMDB index, which callocs a 2 MB and a 1 MB list;
+# by default glibc raises its mapping threshold once the first such block is freed, so in a worker that has run many
+# seeds those lists come from the reused heap and are zeroed by hand (an index open cost about 0.5 ms instead of
+# 0.15). Fixed at 128 KiB (glibc's initial value), they stay fresh mappings: 2.75% fewer instructions a seed.
+MALLOC_MMAP_THRESHOLD_BYTES = 128 * 1024
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 
 
 def base_dir() -> str | None:
@@ -56,9 +63,18 @@ def _worker_start() -> None:
     import logging
 
     logging.disable(logging.CRITICAL)
+    _fix_mmap_threshold()
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_GEN0_THRESHOLD, GC_GEN1_THRESHOLD, GC_GEN2_THRESHOLD)
+
+
+def _fix_mmap_threshold() -> bool:
+    """MALLOC_MMAP_THRESHOLD_BYTES, where the C library is glibc (elsewhere nothing changes). True if it was set."""
+    import ctypes
+
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    return bool(mallopt is not None and mallopt(M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES))
 
 
 def _run_one(seed: int) -> Summary:
