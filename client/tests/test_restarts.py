@@ -129,6 +129,35 @@ async def test_a_closed_client_has_closed_every_connection_and_opens_none(cluste
         client.bookie_client(bookie_id)
 
 
+async def test_a_call_on_a_connection_closed_under_it_fails_as_unavailable_not_as_cancelled(
+        cluster: LocalCluster) -> None:
+    """The client replaces the connection of a bookie that restarted (Client._replace_connection closes the old
+    one): a read still in flight on it must fail as BookieUnavailableError, which callers fail over on, not with
+    the CancelledError grpc raises for a call whose channel closed (a caller would take it for its own task
+    cancelled; CI saw test_bitrot's read end so). A read whose own task is cancelled stays cancelled."""
+    async with Client(cluster.etcd_endpoint, options=FAST) as client:
+        writer = await client.create_ledger(3, 3, 2, password=PASSWORD)
+        assert await writer.append_many([data(writer.ledger_id, i) for i in range(3)]) == [0, 1, 2]
+        bookie_id = writer.metadata.last_ensemble[0]
+        connection = client.bookie_client(bookie_id)
+
+        def long_poll() -> asyncio.Task[Any]:  # past the last entry, nothing written meanwhile: held for 5 s
+            return asyncio.create_task(connection.read_tail(writer.ledger_id, 2, 5_000, 10, timeout_s=10))
+
+        cancelled = long_poll()
+        await asyncio.sleep(0.3)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        cut = long_poll()
+        await asyncio.sleep(0.3)
+        assert not cut.done()
+        await connection.close()
+        with pytest.raises(BookieUnavailableError, match="closed under the call"):
+            await cut
+        await writer.close()
+
+
 async def test_a_bookie_restarted_on_its_port_is_used_again_at_once(cluster: LocalCluster) -> None:
     """A bookie of an idle writer's ensemble is killed and restarted on the same port. The writer's next
     appends, made the moment etcd shows the bookie back, are acknowledged by it within a second, and the

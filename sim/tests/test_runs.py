@@ -3,6 +3,7 @@ readers, recovery opens, deletes; then the checkers) finds no violation. `make s
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import platform
@@ -56,6 +57,9 @@ def _digests(seeds: list[int]) -> list[str]:
 def test_a_seed_replays_alone_and_after_other_seeds() -> None:
     """A worker process of `make sim` (seeds.py: its GC settings, whatever earlier seeds left in the process) gives
     a seed the same history whether it is the process's first seed or comes after others."""
+    # The pytest process's own garbage (connections and thread pools of earlier tests) is collected here first: a
+    # forked worker's gc.collect() would otherwise run their finalizers, which join threads the child does not have.
+    gc.collect()
     fork = multiprocessing.get_context("fork")
     with ProcessPoolExecutor(1, mp_context=fork, initializer=_worker_start) as alone:
         first = alone.submit(_digests, [1004]).result()

@@ -440,43 +440,43 @@ class BookieClient:
                                      last_entry_id=entry_ids.stop - 1)
         else:
             request = pb.ReadRequest(ledger_id=ledger_id, entry_ids=list(entry_ids))
-        try:
-            return await self._stub.ReadEntries(request, timeout=timeout_s, metadata=_trace_metadata())
-        except grpc.aio.AioRpcError as e:
-            raise BookieUnavailableError(
-                f"bookie {self.bookie_id} at {self.address}: {_describe(e, self.tls)}") from e
+        return await self._unary(self._stub.ReadEntries(request, timeout=timeout_s, metadata=_trace_metadata()))
 
     async def read_tail(self, ledger_id: int, previous_lac: int, wait_ms: int, max_entries: int,
                         timeout_s: float = CALL_TIMEOUT_S) -> Any:
         """A tailing read's long poll (the Bookie service's ReadTail)."""
-        try:
-            return await self._stub.ReadTail(pb.ReadTailRequest(
-                ledger_id=ledger_id, previous_lac=previous_lac, wait_ms=wait_ms, max_entries=max_entries),
-                timeout=timeout_s, metadata=_trace_metadata())
-        except grpc.aio.AioRpcError as e:
-            raise BookieUnavailableError(
-                f"bookie {self.bookie_id} at {self.address}: {_describe(e, self.tls)}") from e
+        return await self._unary(self._stub.ReadTail(pb.ReadTailRequest(
+            ledger_id=ledger_id, previous_lac=previous_lac, wait_ms=wait_ms, max_entries=max_entries),
+            timeout=timeout_s, metadata=_trace_metadata()))
 
     async def read_lac(self, ledger_id: int, fence: bool = False, master_key: bytes = b"",
                        timeout_s: float = CALL_TIMEOUT_S) -> Any:
-        try:
-            return await self._stub.ReadLastAddConfirmed(
-                pb.ReadLacRequest(ledger_id=ledger_id, fence=fence, master_key=master_key), timeout=timeout_s,
-                metadata=_trace_metadata())
-        except grpc.aio.AioRpcError as e:
-            raise BookieUnavailableError(
-                f"bookie {self.bookie_id} at {self.address}: {_describe(e, self.tls)}") from e
+        return await self._unary(self._stub.ReadLastAddConfirmed(
+            pb.ReadLacRequest(ledger_id=ledger_id, fence=fence, master_key=master_key), timeout=timeout_s,
+            metadata=_trace_metadata()))
 
     async def list_entries(self, ledger_id: int, first_entry_id: int, last_entry_id: int,
                            timeout_s: float = CALL_TIMEOUT_S) -> Any:
         """Which entries of [first, last] the bookie stores (ListEntriesResponse; a long range comes in parts)."""
+        return await self._unary(self._stub.ListEntries(
+            pb.ListEntriesRequest(ledger_id=ledger_id, first_entry_id=first_entry_id, last_entry_id=last_entry_id),
+            timeout=timeout_s))
+
+    async def _unary(self, call: Any) -> Any:
+        """A unary call's answer; its failure as BookieUnavailableError. So is a call cut short because this client
+        was closed under it (Client._replace_connection, after the bookie restarted or moved): grpc raises
+        CancelledError for a call whose channel closed, which would read as the caller's own task cancelled."""
         try:
-            return await self._stub.ListEntries(
-                pb.ListEntriesRequest(ledger_id=ledger_id, first_entry_id=first_entry_id,
-                                      last_entry_id=last_entry_id), timeout=timeout_s)
+            return await call
         except grpc.aio.AioRpcError as e:
             raise BookieUnavailableError(
                 f"bookie {self.bookie_id} at {self.address}: {_describe(e, self.tls)}") from e
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not self._closed or task is None or task.cancelling():
+                raise  # the caller's task is being cancelled: that stays a cancellation
+            raise BookieUnavailableError(f"bookie {self.bookie_id} at {self.address}: the connection was closed "
+                                         "under the call (replaced: the bookie restarted or moved)") from None
 
     def write_close_soon(self, ledger_id: int, master_key: bytes, last_entry_id: int) -> asyncio.Future[str | None]:
         """Queue the advisory write-close on the add stream: it rides on the next add request, or goes in one of

@@ -164,11 +164,11 @@ class Client:
         return sorted(b for b, info in (await self.bookies(refresh=True)).items() if not info.readonly)
 
     async def moved(self, bookie_id: str) -> bool:
-        """After a call to a bookie failed: look at the registrations as they are now (bookies(refresh=True)) and
-        say whether the bookie has another address (it restarted elsewhere); bookie_client() then gives the new
-        connection."""
-        old = self._bookie_clients.get(bookie_id)
-        info = (await self.bookies(refresh=True)).get(bookie_id)
+        """After a call to a bookie failed: whether it has another address (bookie_client() gives the new one). Read
+        from etcd unless the watched view shows a move: its events may lag a restart that just happened."""
+        old, info = self._bookie_clients.get(bookie_id), (await self.bookies(refresh=True)).get(bookie_id)
+        if info is None or (old is not None and old.address == info.address):
+            info = (await self._registration_view.read()).get(bookie_id)
         return info is not None and (old is None or old.address != info.address)
 
     def bookie_client(self, bookie_id: str) -> BookieClient:

@@ -124,12 +124,13 @@ class RegistrationView:
         return fresh and self.live and self._changes_read == self._changes
 
     # -- reads -----------------------------------------------------------------------------------------
-    async def read(self) -> None:
+    async def read(self) -> Registrations:
         """Read the registrations from etcd: a read that starts after this call did, shared with every caller
         that arrived while an earlier read was in flight. Hundreds of concurrent creators then cost one etcd
         read per round trip, not one each, none of them sees registrations older than its call, and all of them
         go on in the same event-loop turn (their creations then share etcd transactions and add requests)."""
         await asyncio.shield(self._request_read())
+        return self.current
 
     def _request_read(self) -> asyncio.Future[None]:
         """The future of the next read (one that starts after this call), starting the reader if it is idle."""
