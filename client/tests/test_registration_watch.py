@@ -155,10 +155,12 @@ async def test_refreshes_are_served_by_the_live_watch(etcd: EtcdProcess, cluster
         for _ in range(100):
             assert set(await client.bookies(refresh=True)) == {"b1", "b2", "b3"}
         assert await client.writable_bookies() == ["b1", "b2", "b3"]
+        # Before the watch, each of these calls was an etcd read of the whole prefix.
+        assert reads[0] == before, f"{reads[0] - before} etcd reads of the registrations for 101 refreshes"
         client.bookie_client("b1")  # a connection (never used): moved() compares its address
         assert not await client.moved("b1")
-        # Before the watch, each of these calls was an etcd read of the whole prefix.
-        assert reads[0] == before, f"{reads[0] - before} etcd reads of the registrations for 102 refreshes"
+        # moved() is asked after a call failed: unless the view shows a move, it reads etcd (the watch may lag).
+        assert reads[0] == before + 1, f"{reads[0] - before} etcd reads for one moved()"
 
 
 async def test_registrations_and_leaves_reach_the_view_by_themselves(etcd: EtcdProcess, cluster_name: str) -> None:
@@ -295,7 +297,8 @@ async def test_close_leaves_no_task(etcd: EtcdProcess, cluster_name: str) -> Non
         await client.close()
         await client.bookies()  # a closed client serves what it knows; it never watches again
         # gRPC's own Cython tasks that collect a cancelled call's status end a moment later: not ours to wait for.
-        left = [t for t in asyncio.all_tasks() - before if not t.done() and hasattr(t.get_coro(), "cr_code")]
+        left = [t for t in asyncio.all_tasks() - before if not t.done() and hasattr(t.get_coro(), "cr_code")
+                and not type(t.get_coro()).__module__.startswith("_cython")]
         assert not left, f"tasks left after close(): {[(t.get_name(), t.get_coro()) for t in left]}"
 
 
