@@ -24,7 +24,7 @@ SCHEMA = '{"fields":[{"metadata":{},"name":"id","nullable":false,"type":"long"}]
 # Small limits so that the killed processes are often inside a forced checkpoint written to a ledger, or a
 # commit whose record went to a ledger.
 COMMITTER = """
-import asyncio, sys
+import asyncio, os, sys
 import octavo.client.dataset as ds
 from octavo.client import Client
 from octavo.client.dataset import DatasetLedger
@@ -40,7 +40,10 @@ async def main(etcd, worker, start):
             n = 1 + k % 13
             ledgers = [DatasetLedger(worker * 10**7 + k * 100 + i, 1, 10, 1) for i in range(n)]
             await client.datasets.commit("crashy", SCHEMA, ledgers)
-            print(k, n, flush=True)
+            # One write(2) of a line under PIPE_BUF lands whole. With PYTHONUNBUFFERED set (CI sets it), print(k, n)
+            # writes k, the space, n and the newline separately, and a kill between them left a last line holding
+            # only a commit number (CI saw it).
+            os.write(1, f"{k} {n}\\n".encode())
             if k == start:
                 open(sys.argv[4], "w").close()  # committing: the kill's random delay starts now
             k += 1
@@ -81,7 +84,8 @@ def test_committers_killed_at_random_lose_no_acknowledged_commit(cluster: LocalC
             os.killpg(p.pid, signal.SIGKILL)
         for w, p in procs.items():
             out, err = p.communicate(timeout=30)
-            lines = [line.split() for line in out.splitlines() if line.strip()]
+            lines = [line.split() for line in out.splitlines(keepends=True) if line.endswith("\n")]
+            assert all(len(fields) == 2 for fields in lines), out[-2000:]
             assert p.returncode == -signal.SIGKILL, err[-2000:]
             acked.setdefault(w, set()).update(int(k) for k, _ in lines)
             # A commit killed before its acknowledgement may have landed: the next round uses new numbers.
