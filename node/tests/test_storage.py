@@ -432,7 +432,9 @@ def test_a_failed_fsync_is_reported_and_never_retried(cfg: NodeConfig) -> None:
     on_sync_lost, which the server makes an exit), never retried (Linux may have dropped the pages, synclost.py),
     the recovery point stays before that log, and adds are refused."""
     io = FlakyIO(failures=0)
-    s = Storage.open(cfg, io=io)
+    # The flusher starts once the logs have rolled: started at once, it could fail the first rolled log's fsync
+    # while the adds went on, and refuse the later ones (a flake under load).
+    s = Storage.open(cfg, io=io, start_flusher=False)
     lost: list[str] = []
     told = threading.Event()
     s.on_sync_lost = lambda reason: (lost.append(reason), told.set())
@@ -441,7 +443,9 @@ def test_a_failed_fsync_is_reported_and_never_retried(cfg: NodeConfig) -> None:
         io.failures = 1  # the next fsync fails; a retry would succeed
         for batch in range(5):
             add(s, 1, batch * 100, 100, size=1000)
-        assert told.wait(10)
+        assert s.pending_flushes() >= 1
+        s.start_flusher()
+        assert told.wait(30)
         assert "injected fsync failure" in s.last_flush_error and f"entry log {point}" in lost[0]
         assert "could not be written" not in lost[0]  # the node state says the tail may be lost
         time.sleep(0.2)  # the retries the flusher made before (after 50 ms) would have moved the point by now
