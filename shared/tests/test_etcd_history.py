@@ -95,14 +95,17 @@ def full_etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
     proc.stop()
 
 
-async def fill(client: EtcdClient) -> None:
-    """Write 512 KiB values until etcd refuses one for space. etcd checks its quota against the database file's
-    size, which grows when its backend commits (every 100 ms by default): the writes give it time to, and go on
-    well past the quota before the test gives up."""
+async def fill(client: EtcdClient) -> int:
+    """Write 512 KiB values until etcd refuses one for space; how many it took. etcd checks its quota against the
+    database file's size, which grows when its backend commits (every 100 ms by default): the writes give it time
+    to, and go on well past the quota before the test gives up."""
+    written = 0
     with pytest.raises(EtcdSpaceExceededError):
         for i in range(16 * QUOTA_BYTES // (512 << 10)):
             await client.put(b"/filler/%d" % i, b"x" * (512 << 10))
+            written += 1
             await asyncio.sleep(0.05)
+    return written
 
 
 def etcdctl(endpoint: str, *args: str) -> str:
@@ -118,7 +121,7 @@ async def test_a_full_etcd_fails_creation_with_a_typed_error_that_says_what_to_d
         async with Client(cluster.etcd_endpoint, options=FAST) as client, EtcdClient(full_etcd.endpoint) as etcd:
             writer = await client.create_ledger(1, 1, 1, password=b"pw")
             await writer.append(b"before")
-            await fill(etcd)
+            filled = await fill(etcd)
             with pytest.raises(EtcdSpaceExceededError) as caught:
                 await client.create_ledger(1, 1, 1, password=b"pw")
             message = str(caught.value)
@@ -147,7 +150,7 @@ async def test_a_full_etcd_fails_creation_with_a_typed_error_that_says_what_to_d
             assert health["recovery"] == "docs/operations.md#recovering-a-full-etcd-nospace"
 
             # What docs/operations.md tells the operator: free space, compact, defragment, disarm.
-            for i in range(4 * QUOTA_BYTES // (512 << 10)):
+            for i in range(filled):  # every one: under load etcd takes more before its size check trips
                 await etcd.delete(b"/filler/%d" % i)
             revision = await etcd.revision()
             etcdctl(full_etcd.endpoint, "compact", str(revision))
