@@ -34,7 +34,7 @@ EXCEPTIONS: dict[str, int] = {
     'client/octavo/spark/arrowio.py::Options.parse': 81,
     'node/octavo/node/compaction.py': 627,
     'node/octavo/node/config.py::NodeConfig.problems': 98,
-    'node/octavo/node/dataplane.py::BookieService': 422,
+    'node/octavo/node/dataplane.py::BookieService': 420,
     'node/octavo/node/reads.py::Reader.read_many': 85,
     'node/octavo/node/storage.py': 674,
     'node/octavo/node/storage.py::Storage': 581,

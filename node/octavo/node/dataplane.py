@@ -348,11 +348,8 @@ class BookieService(pb_grpc.BookieServicer):
                 return pb.ReadResponse(ledger_id=ledger_id, error=pb.BUSY, error_message=(
                     f"{self.tail_waiters.count} tailing reads are held on this bookie, its "
                     f"long_poll_waiters_max={cfg.long_poll_waiters_max}: retry later"))
-            try:  # asyncio.timeout, not wait_for: in Python 3.11 wait_for makes a task per wait
-                async with asyncio.timeout(remaining):
-                    await future
-            except TimeoutError:
-                pass
+            try:  # asyncio.wait, not wait_for: in Python 3.11 wait_for makes a task per wait
+                await asyncio.wait((future,), timeout=remaining)
             finally:
                 self.tail_waiters.remove(ledger_id, future)
         if state is None:
